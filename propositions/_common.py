@@ -1,0 +1,421 @@
+"""The small protocol that every proposition module shares, and the bookkeeping of a certificate.
+
+A proposition module exposes one `Claim` (its registry entry). `Claim.run(seed, profile,
+optimizer)` returns a `ClaimResult`: the symbolic derivation, the exact-arithmetic tier, the
+numerical checks, the controls and any proposition-specific evidence, all JSON-able through
+`ClaimResult.to_dict()`. The `certify` package wraps that into a certificate; nothing here knows
+about files, digests or the command line.
+
+Conventions that keep every certificate honest and reproducible:
+
+* Randomness: every draw comes from `rng_for(seed, *key)`, a PCG64 generator seeded by
+  `numpy.random.SeedSequence(seed, spawn_key=...)` with the key derived from readable labels
+  (claim id, check name, shape, chunk). The key is recorded next to the worst case, so one frame
+  can be regenerated without re-running everything.
+* Residuals and bounds: a `NumericalCheck` accumulates per-sample residuals and per-sample bounds
+  (each bound from the error analysis written next to the check). It passes when every residual
+  is at most its bound. Bounds are > 0 always (SPEC.md section 5). Bitwise checks measure the
+  residual in ulps and use the bound 0.5, i.e. they require exact equality.
+* Controls: a control is detected when a check that the real optimizer passes fails for the
+  control with margin (worst residual / bound) of at least DETECTION_FACTOR. An undetected control
+  fails the certificate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from reference_impl import UNIT_ROUNDOFF
+
+u = UNIT_ROUNDOFF
+
+# A control must break the claim by at least this factor over the bound: well clear of any
+# borderline rounding effect, so "detected" never depends on a lucky draw.
+DETECTION_FACTOR = 10.0
+
+# Histogram of log10(residual / bound) kept by every check, for the residual-over-bound figure.
+RATIO_BINS = np.linspace(-20.0, 4.0, 49)
+
+
+def gamma(n: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u): relative error bound of a length-n inner product."""
+    nu = n * u
+    if nu >= 1:
+        raise ValueError(f"gamma_n undefined for n u >= 1 (n = {n})")
+    return nu / (1 - nu)
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles and shape plans
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much evidence a run collects.
+
+    frames: at least this many random frames per numerical claim (issue 3: >= 10^4 default,
+    >= 10^6 thorough); steps: length of multi-step trajectories; long_run_steps: steps of the
+    feasibility-drift runs; mp_dps / mp_samples: digits and frames for the mpmath comparisons.
+    """
+
+    name: str
+    frames: int
+    steps: int
+    long_run_steps: int
+    mp_dps: int
+    mp_samples: int
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile("quick", frames=1_000, steps=4, long_run_steps=1_000, mp_dps=40, mp_samples=3),
+    "default": Profile("default", frames=10_000, steps=8, long_run_steps=10_000, mp_dps=50, mp_samples=8),
+    "thorough": Profile("thorough", frames=1_000_000, steps=16, long_run_steps=100_000, mp_dps=60, mp_samples=32),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+# The shape grid: r = 1, r = d, square and tall frames up to (1024, 128). Small frames carry most of
+# the sample count (they are cheap and rounding behaves differently there); large frames get a few
+# each so that the bounds' dependence on d and r is exercised.
+SMALL_SHAPES: tuple[tuple[int, int], ...] = (
+    (1, 1), (2, 1), (2, 2), (3, 1), (3, 2), (3, 3), (4, 4), (5, 2), (6, 6),
+    (8, 1), (8, 3), (8, 8), (12, 5), (16, 4), (16, 16),
+)
+LARGE_SHAPES: tuple[tuple[int, int], ...] = ((32, 8), (64, 16), (64, 64), (128, 16), (256, 32), (1024, 128))
+
+
+@dataclass(frozen=True)
+class ShapeBatch:
+    d: int
+    r: int
+    count: int
+
+
+def shape_plan(
+    profile: Profile,
+    small: Iterable[tuple[int, int]] = SMALL_SHAPES,
+    large: Iterable[tuple[int, int]] = LARGE_SHAPES,
+    frames: int | None = None,
+) -> list[ShapeBatch]:
+    """Frames per shape so that the total is at least `frames` (default profile.frames).
+
+    Large shapes get count proportional to 1 / (d r^2) (their per-frame cost), at least 2; the
+    small shapes share the rest equally.
+    """
+    total = profile.frames if frames is None else frames
+    small, large = list(small), list(large)
+    plan = []
+    for d, r in large:
+        # about frames * 64 / (d r^2) frames: 10^4 default -> 2 at (1024, 128), 78 at (64, 16)
+        count = max(2, min(total // 20, int(total * 64 / (d * r * r))))
+        plan.append(ShapeBatch(d, r, count))
+    used = sum(b.count for b in plan)
+    per_small = max(1, math.ceil(max(total - used, 0) / max(len(small), 1)))
+    plan = [ShapeBatch(d, r, per_small) for d, r in small] + plan
+    return plan
+
+
+def chunk_sizes(count: int, d: int, r: int, max_entries: int = 2**21) -> Iterator[int]:
+    """Split `count` frames of shape (d, r) into chunks of at most max_entries matrix entries."""
+    per_chunk = max(1, max_entries // (d * max(r, d)))
+    done = 0
+    while done < count:
+        size = min(per_chunk, count - done)
+        yield size
+        done += size
+
+
+# --------------------------------------------------------------------------------------------
+# Reproducible randomness
+# --------------------------------------------------------------------------------------------
+
+
+def _key_word(part: Any) -> int:
+    if isinstance(part, (int, np.integer)) and part >= 0:
+        return int(part)
+    digest = hashlib.sha256(str(part).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def spawn_key(*key: Any) -> list[int]:
+    """The integer spawn key of SeedSequence for a tuple of readable labels."""
+    return [_key_word(part) for part in key]
+
+
+def rng_for(seed: int, *key: Any) -> np.random.Generator:
+    """Generator for the draw identified by (seed, key): independent streams for distinct keys."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=spawn_key(*key))))
+
+
+# --------------------------------------------------------------------------------------------
+# Checks, controls, results
+# --------------------------------------------------------------------------------------------
+
+
+def ulps_apart(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """max |x - y| / ulp(|y|) per frame (leading axes); 0 exactly when the arrays are bit-identical."""
+    diff = np.abs(np.asarray(x) - np.asarray(y))
+    ulp = np.spacing(np.abs(np.asarray(y)))
+    ratio = np.where(diff == 0, 0.0, diff / ulp)
+    return ratio.reshape(ratio.shape[:-2] + (-1,)).max(axis=-1) if ratio.ndim >= 2 else ratio
+
+
+@dataclass
+class NumericalCheck:
+    """Residuals of one check against their derived bounds, accumulated over shapes and chunks.
+
+    name: short identifier; description: what is compared; bound_derivation: the error analysis
+    that gives the bound (SPEC.md section 5), in a sentence or two.
+    """
+
+    name: str
+    description: str
+    bound_derivation: str
+    samples: int = 0
+    shapes: list = field(default_factory=list)
+    _max_residual: float = 0.0
+    _sum_residual: float = 0.0
+    _max_ratio: float = -math.inf
+    _max_bound: float = 0.0
+    _min_bound: float = math.inf
+    _ratio_hist: np.ndarray = field(default_factory=lambda: np.zeros(len(RATIO_BINS) + 1, dtype=np.int64))
+    _quantile_pool: list = field(default_factory=list)
+    worst: dict | None = None
+
+    def add(self, residual, bound, *, shape=None, key=None, seed=None, extra=None) -> None:
+        """Record per-sample residuals (array) and bounds (array or scalar, > 0).
+
+        shape: the (d, r) of these samples; key: the rng_for key that drew them; seed: the run seed.
+        The worst sample (largest residual/bound) keeps shape, key and its index in the chunk.
+        """
+        residual = np.asarray(residual, dtype=np.float64).ravel()
+        bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), residual.shape).ravel() if residual.size else np.asarray(bound, dtype=np.float64).ravel()
+        if residual.size == 0:
+            return
+        if not np.all(bound > 0):
+            raise ValueError(f"check {self.name}: every bound must be > 0 (SPEC.md section 5)")
+        residual_for_ratio = np.where(np.isnan(residual), np.inf, residual)
+        ratio = residual_for_ratio / bound
+        self.samples += residual.size
+        if shape is not None and list(shape) not in self.shapes:
+            self.shapes.append(list(shape))
+        self._max_residual = max(self._max_residual, float(np.max(residual_for_ratio)))
+        self._sum_residual += float(np.sum(np.where(np.isfinite(residual_for_ratio), residual_for_ratio, 0.0)))
+        self._max_bound = max(self._max_bound, float(np.max(bound)))
+        self._min_bound = min(self._min_bound, float(np.min(bound)))
+        with np.errstate(divide="ignore"):
+            log_ratio = np.log10(np.where(ratio > 0, ratio, 1e-300))
+        self._ratio_hist += np.bincount(np.searchsorted(RATIO_BINS, log_ratio), minlength=len(RATIO_BINS) + 1)
+        if len(self._quantile_pool) < 200_000:
+            self._quantile_pool.extend(residual_for_ratio[: 200_000 - len(self._quantile_pool)].tolist())
+        index = int(np.argmax(ratio))
+        if ratio[index] > self._max_ratio:
+            self._max_ratio = float(ratio[index])
+            self.worst = {
+                "residual": float(residual_for_ratio[index]),
+                "bound": float(bound[index]),
+                "ratio": float(ratio[index]),
+                "shape": None if shape is None else list(shape),
+                "index_in_draw": index,
+                "seed": seed,
+                "spawn_key": None if key is None else spawn_key(*key),
+                "key": None if key is None else [str(k) for k in key],
+                **({} if extra is None else dict(extra)),
+            }
+
+    @property
+    def max_ratio(self) -> float:
+        return self._max_ratio if self.samples else math.nan
+
+    @property
+    def passed(self) -> bool:
+        return self.samples > 0 and self._max_ratio <= 1.0
+
+    def to_dict(self) -> dict:
+        pool = np.asarray(self._quantile_pool) if self._quantile_pool else np.zeros(1)
+        return {
+            "name": self.name,
+            "description": self.description,
+            "bound_derivation": self.bound_derivation,
+            "samples": self.samples,
+            "shapes": self.shapes,
+            "residual": {
+                "max": self._max_residual,
+                "mean": self._sum_residual / max(self.samples, 1),
+                "median": float(np.median(pool)),
+                "p99": float(np.quantile(pool, 0.99)),
+            },
+            "bound": {"min": self._min_bound if self.samples else None, "max": self._max_bound},
+            "max_ratio": self.max_ratio,
+            "passed": self.passed,
+            "worst_case": self.worst,
+            "ratio_histogram": {"log10_edges": RATIO_BINS.tolist(), "counts": self._ratio_hist.tolist()},
+        }
+
+
+@dataclass
+class ControlResult:
+    """A deliberately wrong variant and whether the claim's checks caught it."""
+
+    name: str
+    description: str
+    check: str  # the check that caught it (or the one that came closest)
+    residual: float
+    bound: float
+
+    @property
+    def margin(self) -> float:
+        return self.residual / self.bound
+
+    @property
+    def detected(self) -> bool:
+        return self.margin >= DETECTION_FACTOR
+
+    @classmethod
+    def from_checks(cls, name: str, description: str, checks: Iterable[NumericalCheck]) -> "ControlResult":
+        """The check with the largest worst-case ratio decides (it is the one that detects)."""
+        checks = [c for c in checks if c.samples]
+        if not checks:
+            raise ValueError(f"control {name}: no check recorded any sample")
+        best = max(checks, key=lambda c: c.max_ratio)
+        return cls(name, description, best.name, best.worst["residual"], best.worst["bound"])
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "check": self.check,
+            "residual": self.residual,
+            "bound": self.bound,
+            "margin": self.margin,
+            "detection_factor": DETECTION_FACTOR,
+            "detected": self.detected,
+        }
+
+
+@dataclass
+class SymbolicStep:
+    description: str
+    latex: str
+    reduced: bool  # the expression reduced to the identity (difference simplified to zero)
+
+    def to_dict(self) -> dict:
+        return {"description": self.description, "latex": self.latex, "reduced": bool(self.reduced)}
+
+
+@dataclass
+class SymbolicResult:
+    method: str
+    steps: list[SymbolicStep] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.steps:
+            return "not_applicable"
+        return "proved" if all(s.reduced for s in self.steps) else "failed"
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "status": self.status, "steps": [s.to_dict() for s in self.steps]}
+
+
+@dataclass
+class ClaimResult:
+    """Everything a claim's run produced. `extra` and `figures` hold JSON-able data only."""
+
+    symbolic: SymbolicResult
+    checks: list[NumericalCheck]
+    controls: list[ControlResult]
+    frames: int  # random float64 frames examined by the numerical part
+    exact: list[dict] = field(default_factory=list)  # {"name", "description", "samples", "passed"}
+    extra: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        if (
+            self.symbolic.status == "failed"
+            or any(not c.passed for c in self.checks)
+            or any(not c.detected for c in self.controls)
+            or any(not e["passed"] for e in self.exact)
+        ):
+            return "fail"
+        if self.inconclusive or not self.checks:
+            return "inconclusive"
+        return "pass"
+
+    def failures(self) -> list[str]:
+        out = []
+        if self.symbolic.status == "failed":
+            out += [f"symbolic step did not reduce: {s.description}" for s in self.symbolic.steps if not s.reduced]
+        out += [f"check {c.name}: worst residual/bound = {c.max_ratio:.3g} > 1" for c in self.checks if not c.passed]
+        out += [f"control {c.name} not detected (margin {c.margin:.3g} < {DETECTION_FACTOR:g})" for c in self.controls if not c.detected]
+        out += [f"exact check {e['name']} failed" for e in self.exact if not e["passed"]]
+        return out
+
+    def to_dict(self) -> dict:
+        return to_jsonable(
+            {
+                "verdict": self.verdict,
+                "failures": self.failures(),
+                "symbolic": self.symbolic.to_dict(),
+                "exact": self.exact,
+                "numerical": {"frames": self.frames, "dtype": "float64", "checks": [c.to_dict() for c in self.checks]},
+                "controls": [c.to_dict() for c in self.controls],
+                "extra": self.extra,
+                "figures": self.figures,
+                "notes": self.notes,
+                "inconclusive": self.inconclusive,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A registry entry. run(seed, profile, optimizer="stiefel_adam") -> ClaimResult.
+
+    optimizer names a variant of reference_impl.VARIANTS that takes the place of the real step in
+    the numerical part (tests run every claim against the controls it must catch: `controls`).
+    """
+
+    id: str
+    title: str
+    statement: str
+    latex: str
+    controls: tuple[str, ...]
+    run: Callable[..., ClaimResult]
+
+
+def to_jsonable(obj):
+    """numpy scalars/arrays to Python; non-finite floats to the strings 'inf', '-inf', 'nan'."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        value = float(obj)
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    return obj
