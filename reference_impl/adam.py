@@ -81,9 +81,9 @@ def check_state(state, W: np.ndarray, v_shape: tuple[int, ...]) -> None:
         raise ValueError(f"state must be a StiefelAdamState (from init), got {type(state).__name__}")
     check_float64_array("state.m", state.m)
     check_same_shape("state.m", state.m, "W", W.shape)
-    check_float64_array("state.v", state.v)
-    if state.v.shape != v_shape:
-        raise ValueError(f"state.v must have shape {v_shape} (one per frame), got {state.v.shape}")
+    check_float64_array("state.v", np.asarray(state.v) if isinstance(state.v, np.float64) else state.v)
+    if np.shape(state.v) != v_shape:
+        raise ValueError(f"state.v must have shape {v_shape} (one per frame), got {np.shape(state.v)}")
     if np.any(state.v < 0):
         raise ValueError("state.v must be >= 0 (a second moment)")
     if isinstance(state.t, bool) or not isinstance(state.t, (int, np.integer)) or state.t < 0:
@@ -138,7 +138,7 @@ def _step(W, G, state, config):
     G_decayed = G + config.weight_decay * W
     g = _project_tangent(W, G_decayed)
     m = beta1 * state.m + (1 - beta1) * g
-    v = beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r)
+    v = np.asarray(beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r))
     t = state.t + 1
     m_hat = m / (1 - beta1**t)
     v_hat = v / (1 - beta2**t)

@@ -63,7 +63,7 @@ def _riemannian_step(gradient_map, second_moment="scalar", retraction="polar"):
         if second_moment == "elementwise":
             v = beta2 * state.v + (1 - beta2) * g * g
         else:
-            v = beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r)
+            v = np.asarray(beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r))
         t = state.t + 1
         m_hat = m / (1 - beta1**t)
         v_hat = v / (1 - beta2**t)
