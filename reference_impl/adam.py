@@ -133,20 +133,33 @@ def step(W: np.ndarray, G: np.ndarray, state: StiefelAdamState, config: StiefelA
 
 
 def _step(W, G, state, config):
+    G_decayed = G + config.weight_decay * W  # 1
+    g = _project_tangent(W, G_decayed)  # 2
+    m, v, t, xi = moments_and_direction(g, state, config)  # 3-7
+    W_new = _polar_retract(W, xi, "svd")  # 8
+    m_new = _project_tangent(W_new, m)
+    return W_new, StiefelAdamState(m=m_new, v=v, t=t)
+
+
+def moments_and_direction(g, state, config, elementwise=False):
+    """Stages 3-7 of SPEC.md section 2 for a gradient g (..., d, r): returns (m, v, t, xi).
+
+    elementwise=True keeps v per entry (the elementwise_second_moment control) instead of the one
+    scalar per frame ||g||^2 / (d r).
+    """
     beta1, beta2 = config.betas
-    d, r = W.shape[-2], W.shape[-1]
-    G_decayed = G + config.weight_decay * W
-    g = _project_tangent(W, G_decayed)
+    d, r = g.shape[-2], g.shape[-1]
     m = beta1 * state.m + (1 - beta1) * g
-    v = np.asarray(beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r))
+    if elementwise:
+        v = beta2 * state.v + (1 - beta2) * g * g
+    else:
+        v = np.asarray(beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r))
     t = state.t + 1
     m_hat = m / (1 - beta1**t)
     v_hat = v / (1 - beta2**t)
     xi = scale_free_direction(m_hat, v_hat, config.lr, config.eps)
     xi = clip_to_trust_region(xi, config.trust_radius)
-    W_new = _polar_retract(W, xi, "svd")
-    m_new = _project_tangent(W_new, m)
-    return W_new, StiefelAdamState(m=m_new, v=v, t=t)
+    return m, v, t, xi
 
 
 def run_trajectory(W, gradients, config, state=None, step_fn=None):

@@ -31,13 +31,7 @@ import numpy as np
 
 from . import adam
 from ._validation import check_float64_array, check_frame, check_same_shape
-from .adam import (
-    StiefelAdamState,
-    _step,
-    check_step_inputs,
-    clip_to_trust_region,
-    scale_free_direction,
-)
+from .adam import StiefelAdamState, check_step_inputs, moments_and_direction, scale_free_direction
 from .manifold import _polar_retract, _project_tangent, _transpose, haar_from_gaussian, sym
 
 
@@ -56,19 +50,8 @@ def _riemannian_step(gradient_map, second_moment="scalar", retraction="polar"):
     def step(W, G, state, config):
         v_shape = W.shape if second_moment == "elementwise" else W.shape[:-2]
         check_step_inputs(W, G, state, config, v_shape_of=lambda W: v_shape)
-        beta1, beta2 = config.betas
-        d, r = W.shape[-2], W.shape[-1]
         g = gradient_map(W, G, config.weight_decay)
-        m = beta1 * state.m + (1 - beta1) * g
-        if second_moment == "elementwise":
-            v = beta2 * state.v + (1 - beta2) * g * g
-        else:
-            v = np.asarray(beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r))
-        t = state.t + 1
-        m_hat = m / (1 - beta1**t)
-        v_hat = v / (1 - beta2**t)
-        xi = scale_free_direction(m_hat, v_hat, config.lr, config.eps)
-        xi = clip_to_trust_region(xi, config.trust_radius)
+        m, v, t, xi = moments_and_direction(g, state, config, elementwise=second_moment == "elementwise")
         if retraction == "qr":
             W_new = haar_from_gaussian(W + xi)
         else:
