@@ -1,0 +1,19 @@
+"""Run, record, verify and report the certificates of the Stiefel Adam certification suite.
+
+`certify` is the last stage of the project (reference_impl -> propositions -> certify): it runs a
+claim's `Claim.run(seed, profile, optimizer)`, wraps the `ClaimResult` into a certificate (one JSON
+file per claim, validated against `certificate.schema.json` and sealed by a sha256 digest), writes
+the human-readable `REPORT.md` with its figures, and re-checks certificates (`certify verify`).
+
+Modules: `cli` (the console script), `claims` (which claims exist and how one is run),
+`certificate` (format, digest, schema validation), `environment` (software and hardware record),
+`report` (REPORT.md and figures).
+"""
+
+SCHEMA_VERSION = "1.0"
+
+# The seed used when none is given on the command line: every default certificate is drawn from it.
+DEFAULT_SEED = 0
+DEFAULT_PROFILE = "default"
+
+__all__ = ["SCHEMA_VERSION", "DEFAULT_SEED", "DEFAULT_PROFILE"]

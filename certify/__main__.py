@@ -1,0 +1,5 @@
+"""`python -m certify` is the console script `certify`."""
+
+from certify.cli import main
+
+raise SystemExit(main())

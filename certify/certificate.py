@@ -1,0 +1,157 @@
+"""The certificate: one JSON document per claim (SPEC.md section 7), its schema and its digest.
+
+A certificate is a JSON object with the members required by `certificate.schema.json` (shipped
+beside this module). It is sealed by `digest`: sha256 over the *canonical JSON* of every other
+member, i.e. `json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+allow_nan=False)` encoded as ASCII. Any edit of any member, however small, changes the digest, and
+`certify verify` rejects a file whose recorded digest does not match its content.
+
+Non-finite numbers never reach the JSON: they are the strings "inf", "-inf", "nan"
+(propositions._common.to_jsonable), so every certificate is strict JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from certify import SCHEMA_VERSION
+
+DIGEST_ALGORITHM = "sha256"
+
+
+class CertificateError(ValueError):
+    """A certificate file that cannot be used: unreadable, malformed, tampered or of another schema."""
+
+
+class SchemaViolation(RuntimeError):
+    """A certificate built by this program that does not match its own schema (an internal error)."""
+
+
+def canonical_json(body: dict) -> bytes:
+    """The canonical byte string that the digest covers (sorted keys, compact, ASCII, no NaN)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def compute_digest(certificate: dict) -> str:
+    """sha256 hex digest over the canonical JSON of the certificate without its 'digest' member."""
+    body = {key: value for key, value in certificate.items() if key != "digest"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def seal(certificate: dict) -> dict:
+    """A copy of the certificate with its digest member set to the digest of the rest."""
+    sealed = {key: value for key, value in certificate.items() if key != "digest"}
+    sealed["digest"] = {"algorithm": DIGEST_ALGORITHM, "value": compute_digest(sealed)}
+    return sealed
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    """The JSON Schema of a certificate (certify/certificate.schema.json)."""
+    text = resources.files("certify").joinpath("certificate.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    schema_document = schema()
+    validator_class = jsonschema.validators.validator_for(schema_document)
+    validator_class.check_schema(schema_document)
+    return validator_class(schema_document)
+
+
+def schema_errors(certificate: object) -> list[str]:
+    """Every way the certificate departs from the schema, one readable line each (empty: valid)."""
+    errors = sorted(_validator().iter_errors(certificate), key=lambda error: list(error.absolute_path))
+    lines = []
+    for error in errors:
+        where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
+        lines.append(f"{where}: {error.message}")
+    return lines
+
+
+def validate(certificate: dict) -> None:
+    """SchemaViolation naming the first problem (and how many there are) when the schema is not met."""
+    errors = schema_errors(certificate)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise SchemaViolation(f"certificate {certificate.get('id', '?')} does not match the schema: {errors[0]}{more}")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def write(certificate: dict, path: Path) -> Path:
+    """Validate, seal and write one certificate; returns the path. SchemaViolation if invalid.
+
+    The file is written to a temporary name and renamed, so a reader never sees half a certificate.
+    """
+    sealed = seal(certificate)
+    validate(sealed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(sealed, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n", encoding="ascii")
+    temporary.replace(path)
+    return path
+
+
+def load(path: Path) -> dict:
+    """Read a certificate and check, in this order, JSON, schema version, digest and schema.
+
+    Raises CertificateError with one line saying what is wrong with which file.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CertificateError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CertificateError(f"{path}: is a directory, not a certificate file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CertificateError(f"{path}: cannot be read ({error.__class__.__name__}: {error})") from None
+    try:
+        certificate = json.loads(text, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as error:
+        raise CertificateError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(certificate, dict):
+        raise CertificateError(f"{path}: not a certificate (a JSON object was expected, found {type(certificate).__name__})")
+    if "schema_version" not in certificate:
+        raise CertificateError(f"{path}: not a certificate (no schema_version member)")
+    version = certificate["schema_version"]
+    if version != SCHEMA_VERSION:
+        raise CertificateError(f"{path}: certificate of schema version {version!r}; this certify reads schema version {SCHEMA_VERSION!r}")
+    digest = certificate.get("digest")
+    if not isinstance(digest, dict) or digest.get("algorithm") != DIGEST_ALGORITHM or not isinstance(digest.get("value"), str):
+        raise CertificateError(f"{path}: certificate has no {DIGEST_ALGORITHM} digest")
+    try:
+        actual = compute_digest(certificate)
+    except (TypeError, ValueError) as error:
+        raise CertificateError(f"{path}: content cannot be put in canonical form ({error})") from None
+    if actual != digest["value"]:
+        raise CertificateError(
+            f"{path}: digest mismatch: the content was changed after it was certified "
+            f"(recorded {digest['value'][:12]}..., content hashes to {actual[:12]}...)"
+        )
+    errors = schema_errors(certificate)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise CertificateError(f"{path}: does not match the certificate schema: {errors[0]}{more}")
+    return certificate
+
+
+def as_float(value) -> float:
+    """A certificate number (float, int or 'inf'/'-inf'/'nan') as a Python float; None -> nan."""
+    if value is None:
+        return math.nan
+    if isinstance(value, str):
+        return float(value)  # "inf", "-inf", "nan" are exactly what float() reads
+    return float(value)

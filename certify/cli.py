@@ -1,0 +1,377 @@
+"""The `certify` console script (SPEC.md section 6).
+
+    certify all [--out DIR] [--seed S] [--profile quick|default|thorough]
+    certify list
+    certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME]
+    certify crosscheck [--device cpu|cuda] [--dtype float64|float32|bfloat16] [--out DIR] [--seed S] [--profile P]
+    certify verify FILE...
+    certify cite FILE
+
+Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
+optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
+which must then fail).
+
+`all` runs P1..P6 and, when `import torch` works, the torch cross-check; `run` and `all` write one
+certificate per claim (DIR/ID.json), DIR/REPORT.md and, with matplotlib, DIR/figures/*.png. The
+report written by `run` also covers the certificates already in DIR that load cleanly.
+
+`verify` first re-checks each file's digest, then re-runs the claim from the recorded seed,
+profile, optimizer and options and compares the verdict and the pass/fail of every check and
+control; residual values may differ across machines and are reported, not required to match.
+
+Exit codes:
+  0  every certificate passes (for verify: and its re-run agrees with it);
+  1  a certificate fails or is inconclusive, a re-run disagrees with its certificate, or an
+     internal error was reported;
+  2  usage or input error: unknown id or option value, a file that cannot be read, is not JSON,
+     is not a certificate of this schema version, or whose digest does not match its content
+     (a tampered certificate is bad input, not a failed claim).
+Every error is one line on stderr; there is never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from certify import DEFAULT_PROFILE, DEFAULT_SEED
+from certify import certificate as certificate_format
+from certify import claims
+from certify import report as report_writer
+
+PROFILE_NAMES = ("quick", "default", "thorough")
+DEFAULT_OUT = "reports"
+
+
+class UsageError(ValueError):
+    """Bad command-line input: reported on one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of argparse's usage block
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed must be a non-negative integer, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seed must be a non-negative integer, not {value}")
+    return value
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"directory for certificates, REPORT.md and figures/ (default {DEFAULT_OUT})")
+    parser.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
+    parser.add_argument("--profile", choices=PROFILE_NAMES, default=DEFAULT_PROFILE, help=f"how much evidence to collect (default {DEFAULT_PROFILE})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="certify", description="Certify the claims of 'Stiefel Attention' (arXiv 2609.19363) in float64.", epilog="exit codes: 0 all pass, 1 a certificate fails, 2 usage or input error")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run_all = commands.add_parser("all", help="run every claim, write certificates and REPORT.md")
+    _add_run_options(run_all)
+
+    commands.add_parser("list", help="list the claims: ids, titles, controls")
+
+    run = commands.add_parser("run", help="run the named claims")
+    run.add_argument("ids", nargs="+", metavar="ID", help=f"claim ids: {', '.join(claims.ALL_IDS)}")
+    _add_run_options(run)
+    run.add_argument("--optimizer", default=claims.DEFAULT_OPTIMIZER, metavar="NAME", help="run against this optimizer variant (default stiefel_adam; a control name must make the claim fail)")
+
+    crosscheck = commands.add_parser("crosscheck", help="the torch kernel against the float64 reference")
+    crosscheck.add_argument("--device", choices=claims.CROSSCHECK_DEVICES, default="cpu")
+    crosscheck.add_argument("--dtype", choices=claims.CROSSCHECK_DTYPES, default="float64")
+    _add_run_options(crosscheck)
+
+    verify = commands.add_parser("verify", help="check digests and re-run certificates")
+    verify.add_argument("files", nargs="+", metavar="FILE")
+
+    cite = commands.add_parser("cite", help="one-line citation of a certificate")
+    cite.add_argument("file", metavar="FILE")
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+
+class _Output:
+    """stdout for results (rich on a terminal, plain lines otherwise), stderr for errors."""
+
+    def __init__(self):
+        from rich.console import Console
+
+        self.console = Console(file=sys.stdout)
+        self.rich = self.console.is_terminal
+
+    def line(self, text: str) -> None:
+        if self.rich:
+            self.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, flush=True)
+
+    def table(self, header: list[str], rows: list[list[str]], title: str | None = None) -> None:
+        if self.rich:
+            from rich.markup import escape
+            from rich.table import Table
+
+            table = Table(title=title)
+            for column in header:
+                table.add_column(column, overflow="fold")
+            styles = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
+            for row in rows:
+                table.add_row(*[f"[{styles[c]}]{c}[/]" if c in styles else escape(str(c)) for c in row])
+            self.console.print(table)
+            return
+        widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+        if title:
+            print(title)
+        for row in [header, *rows]:
+            print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip(), flush=True)
+
+
+def error_line(message: str) -> None:
+    print(f"certify: error: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def _out_dir(text: str) -> Path:
+    """The output directory, created now so that an unusable --out fails before any claim runs."""
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {text}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out {text}: cannot be created ({error.strerror or error})") from None
+    return out
+
+
+def _check_optimizer(name: str) -> None:
+    if name == claims.DEFAULT_OPTIMIZER:
+        return
+    try:
+        from reference_impl import VARIANTS
+    except Exception as error:
+        raise UsageError(f"--optimizer {name}: the optimizer variants cannot be loaded ({type(error).__name__}: {error})") from None
+    if name not in VARIANTS:
+        raise UsageError(f"unknown optimizer variant {name!r}; known: {', '.join(VARIANTS)}")
+
+
+def _require_torch(options: dict, what: str) -> None:
+    if not claims.torch_available():
+        raise UsageError(f"{what} needs torch, which is not installed (pip install 'stiefel-adam-certify[torch]')")
+    if options.get("device") == "cuda" and not claims.cuda_available():
+        raise UsageError(f"{what} asks for device cuda, but CUDA is not available here (torch.cuda.is_available() is False)")
+
+
+def _run_and_record(ids: list[str], args, out: _Output, command: str, options_for, notes: list[str], runnable=lambda claim_id: True) -> int:
+    """Run claims, write their certificates and the report, print the summary; the exit code.
+
+    runnable(id) is asked just before each claim runs; False skips it (it adds its own note).
+    """
+    out_dir = _out_dir(args.out)
+    optimizer = getattr(args, "optimizer", claims.DEFAULT_OPTIMIZER)
+    started = time.perf_counter()
+    certificates: list[dict] = []
+    internal_errors = 0
+
+    def one(claim_id: str) -> dict:
+        nonlocal internal_errors
+        sealed, internal_error = claims.certify_claim(claim_id, seed=args.seed, profile=args.profile, optimizer=optimizer, options=options_for(claim_id), command=command)
+        if internal_error:
+            internal_errors += 1
+            error_line(f"{claim_id}: {internal_error}")
+        try:
+            path = certificate_format.write(sealed, out_dir / f"{claim_id}.json")
+        except OSError as error:
+            raise UsageError(f"cannot write {out_dir / (claim_id + '.json')}: {error.strerror or error}") from None
+        timing = sealed["provenance"]["timing"]
+        out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
+        for reason in sealed["failures"] + sealed["inconclusive"]:
+            out.line(f"    {reason}")
+        return sealed
+
+    if out.rich:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=out.console, transient=True) as progress:
+            task = progress.add_task("certifying", total=len(ids))
+            for claim_id in ids:
+                progress.update(task, description=f"certifying {claim_id}")
+                if runnable(claim_id):
+                    certificates.append(one(claim_id))
+                else:
+                    out.line(notes[-1])
+                progress.advance(task)
+    else:
+        for claim_id in ids:
+            if not runnable(claim_id):
+                out.line(notes[-1])
+                continue
+            out.line(f"{claim_id}: running (seed {args.seed}, profile {args.profile})")
+            certificates.append(one(claim_id))
+    total_wall = time.perf_counter() - started
+
+    reported = list(certificates)
+    if args.command == "run":
+        # the report of a partial run also shows the certificates already beside it
+        ran = {c["id"] for c in certificates}
+        for claim_id in claims.ALL_IDS:
+            path = out_dir / f"{claim_id}.json"
+            if claim_id in ran or not path.exists():
+                continue
+            try:
+                reported.append(certificate_format.load(path))
+                notes.append(f"{claim_id}: from the existing {path.name} (not re-run by this command)")
+            except certificate_format.CertificateError as error:
+                notes.append(f"{claim_id}: existing {path.name} left out of the report: {error}")
+        order = {claim_id: index for index, claim_id in enumerate(claims.ALL_IDS)}
+        reported.sort(key=lambda c: order[c["id"]])
+    try:
+        report_path, plotted = report_writer.write_report(reported, out_dir, notes=notes, total_wall_seconds=total_wall if args.command == "all" else None)
+    except OSError as error:
+        raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
+
+    out.table(report_writer.SUMMARY_HEADER, report_writer.summary_rows(certificates), title="certificates")
+    out.line(f"report: {report_path}" + ("" if plotted else " (plots left out: matplotlib is not installed)"))
+    counts = {verdict: sum(c["verdict"] == verdict for c in certificates) for verdict in ("pass", "fail", "inconclusive")}
+    out.line(f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive in {total_wall:.2f} s")
+    all_pass = certificates and all(c["verdict"] == "pass" for c in certificates)
+    return 0 if all_pass and not internal_errors else 1
+
+
+def command_all(args, out: _Output, command: str) -> int:
+    notes: list[str] = []
+    ids = list(claims.PROPOSITION_IDS)
+    # torch is imported only after P1..P6 have run, so their environment records torch only if they used it
+    ids.append(claims.CROSSCHECK_ID)
+
+    def runnable(claim_id: str) -> bool:
+        if claim_id == claims.CROSSCHECK_ID and not claims.torch_available():
+            notes.append("crosscheck skipped: torch not installed")
+            return False
+        return True
+
+    return _run_and_record(ids, args, out, command, lambda claim_id: dict(claims.DEFAULT_CROSSCHECK_OPTIONS) if claim_id == claims.CROSSCHECK_ID else {}, notes, runnable)
+
+
+def command_run(args, out: _Output, command: str) -> int:
+    ids: list[str] = []
+    for text in args.ids:
+        try:
+            claim_id = claims.normalise_id(text)
+        except claims.UnknownClaim as error:
+            raise UsageError(str(error)) from None
+        if claim_id not in ids:
+            ids.append(claim_id)
+    _check_optimizer(args.optimizer)
+    if claims.CROSSCHECK_ID in ids:
+        _require_torch(claims.DEFAULT_CROSSCHECK_OPTIONS, "crosscheck")
+    return _run_and_record(ids, args, out, command, lambda claim_id: dict(claims.DEFAULT_CROSSCHECK_OPTIONS) if claim_id == claims.CROSSCHECK_ID else {}, [])
+
+
+def command_crosscheck(args, out: _Output, command: str) -> int:
+    options = {"device": args.device, "dtype": args.dtype}
+    _require_torch(options, "crosscheck")
+    return _run_and_record([claims.CROSSCHECK_ID], args, out, command, lambda claim_id: dict(options), [])
+
+
+def command_list(args, out: _Output, command: str) -> int:
+    rows = []
+    for claim_id in claims.ALL_IDS:
+        if claim_id == claims.CROSSCHECK_ID and not claims.torch_available():
+            rows.append([claim_id, "(skipped: torch not installed)", "-"])
+            continue
+        try:
+            claim = claims.lookup_claim(claim_id)
+            rows.append([claim_id, claim.title, ", ".join(claim.controls) or "-"])
+        except Exception as error:
+            rows.append([claim_id, f"(cannot be loaded: {claims.describe_error(error)})", "-"])
+    out.table(["id", "title", "controls"], rows)
+    return 0
+
+
+def command_verify(args, out: _Output, command: str) -> int:
+    loaded = []
+    for name in args.files:
+        loaded.append((name, certificate_format.load(Path(name))))  # CertificateError: exit 2 before any re-run
+    for name, recorded in loaded:
+        if recorded["id"] == claims.CROSSCHECK_ID:
+            _require_torch(recorded["provenance"]["options"], f"verifying {name}")
+    exit_code = 0
+    for name, recorded in loaded:
+        provenance = recorded["provenance"]
+        out.line(f"{name}: digest ok; re-running {recorded['id']} ({provenance['reproduce']})")
+        reproduced, internal_error = claims.certify_claim(recorded["id"], seed=provenance["seed"], profile=provenance["profile"], optimizer=provenance["optimizer"], options=provenance["options"], command=command)
+        if internal_error:
+            error_line(f"{recorded['id']}: {internal_error}")
+        differences, residual_notes = claims.compare(recorded, reproduced)
+        checks, controls = len(recorded["numerical"]["checks"]), len(recorded["controls"])
+        if differences:
+            exit_code = 1
+            out.line(f"{name}: DIFFERS from its re-run: " + "; ".join(differences))
+        else:
+            out.line(f"{name}: reproduced: verdict {recorded['verdict']}, {checks} checks and {controls} controls agree")
+            if recorded["verdict"] != "pass":
+                exit_code = 1
+        for note in residual_notes:
+            out.line(f"{name}: {note}")
+    return exit_code
+
+
+def command_cite(args, out: _Output, command: str) -> int:
+    certificate = certificate_format.load(Path(args.file))
+    provenance = certificate["provenance"]
+    commit = provenance.get("git_commit")
+    source = f"stiefel-adam-certify {provenance['project_version']}" + (f" @ {commit[:12]}" if commit else "")
+    out.line(
+        f"{certificate['id']} ({certificate['title']}): {certificate['verdict']}, "
+        f"sha256 {certificate['digest']['value'][:16]}, {source}; reproduce: {provenance['reproduce']}"
+    )
+    return 0 if certificate["verdict"] == "pass" else 1
+
+
+COMMANDS = {
+    "all": command_all,
+    "list": command_list,
+    "run": command_run,
+    "crosscheck": command_crosscheck,
+    "verify": command_verify,
+    "cite": command_cite,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code (0 pass, 1 fail, 2 usage/input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args, _Output(), "certify " + shlex.join(argv))
+    except (UsageError, certificate_format.CertificateError) as error:
+        error_line(str(error))
+        return 2
+    except SystemExit as exit_request:  # --help
+        return exit_request.code if isinstance(exit_request.code, int) else 0
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        return 130
+    except Exception as error:  # a bug here must still not end in a traceback
+        error_line(f"internal error: {claims.describe_error(error)}")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,432 @@
+"""REPORT.md: the human-readable companion of the certificates, with figures.
+
+`write_report(certificates, out_dir)` writes `out_dir/REPORT.md` and, when matplotlib can be
+imported, PNG figures into `out_dir/figures/` (drawn off-screen with the Agg canvas; no display is
+needed). Without matplotlib the report is written all the same and says that the plots were left
+out.
+
+The report holds a summary table (id, title, verdict, frames, wall time, frames per second, worst
+residual/bound, smallest control margin), then per claim: the statement, the symbolic derivation
+(LaTeX in $$ blocks), the exact checks, the numerical checks (residual, bound, ratio), the
+controls (margin, detected), failures, notes and figures.
+
+Figures
+-------
+Every claim gets a *residual-over-bound histogram*, drawn from each check's
+`"ratio_histogram": {"log10_edges": [e_0, ..., e_n], "counts": [c_0, ..., c_{n+1}]}` (c_0 counts
+log10(residual/bound) below e_0, exact zeros included; c_k for 1 <= k <= n counts [e_{k-1}, e_k);
+c_{n+1} counts above e_n). Everything right of 0 is over its bound.
+
+A claim may add figures of its own in `ClaimResult.figures`, a dict from a figure name (used in the
+file name) to a JSON-able entry. The report recognises two kinds of entry:
+
+* **Line plot**: a dict with `"x"` and `"y"` (lists of numbers of equal length) and/or
+  `"series"` (a list of `{"x": [...], "y": [...], "label": str}`), with optional
+  `"title"` (str), `"xlabel"` (str), `"ylabel"` (str), `"logx"` (bool), `"logy"` (bool) and
+  `"label"` (str, the legend entry of the top-level x/y). Each series is one line; points that are
+  not finite (the strings "inf"/"nan" included), or not positive on a log axis, are left out.
+  Example: `{"x": [1, 10, 100], "y": [1e-16, 3e-16, 2e-15], "xlabel": "steps",
+  "ylabel": "||W^T W - I||", "logx": true, "logy": true, "title": "feasibility drift"}`.
+* **Histogram**: a dict with `"log10_edges"` and `"counts"` as in the checks above, with optional
+  `"title"` and `"xlabel"`.
+
+Any other entry is listed in the report as data (its JSON, shortened when long), never dropped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+from pathlib import Path
+
+from certify.certificate import as_float
+
+REPORT_NAME = "REPORT.md"
+FIGURES_DIR = "figures"
+_DATA_PREVIEW_CHARS = 1500
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------------
+
+
+def format_number(value, digits: int = 3) -> str:
+    """A certificate number for people: 3 significant digits, 'inf'/'nan' kept, None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    number = as_float(value)
+    if math.isnan(number):
+        return "nan"
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    if isinstance(value, int) and abs(value) < 10**7:
+        return str(value)
+    return f"{number:.{digits}g}"
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return lines
+
+
+def worst_ratio(certificate: dict) -> float | None:
+    """Largest worst-case residual/bound over the certificate's checks (None without checks)."""
+    ratios = [as_float(check.get("max_ratio")) for check in certificate["numerical"]["checks"] if check.get("samples", 0) > 0]
+    ratios = [ratio for ratio in ratios if not math.isnan(ratio)]
+    return max(ratios) if ratios else None
+
+
+def smallest_margin(certificate: dict) -> float | None:
+    """Smallest control margin (residual/bound of the broken variant), None without controls."""
+    margins = [as_float(control.get("margin")) for control in certificate["controls"]]
+    margins = [margin for margin in margins if not math.isnan(margin)]
+    return min(margins) if margins else None
+
+
+def summary_rows(certificates: list[dict]) -> list[list[str]]:
+    """One row per certificate: id, title, verdict, frames, wall s, frames/s, worst ratio, margin."""
+    rows = []
+    for certificate in certificates:
+        timing = certificate["provenance"]["timing"]
+        rows.append(
+            [
+                certificate["id"],
+                certificate["title"],
+                certificate["verdict"],
+                format_number(certificate["numerical"]["frames"]),
+                f"{timing['wall_seconds']:.2f}",
+                format_number(timing.get("frames_per_second")),
+                format_number(worst_ratio(certificate)),
+                format_number(smallest_margin(certificate)),
+            ]
+        )
+    return rows
+
+
+SUMMARY_HEADER = ["id", "title", "verdict", "frames", "wall s", "frames/s", "worst residual/bound", "smallest control margin"]
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------
+
+
+def load_figure_class():
+    """matplotlib.figure.Figure, or None when matplotlib cannot be imported.
+
+    Figure objects are drawn with the Agg canvas directly (no pyplot, no backend, no display).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    return Figure
+
+
+def _file_stem(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("_") or "figure"
+
+
+def _is_number_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, (int, float, str)) and not isinstance(item, bool) for item in value)
+
+
+def _as_series(entry: dict) -> list[dict] | None:
+    """The line-plot series of a figure entry, or None when it is not a line plot."""
+    series = []
+    if "x" in entry or "y" in entry:
+        if not (_is_number_list(entry.get("x")) and _is_number_list(entry.get("y")) and len(entry["x"]) == len(entry["y"])):
+            return None
+        series.append({"x": entry["x"], "y": entry["y"], "label": entry.get("label")})
+    if "series" in entry:
+        if not isinstance(entry["series"], list):
+            return None
+        for item in entry["series"]:
+            if not (isinstance(item, dict) and _is_number_list(item.get("x")) and _is_number_list(item.get("y")) and len(item["x"]) == len(item["y"])):
+                return None
+            series.append({"x": item["x"], "y": item["y"], "label": item.get("label")})
+    return series or None
+
+
+def _is_histogram(entry) -> bool:
+    return (
+        isinstance(entry, dict)
+        and _is_number_list(entry.get("log10_edges"))
+        and isinstance(entry.get("counts"), list)
+        and len(entry["counts"]) == len(entry["log10_edges"]) + 1
+    )
+
+
+def figure_kind(entry) -> str:
+    """'line', 'histogram' or 'data' for one entry of a claim's figures dict."""
+    if isinstance(entry, dict) and _as_series(entry) is not None:
+        return "line"
+    if _is_histogram(entry):
+        return "histogram"
+    return "data"
+
+
+def _finite_points(xs, ys, logx: bool, logy: bool) -> tuple[list[float], list[float]]:
+    kept_x, kept_y = [], []
+    for x, y in zip(xs, ys):
+        try:
+            x, y = as_float(x), as_float(y)
+        except (TypeError, ValueError):
+            continue
+        if not (math.isfinite(x) and math.isfinite(y)) or (logx and x <= 0) or (logy and y <= 0):
+            continue
+        kept_x.append(x)
+        kept_y.append(y)
+    return kept_x, kept_y
+
+
+def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
+    figure = Figure(figsize=(6.4, 4.0), layout="constrained")
+    axes = figure.subplots()
+    logx, logy = bool(entry.get("logx")), bool(entry.get("logy"))
+    labelled = False
+    for series in _as_series(entry):
+        xs, ys = _finite_points(series["x"], series["y"], logx, logy)
+        axes.plot(xs, ys, marker="o", markersize=3, label=series.get("label"))
+        labelled = labelled or bool(series.get("label"))
+    if logx:
+        axes.set_xscale("log")
+    if logy:
+        axes.set_yscale("log")
+    axes.set_xlabel(str(entry.get("xlabel", "")))
+    axes.set_ylabel(str(entry.get("ylabel", "")))
+    axes.set_title(str(entry.get("title", name)))
+    axes.grid(True, alpha=0.3)
+    if labelled:
+        axes.legend(fontsize="small")
+    figure.savefig(path, dpi=110)
+
+
+def _stairs(axes, histogram: dict, label: str | None) -> None:
+    edges = [as_float(edge) for edge in histogram["log10_edges"]]
+    counts = [max(int(count), 0) for count in histogram["counts"]]
+    total = sum(counts)
+    if total == 0 or len(edges) < 2:
+        return
+    width = edges[1] - edges[0]
+    # the two outer bins (below the first edge: exact zeros too; above the last) drawn one bin wide
+    extended = [edges[0] - width] + edges + [edges[-1] + width]
+    over = sum(count for count, left in zip(counts, extended) if left >= 0.0)
+    if label is not None:
+        label = f"{label} ({over} of {total} over the bound)" if over else label
+    axes.stairs([count / total for count in counts], extended, label=label, baseline=None)
+
+
+def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: str, xlabel: str, path: Path) -> None:
+    figure = Figure(figsize=(6.4, 4.0), layout="constrained")
+    axes = figure.subplots()
+    for label, histogram in histograms:
+        _stairs(axes, histogram, label)
+    axes.axvline(0.0, color="black", linestyle="--", linewidth=1, label="bound")
+    axes.set_xlabel(xlabel)
+    # log scale: a single sample over the bound must be as visible as the bulk
+    axes.set_yscale("log")
+    axes.set_ylabel("fraction of samples")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    if len(histograms) <= 12:
+        axes.legend(fontsize="x-small")
+    figure.savefig(path, dpi=110)
+
+
+def draw_figures(certificate: dict, figures_dir: Path, Figure) -> tuple[list[tuple[str, str]], list[tuple[str, object]]]:
+    """Draw one certificate's figures; returns ([(caption, file name)], [(name, entry) listed as data]).
+
+    Figure is matplotlib.figure.Figure, or None: then nothing is drawn and every figure entry
+    that would have been drawn is left out (the report says so), the others are listed as data.
+    """
+    claim_id = certificate["id"]
+    drawn: list[tuple[str, str]] = []
+    as_data: list[tuple[str, object]] = []
+    histograms = [(check.get("name"), check["ratio_histogram"]) for check in certificate["numerical"]["checks"] if _is_histogram(check.get("ratio_histogram"))]
+    if Figure is not None and (histograms or any(figure_kind(entry) != "data" for entry in certificate.get("figures", {}).values())):
+        figures_dir.mkdir(parents=True, exist_ok=True)
+    if Figure is not None and histograms:
+        file_name = f"{claim_id}_residual_over_bound.png"
+        _draw_histograms(Figure, histograms, f"{claim_id}: residual / bound per check", "log10(residual / bound)", figures_dir / file_name)
+        drawn.append((f"{claim_id}: log10(residual/bound) of every sample, per check; right of the dashed line is over the bound, the leftmost bin holds ratios below its edge (exact zeros included)", file_name))
+    for name, entry in certificate.get("figures", {}).items():
+        kind = figure_kind(entry)
+        if kind == "data":
+            as_data.append((name, entry))
+            continue
+        if Figure is None:
+            continue
+        file_name = f"{claim_id}_{_file_stem(name)}.png"
+        try:
+            if kind == "line":
+                _draw_line(Figure, entry, name, figures_dir / file_name)
+            else:
+                _draw_histograms(Figure, [(None, entry)], str(entry.get("title", name)), str(entry.get("xlabel", "log10 value")), figures_dir / file_name)
+        except Exception as error:  # a figure that cannot be drawn is shown as data, never fatal
+            as_data.append((f"{name} (could not be drawn: {type(error).__name__}: {error})", entry))
+            continue
+        caption = entry.get("title", name) if isinstance(entry, dict) else name
+        drawn.append((f"{claim_id}: {caption}", file_name))
+    return drawn, as_data
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------
+
+
+def _latex_block(latex: str) -> list[str]:
+    latex = (latex or "").strip()
+    if not latex:
+        return []
+    if latex.startswith("$$"):
+        return [latex, ""]
+    return ["$$", latex.strip("$").strip(), "$$", ""]
+
+
+def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> list[str]:
+    lines: list[str] = []
+    provenance = certificate["provenance"]
+    numerical = certificate["numerical"]
+    lines += [f"## {certificate['id']}: {certificate['title']}", ""]
+    lines += [
+        f"**Verdict: {certificate['verdict']}** · digest `{certificate['digest']['value'][:16]}` · "
+        f"reproduce: `{provenance['reproduce']}` · {provenance['timing']['wall_seconds']:.2f} s, "
+        f"{format_number(provenance['timing'].get('frames_per_second'))} frames/s",
+        "",
+    ]
+    if certificate["statement"]["text"]:
+        lines += [certificate["statement"]["text"], ""]
+    lines += _latex_block(certificate["statement"]["latex"])
+    for heading, items in (("Failures", certificate["failures"]), ("Inconclusive", certificate["inconclusive"])):
+        if items:
+            lines += [f"**{heading}:**", ""] + [f"- {item}" for item in items] + [""]
+
+    symbolic = certificate["symbolic"]
+    lines += [f"### Symbolic derivation ({symbolic.get('status')}; {symbolic.get('method')})", ""]
+    for number, step in enumerate(symbolic.get("steps", []), start=1):
+        mark = "reduces to the identity" if step.get("reduced") else "DID NOT REDUCE"
+        lines += [f"{number}. {step.get('description', '')} ({mark})", ""]
+        lines += _latex_block(step.get("latex", ""))
+    if not symbolic.get("steps"):
+        lines += ["No symbolic steps.", ""]
+
+    if certificate["exact"]:
+        lines += ["### Exact checks", ""]
+        lines += _table(["check", "description", "samples", "passed"], [[e.get("name"), e.get("description", ""), format_number(e.get("samples")), format_number(bool(e.get("passed")))] for e in certificate["exact"]])
+        lines += [""]
+
+    lines += [f"### Numerical checks ({format_number(numerical['frames'])} frames, {numerical['dtype']}, seed {numerical['seed']}, profile {numerical['profile']})", ""]
+    if numerical["checks"]:
+        rows = [
+            [
+                check.get("name"),
+                format_number(check.get("samples")),
+                format_number(check["residual"].get("max")),
+                format_number(check["residual"].get("median")),
+                format_number(check["bound"].get("max")),
+                format_number(check.get("max_ratio")),
+                format_number(bool(check.get("passed"))),
+            ]
+            for check in numerical["checks"]
+        ]
+        lines += _table(["check", "samples", "max residual", "median residual", "bound (max)", "worst residual/bound", "passed"], rows)
+        lines += [""]
+        for check in numerical["checks"]:
+            lines += [f"- **{check.get('name')}**: {check.get('description', '').rstrip('.')}; bound: {check.get('bound_derivation', '')}"]
+        lines += [""]
+        worst = numerical.get("worst_case")
+        if worst:
+            where = ", ".join(f"{key} {json.dumps(worst[key])}" for key in ("shape", "key", "index_in_draw") if worst.get(key) is not None)
+            lines += [f"Worst case: check `{worst['check']}`, residual/bound {format_number(worst.get('ratio'))}" + (f" ({where})" if where else "") + f"; reproduce with `{worst['reproduce']}`.", ""]
+    else:
+        lines += ["No numerical checks.", ""]
+
+    lines += ["### Controls", ""]
+    if certificate["controls"]:
+        rows = [
+            [c.get("name"), c.get("description", ""), c.get("check"), format_number(c.get("residual")), format_number(c.get("bound")), format_number(c.get("margin")), format_number(bool(c.get("detected")))]
+            for c in certificate["controls"]
+        ]
+        lines += _table(["control", "description", "caught by", "residual", "bound", "margin", "detected"], rows)
+        lines += [""]
+    else:
+        lines += ["No controls were run.", ""]
+
+    if certificate["notes"]:
+        lines += ["### Notes", ""] + [f"- {note}" for note in certificate["notes"]] + [""]
+
+    if drawn or as_data or not plots_available:
+        lines += ["### Figures", ""]
+    if not plots_available:
+        lines += ["Plots were left out: matplotlib is not installed (`pip install matplotlib` and re-run to draw them).", ""]
+    for caption, file_name in drawn:
+        lines += [f"![{_cell(caption)}]({FIGURES_DIR}/{file_name})", "", f"*{caption}*", ""]
+    for name, entry in as_data:
+        text = json.dumps(entry, sort_keys=True)
+        if len(text) > _DATA_PREVIEW_CHARS:
+            text = text[:_DATA_PREVIEW_CHARS] + f" ... ({len(text)} characters in all; the full data is in {certificate['id']}.json)"
+        lines += [f"Figure data `{name}` (not a recognised plot):", "", "```json", text, "```", ""]
+    return lines
+
+
+def render_markdown(certificates: list[dict], sections: dict, *, plots_available: bool, notes: list[str] = (), total_wall_seconds: float | None = None) -> str:
+    """The text of REPORT.md. sections maps a claim id to (drawn figures, data entries) from draw_figures."""
+    lines = ["# Certification report: Stiefel Adam (arXiv 2609.19363)", ""]
+    if certificates:
+        first = certificates[0]
+        environment = first["environment"]
+        provenance = first["provenance"]
+        commit = provenance.get("git_commit")
+        lines += [
+            f"stiefel-adam-certify {provenance['project_version']}"
+            + (f", commit `{commit[:12]}`" + ("" if provenance.get("git_tree_clean") in (True, None) else " (with local changes)") if commit else ", not a git checkout")
+            + f"; Python {environment['python']}, numpy {environment['numpy']}, scipy {environment['scipy']}, sympy {environment['sympy']}, mpmath {environment['mpmath']}"
+            + f"; {environment['cpu']} ({environment.get('cpu_count')} logical CPUs), {environment['platform']}.",
+            "",
+        ]
+    written = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    total = sum(certificate["provenance"]["timing"]["wall_seconds"] for certificate in certificates)
+    frames = sum(certificate["numerical"]["frames"] for certificate in certificates)
+    wall_text = f"{total_wall_seconds:.2f} s in all" if total_wall_seconds is not None else f"{total:.2f} s in the claims"
+    lines += [f"Written {written}. {len(certificates)} certificate(s), {frames} frames, {wall_text}.", ""]
+    lines += ["## Summary", ""] + _table(SUMMARY_HEADER, summary_rows(certificates)) + [""]
+    lines += [
+        "worst residual/bound: the largest residual over its bound in any check (at most 1 to pass); "
+        "smallest control margin: the residual/bound of the least broken control (at least the "
+        "detection factor to be detected).",
+        "",
+    ]
+    if not plots_available:
+        lines += ["Plots were left out: matplotlib is not installed.", ""]
+    for note in notes:
+        lines += [f"- {note}"]
+    if notes:
+        lines += [""]
+    for certificate in certificates:
+        drawn, as_data = sections.get(certificate["id"], ([], []))
+        lines += _claim_section(certificate, drawn, as_data, plots_available)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(certificates: list[dict], out_dir: Path, *, notes: list[str] = (), total_wall_seconds: float | None = None) -> tuple[Path, bool]:
+    """Write out_dir/REPORT.md (and the figures); returns (its path, whether plots were drawn)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    Figure = load_figure_class()
+    sections = {certificate["id"]: draw_figures(certificate, out_dir / FIGURES_DIR, Figure) for certificate in certificates}
+    text = render_markdown(certificates, sections, plots_available=Figure is not None, notes=list(notes), total_wall_seconds=total_wall_seconds)
+    path = out_dir / REPORT_NAME
+    path.write_text(text, encoding="utf-8")
+    return path, Figure is not None

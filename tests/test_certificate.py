@@ -1,0 +1,227 @@
+"""The certificate format: digest, schema, loading, and the certificate built from a claim."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from certify import SCHEMA_VERSION, claims
+from certify import certificate as certificate_format
+from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+
+
+def _result(seed: int, passing: bool) -> ClaimResult:
+    rng = np.random.default_rng(seed)
+    check = NumericalCheck("identity", "A against B", "8 u")
+    residual = rng.uniform(0.0, 1e-16, 64)
+    if not passing:
+        residual[5] = np.inf  # an overflow: must be recorded as "inf", and fail
+    check.add(residual, 1e-15, shape=(3, 2), key=("identity", 3, 2), seed=seed)
+    broken = NumericalCheck("identity", "A against broken B", "8 u")
+    broken.add(rng.uniform(1e-6, 1e-5, 16), 1e-15, shape=(3, 2), key=("control", 3, 2), seed=seed)
+    return ClaimResult(
+        symbolic=SymbolicResult("sympy", [SymbolicStep("step", "a = a", True)]),
+        checks=[check],
+        controls=[ControlResult.from_checks("qr_retraction", "broken", [broken])],
+        frames=64,
+        figures={"curve": {"x": [1, 2], "y": [3, 4]}},
+    )
+
+
+def _certify(claim_id: str, lookup, seed: int = 0) -> dict:
+    """certify_claim with the registry lookup replaced by `lookup` (id -> Claim) for this call only."""
+    original = claims.lookup_claim
+    claims.lookup_claim = lookup
+    try:
+        sealed, internal_error = claims.certify_claim(claim_id, seed=seed, profile="quick", command=f"certify run {claim_id}")
+    finally:
+        claims.lookup_claim = original
+    assert internal_error is None
+    return sealed
+
+
+def _certificate(seed=1, passing=True, claim_id="P1") -> dict:
+    claim = Claim(claim_id, "a claim", "text", "x = x", ("qr_retraction",), lambda s, p, optimizer="stiefel_adam": _result(s, passing))
+    return _certify(claim_id, lambda _: claim, seed)
+
+
+def _leaf_paths(node, prefix=()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaf_paths(value, prefix + (key,))
+    elif isinstance(node, list) and node:
+        for index, value in enumerate(node):
+            yield from _leaf_paths(value, prefix + (index,))
+    else:
+        yield prefix
+
+
+def _changed(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1 if value == value else 0.0
+    if isinstance(value, str):
+        return value + "x"
+    if value is None:
+        return 0
+    return None  # an empty list or dict
+
+
+def test_digest_changes_when_any_field_changes():
+    sealed = _certificate()
+    body = {k: v for k, v in sealed.items() if k != "digest"}
+    original = certificate_format.compute_digest(body)
+    assert original == sealed["digest"]["value"]
+    paths = [path for path in _leaf_paths(body) if path]
+    assert len(paths) > 100  # the walk reached the nested numerical data
+    for path in paths:
+        edited = copy.deepcopy(body)
+        node = edited
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = _changed(node[path[-1]])
+        assert certificate_format.compute_digest(edited) != original, path
+
+
+def test_digest_ignores_key_order_and_only_the_digest_member():
+    sealed = _certificate()
+    reordered = dict(reversed(list(sealed.items())))
+    assert certificate_format.compute_digest(reordered) == sealed["digest"]["value"]
+    assert certificate_format.canonical_json({"b": 1, "a": "é"}) == b'{"a":"\\u00e9","b":1}'
+
+
+def test_written_certificate_validates_and_loads(tmp_path):
+    sealed = _certificate()
+    path = certificate_format.write(sealed, tmp_path / "P1.json")
+    assert certificate_format.schema_errors(json.loads(path.read_text())) == []
+    loaded = certificate_format.load(path)
+    assert loaded == sealed
+    assert loaded["schema_version"] == SCHEMA_VERSION
+    for member in ("environment", "provenance", "numerical", "controls", "statement", "symbolic"):
+        assert member in loaded
+    for member in ("python", "numpy", "scipy", "sympy", "mpmath", "blas", "cpu", "platform"):
+        assert loaded["environment"][member] is not None
+    timing = loaded["provenance"]["timing"]
+    assert timing["wall_seconds"] >= 0 and timing["frames_per_second"] > 0
+
+
+def test_numerical_part_records_seed_shapes_samples_and_worst_case():
+    numerical = _certificate(seed=5)["numerical"]
+    assert numerical["seed"] == 5 and numerical["profile"] == "quick" and numerical["dtype"] == "float64"
+    assert numerical["samples"] == 64 and numerical["shapes"] == [[3, 2]]
+    worst = numerical["worst_case"]
+    assert worst["check"] == "identity" and worst["key"] == ["identity", "3", "2"] and worst["seed"] == 5
+    assert worst["reproduce"] == "certify run P1 --seed 5 --profile quick"
+
+
+def test_non_finite_residual_is_a_string_and_fails():
+    sealed = _certificate(passing=False)
+    assert sealed["verdict"] == "fail"
+    check = sealed["numerical"]["checks"][0]
+    assert check["residual"]["max"] == "inf" and check["max_ratio"] == "inf"
+    certificate_format.validate(sealed)
+    certificate_format.canonical_json(sealed)  # strict JSON: allow_nan=False does not raise
+
+
+def test_invalid_certificate_is_not_written(tmp_path):
+    sealed = _certificate()
+    del sealed["controls"]
+    with pytest.raises(certificate_format.SchemaViolation, match="certificate P1 does not match the schema.*controls"):
+        certificate_format.write(sealed, tmp_path / "P1.json")
+    assert not (tmp_path / "P1.json").exists()
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(id="P7"), "does not match '"),
+        (lambda c: c.update(verdict="maybe"), "is not one of"),
+        (lambda c: c["numerical"]["checks"][0].update(passed=1), "is not of type 'boolean'"),
+        (lambda c: c.update(unexpected=1), "Additional properties"),
+        (lambda c: c["provenance"].pop("seed"), "'seed' is a required property"),
+    ],
+)
+def test_schema_rejects_malformed_members(edit, message):
+    sealed = _certificate()
+    edit(sealed)
+    errors = certificate_format.schema_errors(certificate_format.seal(sealed))
+    assert errors and any(message in error for error in errors), errors
+
+
+def test_load_checks_version_before_digest_and_digest_before_schema(tmp_path):
+    sealed = _certificate()
+    path = tmp_path / "c.json"
+
+    other_version = dict(sealed, schema_version="2.0", verdict="nonsense")  # digest also wrong
+    path.write_text(json.dumps(other_version))
+    with pytest.raises(certificate_format.CertificateError, match="schema version '2.0'"):
+        certificate_format.load(path)
+
+    tampered = dict(sealed, verdict="fail")
+    path.write_text(json.dumps(tampered))
+    with pytest.raises(certificate_format.CertificateError, match="digest mismatch"):
+        certificate_format.load(path)
+
+    path.write_text(json.dumps(dict(sealed, digest={"algorithm": "md5", "value": "0"})))
+    with pytest.raises(certificate_format.CertificateError, match="has no sha256 digest"):
+        certificate_format.load(path)
+
+    path.write_text('{"schema_version": "1.0", "x": NaN}')
+    with pytest.raises(certificate_format.CertificateError, match="not valid JSON"):
+        certificate_format.load(path)
+
+
+def test_stub_certificate_for_a_missing_claim_module_validates():
+    def missing(_):
+        raise ImportError("no module named propositions.p3_conditioning")
+
+    sealed = _certify("P3", missing)
+    assert sealed["verdict"] == "inconclusive"
+    assert sealed["numerical"]["worst_case"] is None
+    certificate_format.validate(sealed)
+
+
+def test_claim_verdict_contradicted_by_its_data_is_a_fail():
+    class Lying:
+        def to_dict(self):
+            data = _result(0, False).to_dict()
+            data["verdict"], data["failures"] = "pass", []
+            return data
+
+    claim = Claim("P2", "t", "s", "l", (), lambda s, p, optimizer="stiefel_adam": Lying())
+    sealed = _certify("P2", lambda _: claim)
+    assert sealed["verdict"] == "fail"
+    assert "reported verdict 'pass' although" in sealed["failures"][-1]
+
+
+def test_compare_ignores_timing_and_environment_but_not_outcomes():
+    recorded = _certificate(seed=2)
+    rerun = copy.deepcopy(recorded)
+    rerun["provenance"]["timing"]["wall_seconds"] += 100.0
+    rerun["environment"]["cpu"] = "another machine"
+    differences, notes = claims.compare(recorded, rerun)
+    assert differences == [] and notes == ["all 2 worst residuals reproduced bit for bit"]
+
+    rerun["numerical"]["checks"][0]["residual"]["max"] *= 1.5
+    differences, notes = claims.compare(recorded, rerun)
+    assert differences == [] and "largest relative difference 0.333 (check identity)" in notes[0]
+
+    rerun["controls"][0]["detected"] = False
+    differences, _ = claims.compare(recorded, rerun)
+    assert differences == ["control qr_retraction: detected True recorded, False reproduced"]
+
+
+def test_warnings_of_a_run_become_notes():
+    def noisy(seed, profile, optimizer="stiefel_adam"):
+        with np.errstate(over="warn"):
+            np.float64(1e300) * np.float64(1e300)
+        return _result(seed, True)
+
+    claim = Claim("P2", "t", "s", "l", ("qr_retraction",), noisy)
+    sealed = _certify("P2", lambda _: claim)
+    assert sealed["verdict"] == "pass"
+    assert any(note.startswith("warning during the run: RuntimeWarning: overflow") for note in sealed["notes"])

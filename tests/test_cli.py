@@ -1,0 +1,361 @@
+"""The certify command line: exit codes, messages, verify, cite, crosscheck options.
+
+Claims here are fakes injected through certify.claims.lookup_claim, so these tests do not depend on
+the proposition modules. A fake's residuals come from its seed, so a re-run reproduces them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from certify import certificate as certificate_format
+from certify import claims, cli, report
+from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DRAWING_FIGURE_LOADER = report.load_figure_class
+
+
+def fake_result(seed: int, passing: bool, options: dict | None = None) -> ClaimResult:
+    """A small ClaimResult with known data; passing=False puts one residual at 5x its bound."""
+    rng = np.random.default_rng(seed)
+    check = NumericalCheck("fake_identity", "A(x) against B(x)", "n u with n = 8")
+    residual = rng.uniform(0.0, 1e-16, 200)
+    if not passing:
+        residual[17] = 5e-15
+    check.add(residual, 1e-15, shape=(4, 2), key=("fake", 4, 2), seed=seed)
+    broken = NumericalCheck("fake_identity", "A(x) against a broken B(x)", "n u with n = 8")
+    broken.add(rng.uniform(1e-3, 1e-2, 50), 1e-15, shape=(4, 2), key=("fake-control", 4, 2), seed=seed)
+    control = ControlResult.from_checks("qr_retraction", "a broken variant", [broken])
+    symbolic = SymbolicResult("sympy", [SymbolicStep("P_W(W) = 0", r"W - W\,\mathrm{sym}(W^T W) = 0", True)])
+    return ClaimResult(
+        symbolic=symbolic,
+        checks=[check],
+        controls=[control],
+        frames=200,
+        exact=[{"name": "fake_exact", "description": "exact in rationals", "samples": 3, "passed": True}],
+        extra={"options": dict(options or {})},
+        figures={"drift": {"x": [1, 10, 100], "y": [1e-16, 2e-16, 4e-16], "logx": True, "logy": True, "xlabel": "steps"}},
+        notes=["a fake claim"],
+    )
+
+
+def make_claim(claim_id: str, passing: bool = True) -> Claim:
+    def run(seed, profile, optimizer="stiefel_adam", **options):
+        return fake_result(seed, passing and optimizer == "stiefel_adam", options)
+
+    return Claim(claim_id, f"fake claim {claim_id}", f"statement of {claim_id}", r"\forall W: f(W) = 0", ("qr_retraction",), run)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A dict id -> Claim (or an exception to raise on lookup) that certify will use."""
+    table: dict = {claim_id: make_claim(claim_id) for claim_id in claims.ALL_IDS}
+
+    def lookup(claim_id):
+        entry = table[claim_id]
+        if isinstance(entry, BaseException):
+            raise entry
+        return entry
+
+    monkeypatch.setattr(claims, "lookup_claim", lookup)
+    monkeypatch.setattr(claims, "torch_available", lambda: False)
+    monkeypatch.setattr(claims, "cuda_available", lambda: False)
+    monkeypatch.setattr(claims, "torch_environment", lambda device: {"version": "fake", "device": device})
+    # drawing is slow and is tested in test_report.py; one test below draws through the CLI
+    monkeypatch.setattr(report, "load_figure_class", lambda: None)
+    return table
+
+
+def run_main(capsys, *argv):
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return code, captured.out, captured.err
+
+
+def error_of(err: str) -> str:
+    """The single stderr line of an error, checked to be one line."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("certify: error: ")
+    return lines[0]
+
+
+# --- exit codes of run / all ---------------------------------------------------------------
+
+
+def test_run_passing_claim_exits_0_and_writes_certificate_and_report(registry, capsys, tmp_path):
+    code, out, err = run_main(capsys, "run", "p1", "--out", str(tmp_path), "--seed", "3", "--profile", "quick")
+    assert code == 0, out + err
+    certificate = certificate_format.load(tmp_path / "P1.json")
+    assert certificate["verdict"] == "pass"
+    assert certificate["provenance"]["seed"] == 3 and certificate["provenance"]["profile"] == "quick"
+    assert certificate["provenance"]["command"] == "certify run p1 --out " + str(tmp_path) + " --seed 3 --profile quick"
+    assert certificate["provenance"]["reproduce"] == "certify run P1 --seed 3 --profile quick"
+    assert (tmp_path / "REPORT.md").is_file()
+
+
+def test_run_failing_claim_exits_1(registry, capsys, tmp_path):
+    registry["P2"] = make_claim("P2", passing=False)
+    code, out, _ = run_main(capsys, "run", "P1", "P2", "--out", str(tmp_path), "--profile", "quick")
+    assert code == 1
+    assert json.loads((tmp_path / "P2.json").read_text())["verdict"] == "fail"
+    assert "worst residual/bound = 5" in out
+
+
+def test_run_against_a_control_variant_fails(registry, capsys, tmp_path):
+    code, _, _ = run_main(capsys, "run", "P1", "--out", str(tmp_path), "--profile", "quick", "--optimizer", "qr_retraction")
+    assert code == 1
+    assert certificate_format.load(tmp_path / "P1.json")["provenance"]["reproduce"].endswith("--optimizer qr_retraction")
+
+
+def test_all_runs_every_proposition_and_skips_crosscheck_without_torch(registry, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "load_figure_class", DRAWING_FIGURE_LOADER)
+    code, out, err = run_main(capsys, "all", "--out", str(tmp_path), "--profile", "quick")
+    assert code == 0, out + err
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [f"P{i}.json" for i in range(1, 7)]
+    assert "crosscheck skipped: torch not installed" in out
+    report_text = (tmp_path / "REPORT.md").read_text()
+    assert "crosscheck skipped: torch not installed" in report_text
+    for claim_id in claims.PROPOSITION_IDS:
+        assert f"](figures/{claim_id}_residual_over_bound.png)" in report_text
+        assert (tmp_path / "figures" / f"{claim_id}_residual_over_bound.png").stat().st_size > 0
+        assert (tmp_path / "figures" / f"{claim_id}_drift.png").is_file()
+
+
+def test_all_includes_crosscheck_when_torch_imports(registry, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "torch_available", lambda: True)
+    code, _, _ = run_main(capsys, "all", "--out", str(tmp_path), "--profile", "quick")
+    assert code == 0
+    crosscheck = certificate_format.load(tmp_path / "crosscheck.json")
+    assert crosscheck["provenance"]["options"] == {"device": "cpu", "dtype": "float64"}
+    assert crosscheck["environment"]["torch"] == {"version": "fake", "device": "cpu"}
+
+
+def test_claim_that_cannot_be_imported_is_inconclusive_not_a_traceback(registry, capsys, tmp_path):
+    registry["P3"] = ModuleNotFoundError("No module named 'propositions.p3_conditioning'")
+    code, out, _ = run_main(capsys, "all", "--out", str(tmp_path), "--profile", "quick")
+    assert code == 1
+    certificate = certificate_format.load(tmp_path / "P3.json")
+    assert certificate["verdict"] == "inconclusive"
+    assert "could not be loaded: ModuleNotFoundError" in certificate["inconclusive"][0]
+    assert certificate_format.load(tmp_path / "P4.json")["verdict"] == "pass"
+
+
+def test_claim_that_raises_is_inconclusive(registry, capsys, tmp_path):
+    def broken(seed, profile, optimizer="stiefel_adam"):
+        raise ZeroDivisionError("division by zero")
+
+    registry["P4"] = Claim("P4", "broken", "s", "l", (), broken)
+    code, out, _ = run_main(capsys, "run", "P4", "--out", str(tmp_path))
+    assert code == 1
+    certificate = certificate_format.load(tmp_path / "P4.json")
+    assert certificate["verdict"] == "inconclusive"
+    assert "raised while it ran: ZeroDivisionError: division by zero" in certificate["inconclusive"][0]
+
+
+def test_result_that_breaks_the_schema_is_an_internal_error_reported_clearly(registry, capsys, tmp_path):
+    class BadResult:
+        def to_dict(self):
+            data = fake_result(0, True).to_dict()
+            data["numerical"]["checks"][0]["passed"] = "yes"  # not a boolean
+            return data
+
+    registry["P5"] = Claim("P5", "bad", "s", "l", (), lambda seed, profile, optimizer="stiefel_adam": BadResult())
+    code, _, err = run_main(capsys, "run", "P5", "--out", str(tmp_path))
+    assert code == 1
+    assert "P5: internal error: SchemaViolation: certificate P5 does not match the schema" in err
+    assert certificate_format.load(tmp_path / "P5.json")["verdict"] == "inconclusive"
+
+
+def test_pass_without_controls_is_inconclusive(registry, capsys, tmp_path):
+    def no_controls(seed, profile, optimizer="stiefel_adam"):
+        result = fake_result(seed, True)
+        result.controls = []
+        return result
+
+    registry["P6"] = Claim("P6", "uncontrolled", "s", "l", (), no_controls)
+    code, _, _ = run_main(capsys, "run", "P6", "--out", str(tmp_path))
+    assert code == 1
+    assert certificate_format.load(tmp_path / "P6.json")["verdict"] == "inconclusive"
+
+
+# --- usage and input errors: exit 2, one line -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["run", "P9"], "unknown claim id 'P9'"),
+        (["run", "P1", "--profile", "fast"], "invalid choice: 'fast'"),
+        (["run", "P1", "--seed", "-1"], "seed must be a non-negative integer"),
+        (["run", "P1", "--seed", "abc"], "seed must be a non-negative integer"),
+        (["run", "P1", "--optimizer", "sgd"], "unknown optimizer variant 'sgd'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "the following arguments are required"),
+        (["crosscheck", "--dtype", "float16"], "invalid choice: 'float16'"),
+        (["run", "crosscheck"], "crosscheck needs torch, which is not installed"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(registry, capsys, tmp_path, argv, expected):
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2
+    assert expected in error_of(err)
+
+
+def test_crosscheck_on_cuda_without_cuda_exits_2(registry, capsys, monkeypatch):
+    monkeypatch.setattr(claims, "torch_available", lambda: True)
+    code, _, err = run_main(capsys, "crosscheck", "--device", "cuda")
+    assert code == 2
+    assert "CUDA is not available" in error_of(err)
+
+
+def test_crosscheck_passes_device_and_dtype_to_the_claim(registry, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "torch_available", lambda: True)
+    code, _, _ = run_main(capsys, "crosscheck", "--dtype", "float32", "--out", str(tmp_path))
+    assert code == 0
+    certificate = certificate_format.load(tmp_path / "crosscheck.json")
+    assert certificate["extra"]["options"] == {"device": "cpu", "dtype": "float32"}
+    assert certificate["provenance"]["reproduce"] == "certify crosscheck --device cpu --dtype float32 --seed 0 --profile default"
+
+
+def test_out_that_is_a_file_exits_2(registry, capsys, tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    code, _, err = run_main(capsys, "run", "P1", "--out", str(target))
+    assert code == 2 and "is not a directory" in error_of(err)
+
+
+@pytest.fixture
+def certified(registry, capsys, tmp_path):
+    """Path of a passing P1 certificate written by `certify run`."""
+    assert cli.main(["run", "P1", "--out", str(tmp_path), "--seed", "7", "--profile", "quick"]) == 0
+    capsys.readouterr()
+    return tmp_path / "P1.json"
+
+
+def _rewrite(path: Path, change, reseal: bool) -> None:
+    certificate = json.loads(path.read_text())
+    change(certificate)
+    if reseal:
+        certificate = certificate_format.seal(certificate)
+    path.write_text(json.dumps(certificate))
+
+
+@pytest.mark.parametrize("command", ["verify", "cite"])
+def test_bad_certificate_files_exit_2(certified, capsys, tmp_path, command):
+    missing = tmp_path / "missing.json"
+    code, _, err = run_main(capsys, command, str(missing))
+    assert code == 2 and "no such file" in error_of(err)
+
+    code, _, err = run_main(capsys, command, str(tmp_path))
+    assert code == 2 and "is a directory" in error_of(err)
+
+    malformed = tmp_path / "malformed.json"
+    malformed.write_text('{"schema_version": "1.0", ')
+    code, _, err = run_main(capsys, command, str(malformed))
+    assert code == 2 and "not valid JSON" in error_of(err)
+
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    code, _, err = run_main(capsys, command, str(array))
+    assert code == 2 and "a JSON object was expected" in error_of(err)
+
+    _rewrite(certified, lambda c: c.update(schema_version="0.9"), reseal=True)
+    code, _, err = run_main(capsys, command, str(certified))
+    assert code == 2 and "schema version '0.9'" in error_of(err)
+
+
+def test_tampered_certificate_is_rejected_by_digest(certified, capsys):
+    _rewrite(certified, lambda c: c["numerical"]["checks"][0]["residual"].update(max=0.0), reseal=False)
+    for command in ("verify", "cite"):
+        code, out, err = run_main(capsys, command, str(certified))
+        assert code == 2
+        assert "digest mismatch" in error_of(err)
+        assert "reproduced" not in out
+
+
+def test_resealed_certificate_that_breaks_the_schema_exits_2(certified, capsys):
+    _rewrite(certified, lambda c: c.update(verdict="probably"), reseal=True)
+    code, _, err = run_main(capsys, "verify", str(certified))
+    assert code == 2 and "does not match the certificate schema" in error_of(err)
+
+
+# --- verify and cite ------------------------------------------------------------------------
+
+
+def test_verify_round_trip_reproduces_bit_for_bit(certified, capsys):
+    code, out, err = run_main(capsys, "verify", str(certified))
+    assert code == 0, out + err
+    assert "reproduced: verdict pass, 1 checks and 1 controls agree" in out
+    assert "reproduced bit for bit" in out
+
+
+def test_verify_reports_what_differs(certified, registry, capsys):
+    registry["P1"] = make_claim("P1", passing=False)  # the claim now behaves differently
+    code, out, _ = run_main(capsys, "verify", str(certified))
+    assert code == 1
+    assert "DIFFERS from its re-run" in out
+    assert "verdict pass recorded, fail reproduced" in out
+    assert "check fake_identity: passed True recorded, False reproduced" in out
+    assert "largest relative difference" in out
+    assert "the environment is the same as recorded, where bit-for-bit equality is expected" in out
+
+
+def test_verify_of_a_reproduced_failing_certificate_exits_1(registry, capsys, tmp_path):
+    registry["P2"] = make_claim("P2", passing=False)
+    assert cli.main(["run", "P2", "--out", str(tmp_path), "--profile", "quick"]) == 1
+    capsys.readouterr()
+    code, out, _ = run_main(capsys, "verify", str(tmp_path / "P2.json"))
+    assert code == 1 and "reproduced: verdict fail" in out
+
+
+def test_cite_is_one_line_with_id_digest_verdict_and_command(certified, capsys):
+    code, out, _ = run_main(capsys, "cite", str(certified))
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 1
+    digest = json.loads(certified.read_text())["digest"]["value"]
+    assert lines[0].startswith("P1 (fake claim P1): pass, sha256 " + digest[:16])
+    assert lines[0].endswith("reproduce: certify run P1 --seed 7 --profile quick")
+
+
+def test_list_shows_ids_titles_controls(registry, capsys):
+    registry["P6"] = ImportError("broken module")
+    code, out, _ = run_main(capsys, "list")
+    assert code == 0
+    assert "fake claim P1" in out and "qr_retraction" in out
+    assert "cannot be loaded: ImportError: broken module" in out
+    assert "skipped: torch not installed" in out
+
+
+def test_help_exits_0(capsys):
+    code, out, _ = run_main(capsys, "--help")
+    assert code == 0 and "exit codes" in out
+
+
+def test_console_script_never_prints_a_traceback(tmp_path):
+    """Through a real process: unknown id, missing file, malformed file."""
+    malformed = tmp_path / "bad.json"
+    malformed.write_text("{")
+    for argv in (["run", "P0"], ["verify", str(tmp_path / "none.json")], ["cite", str(malformed)]):
+        completed = subprocess.run([sys.executable, "-m", "certify", *argv], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
+        assert completed.returncode == 2, completed.stderr
+        assert "Traceback" not in completed.stderr
+        assert len(completed.stderr.strip().splitlines()) == 1
+
+
+def test_rich_table_and_progress_on_a_terminal(registry, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich then treats stdout as a terminal
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_main(capsys, "run", "P1", "P2", "--out", str(tmp_path), "--profile", "quick")
+    assert code == 0
+    assert "┏" in out and "fake claim P2" in out  # a rich table, not plain lines
+    assert "P2: pass in" in out

@@ -1,0 +1,116 @@
+"""REPORT.md and its figures, with and without matplotlib."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from certify import claims, report
+from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+
+FIGURES = {
+    "drift": {"x": [1, 10, 100], "y": [1e-16, "inf", 4e-16], "xlabel": "steps", "ylabel": "||W^T W - I||", "logx": True, "logy": True, "title": "feasibility drift"},
+    "two_lines": {"series": [{"x": [0, 1], "y": [0, 1], "label": "a"}, {"x": [0, 1], "y": [1, 0], "label": "b"}]},
+    "spread": {"log10_edges": [-2.0, -1.0, 0.0], "counts": [1, 2, 3, 0]},
+    "domain_of_c": {"low": 1e-150, "high": 1e150},
+    "ragged": {"x": [1, 2], "y": [1]},
+}
+
+
+def _certificate(claim_id: str, passing: bool) -> dict:
+    def run(seed, profile, optimizer="stiefel_adam"):
+        rng = np.random.default_rng(seed)
+        check = NumericalCheck("projector_idempotent", "P(P(G)) against P(G)", "2 gamma_n with n = d")
+        residual = rng.uniform(0.0, 1e-16, 32)
+        if not passing:
+            residual[0] = 1e-12
+        check.add(residual, 1e-15, shape=(4, 2), key=("p", 4, 2), seed=seed)
+        broken = NumericalCheck("projector_idempotent", "broken", "same")
+        broken.add(np.full(4, 1e-3), 1e-15, shape=(4, 2), key=("c", 4, 2), seed=seed)
+        return ClaimResult(
+            symbolic=SymbolicResult("sympy", [SymbolicStep("idempotent", r"P_W(P_W(G)) - P_W(G) = 0", True)]),
+            checks=[check],
+            controls=[ControlResult.from_checks("projection_without_sym", "G - W W^T G", [broken])],
+            frames=32,
+            figures=FIGURES,
+            notes=["the note of " + claim_id],
+        )
+
+    claim = Claim(claim_id, f"title | of {claim_id}", f"The statement of {claim_id}.", r"P_W^2 = P_W", ("projection_without_sym",), run)
+    original = claims.lookup_claim
+    claims.lookup_claim = lambda _: claim
+    try:
+        sealed, _ = claims.certify_claim(claim_id, seed=0, profile="quick", command=f"certify run {claim_id}")
+    finally:
+        claims.lookup_claim = original
+    return sealed
+
+
+@pytest.fixture(scope="module")
+def certificates():
+    return [_certificate("P1", True), _certificate("P2", False)]
+
+
+def test_figure_kinds_follow_the_published_convention():
+    assert report.figure_kind(FIGURES["drift"]) == "line"
+    assert report.figure_kind(FIGURES["two_lines"]) == "line"
+    assert report.figure_kind(FIGURES["spread"]) == "histogram"
+    assert report.figure_kind(FIGURES["domain_of_c"]) == "data"
+    assert report.figure_kind(FIGURES["ragged"]) == "data"
+    assert report.figure_kind([1, 2, 3]) == "data"
+    assert report.figure_kind({"x": [1], "y": [2], "series": "not a list"}) == "data"
+
+
+def test_report_with_matplotlib_draws_every_plot(certificates, tmp_path):
+    path, plotted = report.write_report(certificates, tmp_path, notes=["crosscheck skipped: torch not installed"], total_wall_seconds=1.5)
+    assert plotted
+    text = path.read_text()
+    figures = tmp_path / "figures"
+    for claim_id in ("P1", "P2"):
+        for name in ("residual_over_bound", "drift", "two_lines", "spread"):
+            png = figures / f"{claim_id}_{name}.png"
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert f"](figures/{png.name})" in text
+        assert not (figures / f"{claim_id}_domain_of_c.png").exists()
+    assert "Figure data `domain_of_c` (not a recognised plot)" in text
+    assert "Figure data `ragged`" in text
+    assert "Plots were left out" not in text
+
+
+def test_report_contents(certificates, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "load_figure_class", lambda: None)  # the text only; drawing is tested above
+    text = report.write_report(certificates, tmp_path, total_wall_seconds=1.5)[0].read_text()
+    assert "| id | title | verdict | frames | wall s | frames/s | worst residual/bound | smallest control margin |" in text
+    assert "| P1 | title \\| of P1 | pass | 32 |" in text
+    assert "| P2 | title \\| of P2 | fail | 32 |" in text
+    assert "1.5 s in all" in text or "1.50 s in all" in text
+    assert "The statement of P1." in text
+    assert "$$\nP_W^2 = P_W\n$$" in text
+    assert "$$\nP_W(P_W(G)) - P_W(G) = 0\n$$" in text
+    assert "| projector_idempotent | 32 |" in text
+    assert "| projection_without_sym | G - W W^T G | projector_idempotent | 0.001 | 1e-15 | 1e+12 | yes |" in text
+    assert "check projector_idempotent: worst residual/bound = 1e+03 > 1" in text
+    assert "- the note of P2" in text
+    assert "reproduce: `certify run P1 --seed 0 --profile quick`" in text
+
+
+def test_report_without_matplotlib_says_plots_were_left_out(certificates, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    assert report.load_figure_class() is None
+    path, plotted = report.write_report(certificates, tmp_path)
+    assert not plotted
+    text = path.read_text()
+    assert "Plots were left out: matplotlib is not installed" in text
+    assert not (tmp_path / "figures").exists()
+    assert "Figure data `domain_of_c`" in text  # data entries are listed all the same
+    assert "](figures/" not in text
+
+
+def test_summary_numbers(certificates):
+    passing, failing = certificates
+    assert report.worst_ratio(passing) < 1 < report.worst_ratio(failing)
+    assert report.smallest_margin(passing) == pytest.approx(1e12)
+    assert report.format_number("inf") == "inf" and report.format_number(None) == "-" and report.format_number(12345) == "12345"
