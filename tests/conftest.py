@@ -3,6 +3,11 @@
 
 import os
 
+# Single-threaded BLAS, as the certify command uses (see certify/__init__.py): the suite batches
+# small matrices, and a re-run's rounding should not depend on the core count.
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(

@@ -1,0 +1,602 @@
+"""P5: coupled weight decay has identically zero Riemannian gradient on St(d, r).
+
+Claim
+    P_W(W) = W - W sym(W^T W) = 0 for every W on St(d, r), because W = W I_r lies in the normal
+    space N_W = {W S : S = S^T}. Consequences: (i) the StiefelAdam step with any weight decay
+    lambda equals the step with lambda = 0 (stage 2 projects G + lambda W to P_W(G)), for one step
+    and along whole trajectories; (ii) a decoupled decay W <- (1 - lr lambda) W followed by the
+    polar retraction returns W exactly (the polar factor of a positive multiple of a frame is the
+    frame); (iii) ||W||_F^2 = tr(W^T W) = r is constant on St(d, r), hence along every trajectory.
+
+Why it is true
+    sym(W^T W) = I_r on the manifold, so W sym(W^T W) = W. P_W is linear, so P_W(G + lambda W) =
+    P_W(G) + lambda P_W(W) = P_W(G). polar(alpha W) = alpha W ((alpha W)^T (alpha W))^(-1/2) =
+    alpha W (alpha^2 I)^(-1/2) = W for alpha > 0.
+
+How it is checked
+    * symbolically with sympy MatrixSymbols under the substitution W^T W = I (and at explicit
+      2 x 1 and 2 x 2 frames written with cos and sin);
+    * exactly, with zero tolerance, at rational Stiefel points (Cayley transform,
+      reference_impl.exact);
+    * in float64 over shape_plan(profile): fl(P_W(W)); one step with lambda against the step with
+      lambda = 0 from the same state, lambda over 1e-6 .. 1e3 and gradients over six decades;
+      the same comparison at every step of multi-step trajectories (profile.steps); polar of a
+      decoupled decay; | ||W_t||^2 - r | along the trajectories. Every residual is compared with
+      the bound derived next to it (functions *_bound below).
+
+What would make it fail
+    A step that lets lambda W reach W: the decay term added after the projection (control
+    "unprojected_decay"), or Euclidean AdamW (control "euclidean_adamw": W <- (1 - lr lambda) W
+    with no projection or retraction, so ||W|| shrinks by (1 - lr lambda) per step and the step
+    depends on lambda). Both are run through the same checks, and must miss the bounds by at least
+    DETECTION_FACTOR. The `optimizer` argument of `run` puts one of them in place of the real step:
+    the verdict is then "fail".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import sympy as sp
+
+from reference_impl import UNIT_ROUNDOFF, get_variant, manifold_tolerance, random_point
+from reference_impl.adam import StiefelAdamConfig, frobenius
+from reference_impl.manifold import _polar_retract, _project_tangent
+
+from ._common import (
+    Claim,
+    ClaimResult,
+    ControlResult,
+    LARGE_SHAPES,
+    NumericalCheck,
+    Profile,
+    SymbolicResult,
+    SymbolicStep,
+    chunk_sizes,
+    gamma,
+    rng_for,
+    shape_plan,
+)
+
+u = UNIT_ROUNDOFF
+CLAIM_ID = "P5"
+
+# Weight decays of the numerical part: nine decades, from negligible to a decay term that
+# dominates any gradient in the plan by orders of magnitude.
+LAMBDA_GRID = tuple(float(x) for x in np.logspace(-6.0, 3.0, 4))
+# Gradient scale per frame: log10 uniform on [-3, 3] (gradients of wide scale).
+GRADIENT_LOG10_SCALE = (-3.0, 3.0)
+# Learning rate per chunk: log10 uniform on [-4, -1], capped so that lr lambda <= 1/2 (a decoupled
+# decay factor 1 - lr lambda in [1/2, 1), as any AdamW user would set it; the real step does not
+# care, the Euclidean AdamW control would otherwise flip the sign of W); other hyper-parameters at
+# their defaults.
+LR_LOG10 = (-4.0, -1.0)
+MAX_DECAY_PER_STEP = 0.5
+# Trajectories run on a quarter of each lambda group (at least one frame), on the shapes with
+# d r^2 <= TRAJECTORY_MAX_COST: the (1024, 128) frames (one retraction ~ 0.05 s here) get the
+# one-step check only, which keeps the default profile within its time budget.
+TRAJECTORY_FRACTION = 4
+TRAJECTORY_MAX_COST = 2**18
+# Controls need no statistics, only a clear miss: they run on this fraction of the frames, on the
+# small shapes.
+CONTROL_FRACTION = 20
+
+CONTROLS = ("euclidean_adamw", "unprojected_decay")
+
+# Polar perturbation constant: ||polar(A) - polar(B)||_F <= (1 + sqrt 2) ||A - B||_F / sigma_min
+# for full column rank d x r matrices, sigma_min the smaller of sigma_r(A), sigma_r(B). This is a
+# conservative form of the perturbation bounds of the unitary polar factor: Li and Sun (SIAM J.
+# Matrix Anal. Appl. 25, 2003, 362-372) give 2 / (sigma_r(A) + sigma_r(B)) <= 1 / sigma_min for real
+# full-rank rectangular matrices.
+POLAR_LIPSCHITZ = 1.0 + math.sqrt(2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Bounds (each from the error analysis in its docstring)
+# --------------------------------------------------------------------------------------------
+
+
+def projection_rounding(d: int, r: int) -> float:
+    """Relative forward error of fl(P_W(H)) against the same formula in exact arithmetic.
+
+    ||fl(P_W(H)) - L_W(H)||_F <= projection_rounding(d, r) ||H||_F with L_W(H) = H - W sym(W^T H)
+    for the float frame W: W^T H is a length-d inner product per entry, error <= gamma_d |W|^T |H|,
+    Frobenius <= gamma_d ||W||_F ||H||_F = gamma_d sqrt(r) ||H||; W S (S = sym(W^T H), ||S|| <= ||H||)
+    adds gamma_r sqrt(r) ||H||; sym and the final subtraction add 3u ||H||.
+    """
+    return (gamma(d) + gamma(r)) * math.sqrt(r) + 3.0 * u
+
+
+def polar_rounding(d: int, r: int, cond) -> np.ndarray:
+    """Forward error of the float64 polar factor U V^T (thin SVD) of a d x r matrix of condition cond.
+
+    The SVD is backward stable: the computed factors are exact for A + dA with ||dA||_F <= g ||A||_2,
+    where g collects the two phases of LAPACK's algorithm. The Householder bidiagonalisation adds
+    gamma_{2 d r} (Higham 2002, ch. 19, Householder reflectors, applied on the left and the right); the
+    implicit QR iteration on the bidiagonal applies, at about two sweeps per singular value, 2 r
+    sweeps of r - 1 plane rotations on each side, each rotation backward stable to gamma_6 (Higham,
+    ch. 19, plane rotations), which accumulates to gamma_{24 r^2}. The backward error moves the polar factor by at
+    most (1 + sqrt 2) g cond; the loss of orthonormality of the computed U and V adds g each, and the
+    product U V^T adds gamma_r sqrt(r).
+    """
+    g = gamma(2 * d * r) + gamma(24 * r * r)
+    return POLAR_LIPSCHITZ * g * np.asarray(cond) + 2.0 * g + gamma(r) * math.sqrt(r)
+
+
+def decay_projection_bound(d: int, r: int) -> float:
+    """Bound on ||fl(P_W(W))||_F for a float64 frame with ||W^T W - I||_F <= phi.
+
+    In exact arithmetic on the float frame, L_W(W) = W (I - W^T W), norm <= ||W||_2 phi <=
+    (1 + phi) phi; rounding adds projection_rounding(d, r) ||W||_F <= projection_rounding sqrt(r)
+    (1 + phi). phi = manifold_tolerance(d, r) is the feasibility every frame of the reference
+    satisfies (reference_impl._validation). The factor 2 covers the dropped O(u^2) terms.
+    """
+    phi = manifold_tolerance(d, r)
+    return 2.0 * ((1.0 + phi) * phi + projection_rounding(d, r) * math.sqrt(r) * (1.0 + phi))
+
+
+def decay_gradient_difference_bound(d: int, r: int, gradient_norm, weight_decay: float):
+    """Bound on ||fl(P_W(G + lambda W)) - fl(P_W(G))||_F (shape of gradient_norm).
+
+    L_W(G + lambda W + e1) - L_W(G) = lambda L_W(W) + L_W(e1): ||lambda L_W(W)|| <= lambda (1 + phi)
+    phi; e1, the rounding of G + lambda W, has ||e1|| <= u (||G|| + 2 lambda sqrt r) and
+    ||L_W|| <= 1 + 3 phi. The two evaluations of P_W add projection_rounding (||G + lambda W|| +
+    ||G||) <= projection_rounding (2 ||G|| + lambda sqrt(r) (1 + phi)).
+    """
+    phi = manifold_tolerance(d, r)
+    root_r = math.sqrt(r)
+    lam = weight_decay
+    return (
+        lam * (1.0 + phi) * phi
+        + (1.0 + 3.0 * phi) * u * (gradient_norm + 2.0 * lam * root_r)
+        + projection_rounding(d, r) * (2.0 * gradient_norm + lam * root_r * (1.0 + phi))
+    )
+
+
+def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: float) -> np.ndarray:
+    """Bound on ||W+(lambda) - W+(0)||_F for one StiefelAdam step from the same (W, state), per frame.
+
+    W, G: (..., d, r) float64; state: (m, v, t) before the step (a (..., d, r) second moment of a
+    control is reduced to its mean: the bound is the real step's analysis evaluated at the state).
+
+    Stage by stage (hat quantities at lambda = 0; delta_g from decay_gradient_difference_bound):
+      m^ differs by (1 - beta1) delta_g / (1 - beta1^t); v^ by (1 - beta2) (2 ||g|| delta_g +
+      delta_g^2) / (d r (1 - beta2^t)). With s = sqrt(v^) + eps and s_low = sqrt(v^ - dv^) + eps,
+      ||xi(lambda) - xi(0)|| <= lr (dm^ / s_low + ||m^|| dv^ / (sqrt(v^) s s_low)): the scale-free
+      step turns lambda times the rounding residual of P_W(W) into a relative error of order
+      delta_g / ||g||, independent of the scale of G.
+      Each evaluation of xi rounds: the mean square is a length-d r sum (gamma_{dr}, halved by the
+      square root), the moment updates, bias corrections, sqrt, division and lr add <= 8u, plus
+      3u (beta1 ||m|| + (1 - beta1) ||g||) lr / ((1 - beta1^t) s) for m itself; twice (two steps).
+      The trust-region clip is the projection onto a ball (1-Lipschitz) and rounds by
+      (gamma_{dr}/2 + 3u) ||xi|| per step.
+      The polar factor moves by at most POLAR_LIPSCHITZ ||dxi|| / sigma_min with sigma_min(W + xi)
+      >= 1 - 2 phi for tangent xi (P3), and each of the two retractions rounds by polar_rounding.
+    """
+    d, r = W.shape[-2], W.shape[-1]
+    beta1, beta2 = config.betas
+    lr, eps = config.lr, config.eps
+    t = state.t + 1
+    phi = manifold_tolerance(d, r)
+    g0 = _project_tangent(W, G)
+    g_norm = frobenius(g0)
+    delta_g = decay_gradient_difference_bound(d, r, frobenius(G), weight_decay)
+    v_state = np.asarray(state.v, dtype=np.float64)
+    if v_state.ndim == W.ndim:
+        v_state = v_state.mean(axis=(-2, -1))
+    m_norm_state = frobenius(state.m)
+    m_hat_norm = frobenius(beta1 * state.m + (1 - beta1) * g0) / (1 - beta1**t)
+    v_hat = (beta2 * v_state + (1 - beta2) * g_norm**2 / (d * r)) / (1 - beta2**t)
+    dm_hat = (1 - beta1) * delta_g / (1 - beta1**t)
+    dv_hat = (1 - beta2) * (2.0 * g_norm * delta_g + delta_g**2) / (d * r * (1 - beta2**t))
+    root_v = np.sqrt(v_hat)
+    s = root_v + eps
+    s_low = np.sqrt(np.maximum(v_hat - dv_hat, 0.0)) + eps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dxi_exact = lr * (dm_hat / s_low + m_hat_norm * dv_hat / (root_v * s * s_low))
+        xi_norm = lr * m_hat_norm / s
+        xi_rounding = xi_norm * (gamma(d * r) / 2 + 8 * u) + lr * 3 * u * (
+            beta1 * m_norm_state + (1 - beta1) * g_norm
+        ) / ((1 - beta1**t) * s)
+    clip_rounding = np.minimum(xi_norm, config.trust_radius) * (gamma(d * r) / 2 + 3 * u)
+    dxi = dxi_exact + 2.0 * (xi_rounding + clip_rounding)
+    step_norm = np.minimum(xi_norm, config.trust_radius)
+    cond = np.sqrt(1.0 + step_norm**2) / (1.0 - 2.0 * phi)
+    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_rounding(d, r, cond)
+    # A zero mean square (G = 0) makes the analysis vacuous; no frame of the plan has G = 0, and an
+    # infinite bound would show in the statistics rather than pass silently as a small number.
+    return np.where(np.isfinite(bound), bound, np.inf)
+
+
+def decoupled_decay_bound(d: int, r: int) -> float:
+    """Bound on ||polar(fl(alpha W)) - W||_F for 0 < alpha <= 1.
+
+    Exactly, polar(alpha W) = polar(W), and ||polar(W) - W||_F = ||Sigma - I||_F <= ||W^T W - I||_F
+    <= phi (|sigma - 1| <= |sigma^2 - 1|). fl(alpha W) = alpha W + dA with |dA| <= u alpha |W|,
+    moving the polar factor by <= POLAR_LIPSCHITZ u sqrt(r) (1 + 2 phi); the retraction rounds by
+    polar_rounding at condition 1 + 2 phi. Factor 2 for the dropped O(u^2).
+    """
+    phi = manifold_tolerance(d, r)
+    return 2.0 * (phi + POLAR_LIPSCHITZ * u * math.sqrt(r) * (1 + 2 * phi) + float(polar_rounding(d, r, 1 + 2 * phi)))
+
+
+def norm_constant_bound(d: int, r: int) -> float:
+    """Bound on | fl(||W||_F^2) - r | for a frame returned by the polar retraction.
+
+    ||W||^2 - r = tr(W^T W - I) <= sqrt(r) ||W^T W - I||_F <= sqrt(r) phi: each W_t is a freshly
+    computed polar factor of the actual matrix W + xi, so its feasibility is that of one retraction
+    (phi = manifold_tolerance(d, r)) and does not accumulate over steps. The sum of d r squares
+    rounds by gamma_{dr} ||W||^2 <= gamma_{dr} r (1 + phi). Factor 2 for the dropped O(u^2).
+    """
+    phi = manifold_tolerance(d, r)
+    return 2.0 * (math.sqrt(r) * phi + gamma(d * r) * r * (1.0 + phi))
+
+
+# --------------------------------------------------------------------------------------------
+# Symbolic and exact tiers
+# --------------------------------------------------------------------------------------------
+
+
+def _is_zero_matrix(expr) -> bool:
+    value = expr.doit() if hasattr(expr, "doit") else expr
+    if isinstance(value, sp.MatrixBase):
+        return all(sp.simplify(entry) == 0 for entry in value)
+    return bool(getattr(value, "is_ZeroMatrix", False)) or value == 0
+
+
+def symbolic_derivation() -> SymbolicResult:
+    """The derivation with MatrixSymbols (d, r symbolic) and at explicit 2 x 1 and 2 x 2 frames."""
+    result = SymbolicResult(method="sympy MatrixSymbol algebra with W^T W = I_r; explicit cos/sin frames")
+    d, r = sp.symbols("d r", integer=True, positive=True)
+    W = sp.MatrixSymbol("W", d, r)
+    G = sp.MatrixSymbol("G", d, r)
+    lam = sp.Symbol("lambda", positive=True)
+    alpha = sp.Symbol("alpha", positive=True)
+    identity = sp.Identity(r)
+
+    def sym(A):
+        return (A + A.T) / 2
+
+    def project(H):
+        return H - W * sym(W.T * H)
+
+    def on_manifold(expr):
+        return sp.expand(expr).subs(W.T * W, identity)
+
+    decay_projection = on_manifold(project(W))
+    result.steps.append(
+        SymbolicStep(
+            "P_W(W) = W - W sym(W^T W) = W - W I_r = 0 under W^T W = I",
+            r"P_W(W) = W - W\,\mathrm{sym}(W^\top W) = W - W I_r = 0",
+            _is_zero_matrix(decay_projection),
+        )
+    )
+    linearity = sp.expand(project(G + lam * W) - project(G) - lam * project(W))
+    result.steps.append(
+        SymbolicStep(
+            "P_W is linear: P_W(G + lambda W) - P_W(G) - lambda P_W(W) = 0 (no constraint needed)",
+            r"P_W(G + \lambda W) - P_W(G) - \lambda P_W(W) = 0",
+            _is_zero_matrix(linearity),
+        )
+    )
+    step_invariance = on_manifold(project(G + lam * W) - project(G))
+    result.steps.append(
+        SymbolicStep(
+            "hence the coupled decay never reaches the step: P_W(G + lambda W) = P_W(G)",
+            r"P_W(G + \lambda W) - P_W(G) = \lambda P_W(W) = 0",
+            _is_zero_matrix(step_invariance),
+        )
+    )
+    decayed_gram = on_manifold((alpha * W).T * (alpha * W)) - alpha**2 * identity
+    inverse_root = 1 / sp.sqrt(alpha**2)
+    polar_of_decayed = (alpha * W) * inverse_root - W
+    result.steps.append(
+        SymbolicStep(
+            "polar(alpha W) = alpha W ((alpha W)^T alpha W)^(-1/2) = alpha W (alpha^2 I)^(-1/2) = W, alpha > 0",
+            r"(\alpha W)^\top (\alpha W) = \alpha^2 I_r,\quad \alpha W (\alpha^2 I_r)^{-1/2} = W",
+            _is_zero_matrix(decayed_gram) and _is_zero_matrix(polar_of_decayed),
+        )
+    )
+    norm = sp.Trace(W.T * W).subs(W.T * W, identity).doit() - r
+    result.steps.append(
+        SymbolicStep(
+            "||W||_F^2 = tr(W^T W) = tr(I_r) = r",
+            r"\|W\|_F^2 = \operatorname{tr}(W^\top W) = \operatorname{tr}(I_r) = r",
+            sp.simplify(norm) == 0,
+        )
+    )
+    theta, phi = sp.symbols("theta phi", real=True)
+    column = sp.Matrix([sp.cos(theta), sp.sin(theta)])
+    rotation = sp.Matrix([[sp.cos(phi), -sp.sin(phi)], [sp.sin(phi), sp.cos(phi)]])
+    reflection = sp.Matrix([[sp.cos(phi), sp.sin(phi)], [sp.sin(phi), -sp.cos(phi)]])
+
+    def explicit_projection(F):
+        gram = F.T * F
+        return F - F * (gram + gram.T) / 2
+
+    explicit = [explicit_projection(F).applyfunc(sp.trigsimp) for F in (column, rotation, reflection)]
+    result.steps.append(
+        SymbolicStep(
+            "explicit frames (cos t, sin t)^T in St(2,1) and rotation / reflection in O(2) (det +1, -1): P_W(W) = 0",
+            r"P_W(W) = 0\ \text{for } W = (\cos\theta, \sin\theta)^\top,\ "
+            r"\begin{pmatrix}\cos\varphi & \mp\sin\varphi\\ \sin\varphi & \pm\cos\varphi\end{pmatrix}",
+            all(_is_zero_matrix(M) for M in explicit),
+        )
+    )
+    return result
+
+
+EXACT_SHAPES = ((1, 1), (2, 1), (3, 2), (3, 3))
+EXACT_SAMPLES_PER_SHAPE = 2
+
+
+def exact_checks(seed: int) -> list[dict]:
+    """The identities with zero tolerance at rational frames (Cayley transform, both components)."""
+    from reference_impl import exact
+
+    records = {
+        "decay_projection_zero": "P_W(W) = 0 exactly at rational frames",
+        "step_weight_decay_invariance": "P_W(G + lambda W) = P_W(G) exactly, rational G and lambda",
+        "decoupled_decay_polar": "(alpha W)^T (alpha W) = alpha^2 I, so polar(alpha W) = W exactly, rational alpha",
+        "norm_constant": "tr(W^T W) = r exactly",
+    }
+    passed = {name: True for name in records}
+    samples = 0
+    for d, r in EXACT_SHAPES:
+        rng = rng_for(seed, CLAIM_ID, "exact", d, r)
+        for _ in range(EXACT_SAMPLES_PER_SHAPE):
+            W = exact.rational_point(d, r, rng)
+            G = exact.rational_matrix(d, r, rng)
+            lam = sp.Rational(int(rng.integers(1, 1000)), int(rng.integers(1, 50)))
+            alpha = sp.Rational(int(rng.integers(1, 50)), 50)
+            passed["decay_projection_zero"] &= exact.is_zero(exact.project_tangent(W, W))
+            passed["step_weight_decay_invariance"] &= exact.is_zero(
+                exact.project_tangent(W, G + lam * W) - exact.project_tangent(W, G)
+            )
+            gram = (alpha * W).T * (alpha * W)
+            # gram = alpha^2 I, whose inverse square root is I / alpha for alpha > 0
+            passed["decoupled_decay_polar"] &= exact.is_zero(gram - alpha**2 * sp.eye(r)) and exact.is_zero(
+                (alpha * W) / alpha - W
+            )
+            passed["norm_constant"] &= (W.T * W).trace() - r == 0
+            samples += 1
+    return [
+        {"name": name, "description": description, "samples": samples, "passed": bool(passed[name])}
+        for name, description in records.items()
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Numerical tier
+# --------------------------------------------------------------------------------------------
+
+
+def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
+    return {
+        "step_weight_decay_invariance": NumericalCheck(
+            prefix + "step_weight_decay_invariance",
+            "||step(W, G, state; lambda) - step(W, G, state; 0)||_F, one step from a fresh state, "
+            f"lambda in {list(LAMBDA_GRID)}, ||G|| over six decades",
+            "step_difference_bound: lambda times the rounding residual of P_W(W) plus the rounding of "
+            "two projections, relative to ||g|| in the scale-free step, through the 1-Lipschitz trust "
+            "region and the (1 + sqrt 2)/sigma_min-Lipschitz polar factor, plus two retractions' rounding",
+        ),
+        "trajectory_weight_decay_invariance": NumericalCheck(
+            prefix + "trajectory_weight_decay_invariance",
+            "at every step of a trajectory run with lambda, ||step(.; lambda) - step(.; 0)||_F from the "
+            "same (W_t, state_t) (non-fresh m, v, t)",
+            "step_difference_bound evaluated at the trajectory's state (same analysis as one step)",
+        ),
+        "norm_constant": NumericalCheck(
+            prefix + "norm_constant",
+            "| ||W_t||_F^2 - r | after the first step (every frame) and along the trajectories run with lambda",
+            "norm_constant_bound: sqrt(r) times one retraction's feasibility plus the rounding of a "
+            "length-d r sum of squares",
+        ),
+    }
+
+
+def _optimizer_checks(
+    seed: int, profile: Profile, optimizer: str, frames: int, prefix: str, key: str, large=LARGE_SHAPES
+) -> list[NumericalCheck]:
+    """Steps of `optimizer` with lambda against lambda = 0 (one step and trajectories), ||W_t||^2.
+
+    Returns the three checks (step, trajectory, norm) filled over shape_plan(profile, large=large,
+    frames=frames).
+    """
+    variant = get_variant(optimizer)
+    checks = _new_checks(prefix)
+    for shape_index, batch in enumerate(shape_plan(profile, large=large, frames=frames)):
+        d, r = batch.d, batch.r
+        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            groups = np.array_split(np.arange(count), min(len(LAMBDA_GRID), count))
+            for group_index, group in enumerate(groups):
+                lam = LAMBDA_GRID[(shape_index + chunk_index + group_index) % len(LAMBDA_GRID)]
+                draw_key = (CLAIM_ID, key, d, r, chunk_index, group_index)
+                rng = rng_for(seed, *draw_key)
+                lr_log10_max = min(LR_LOG10[1], math.log10(MAX_DECAY_PER_STEP / lam))
+                lr = float(10.0 ** rng.uniform(min(LR_LOG10[0], lr_log10_max), lr_log10_max))
+                config = StiefelAdamConfig(lr=lr, weight_decay=lam)
+                config_free = StiefelAdamConfig(lr=lr, weight_decay=0.0)
+                size = len(group)
+                trajectory_size = max(1, -(-size // TRAJECTORY_FRACTION)) if d * r * r <= TRAJECTORY_MAX_COST else 0
+                W = _random_frames(rng, d, r, size)
+                scale = 10.0 ** rng.uniform(*GRADIENT_LOG10_SCALE, size=(size, 1, 1))
+                extra = {"weight_decay": lam, "lr": lr}
+                # one step from a fresh state on every frame
+                G = scale * rng.standard_normal(W.shape)
+                state = variant.init(W)
+                W_decayed, _ = variant.step(W, G, state, config)
+                W_free, _ = variant.step(W, G, state, config_free)
+                checks["step_weight_decay_invariance"].add(
+                    frobenius(W_decayed - W_free),
+                    step_difference_bound(W, G, state, config, lam),
+                    shape=(d, r), key=draw_key, seed=seed, extra=extra,
+                )
+                checks["norm_constant"].add(
+                    np.abs(np.sum(W_decayed * W_decayed, axis=(-2, -1)) - r),
+                    norm_constant_bound(d, r),
+                    shape=(d, r), key=draw_key, seed=seed, extra={**extra, "step": 0},
+                )
+                if trajectory_size == 0:
+                    continue
+                # trajectories on a subset: compare at every step from the same state
+                W_t = W[:trajectory_size]
+                state_t = variant.init(W_t)
+                for step_index in range(profile.steps):
+                    G_t = scale[:trajectory_size] * rng.standard_normal(W_t.shape)
+                    W_next, state_next = variant.step(W_t, G_t, state_t, config)
+                    W_next_free, _ = variant.step(W_t, G_t, state_t, config_free)
+                    step_extra = {**extra, "step": step_index}
+                    checks["trajectory_weight_decay_invariance"].add(
+                        frobenius(W_next - W_next_free),
+                        step_difference_bound(W_t, G_t, state_t, config, lam),
+                        shape=(d, r), key=draw_key, seed=seed, extra=step_extra,
+                    )
+                    checks["norm_constant"].add(
+                        np.abs(np.sum(W_next * W_next, axis=(-2, -1)) - r),
+                        norm_constant_bound(d, r),
+                        shape=(d, r), key=draw_key, seed=seed, extra=step_extra,
+                    )
+                    W_t, state_t = W_next, state_next
+    return list(checks.values())
+
+
+def _random_frames(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarray:
+    """count Haar frames, shape (count, d, r), float64."""
+    return random_point(d, r, rng, batch=(count,))
+
+
+def _manifold_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck], int]:
+    """fl(P_W(W)) and polar of a decoupled decay, over shape_plan(profile). Optimizer-independent."""
+    projection = NumericalCheck(
+        "decay_projection_zero",
+        "||fl(P_W(W))||_F = ||W - W sym(W^T W)||_F for float64 frames",
+        "decay_projection_bound: (1 + phi) phi for the float frame's feasibility phi plus the rounding "
+        "of one projection, ((gamma_d + gamma_r) sqrt r + 3u) sqrt r",
+    )
+    decoupled = NumericalCheck(
+        "decoupled_decay_polar",
+        "||polar((1 - lr lambda) W) - W||_F with lr lambda log-uniform on [1e-9, 0.9]",
+        "decoupled_decay_bound: ||polar(W) - W|| <= phi, one rounding of alpha W through the polar "
+        "factor, one retraction's rounding",
+    )
+    frames = 0
+    for batch in shape_plan(profile):
+        d, r = batch.d, batch.r
+        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            draw_key = (CLAIM_ID, "manifold", d, r, chunk_index)
+            rng = rng_for(seed, *draw_key)
+            W = _random_frames(rng, d, r, count)
+            projection.add(
+                frobenius(_project_tangent(W, W)), decay_projection_bound(d, r),
+                shape=(d, r), key=draw_key, seed=seed,
+            )
+            decay = 10.0 ** rng.uniform(-9.0, math.log10(0.9), size=(count, 1, 1))
+            W_decayed = (1.0 - decay) * W
+            retracted = _polar_retract(W_decayed, np.zeros_like(W), "svd")
+            decoupled.add(
+                frobenius(retracted - W), decoupled_decay_bound(d, r),
+                shape=(d, r), key=draw_key, seed=seed,
+            )
+            frames += count
+    return [projection, decoupled], frames
+
+
+FIGURE_SHAPE = (16, 4)
+FIGURE_STEPS = 100
+FIGURE_LR = 1e-2
+FIGURE_WEIGHT_DECAY = 10.0
+
+
+def norm_figure(seed: int, optimizer: str) -> dict:
+    """||W_t||_F over FIGURE_STEPS steps: the optimizer under test against Euclidean AdamW.
+
+    Same frame, same Gaussian gradients, lr = FIGURE_LR, lambda = FIGURE_WEIGHT_DECAY.
+    """
+    d, r = FIGURE_SHAPE
+    rng = rng_for(seed, CLAIM_ID, "figure")
+    W0 = _random_frames(rng, d, r, 1)
+    gradients = rng.standard_normal((FIGURE_STEPS,) + W0.shape)
+    config = StiefelAdamConfig(lr=FIGURE_LR, weight_decay=FIGURE_WEIGHT_DECAY)
+    norms = {}
+    for name in (optimizer, "euclidean_adamw"):
+        variant = get_variant(name)
+        W, state = W0, variant.init(W0)
+        series = [float(frobenius(W)[0])]
+        for G in gradients:
+            W, state = variant.step(W, G, state, config)
+            series.append(float(frobenius(W)[0]))
+        norms[name] = series
+    return {
+        "weight_norm_step": list(range(FIGURE_STEPS + 1)),
+        "weight_norm_optimizer": norms[optimizer],
+        "weight_norm_euclidean_adamw": norms["euclidean_adamw"],
+        "weight_norm_sqrt_r": [math.sqrt(r)] * (FIGURE_STEPS + 1),
+    }
+
+
+def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
+    """Certify P5 with `optimizer` (a reference_impl.VARIANTS name) in place of the real step."""
+    get_variant(optimizer)
+    symbolic = symbolic_derivation()
+    exact = exact_checks(seed)
+    manifold_checks, frames = _manifold_checks(seed, profile)
+    optimizer_checks = _optimizer_checks(seed, profile, optimizer, profile.frames, "", "step")
+    control_frames = max(1, profile.frames // CONTROL_FRACTION)
+    controls = []
+    for name in CONTROLS:
+        # small shapes only: a control has to miss the bound clearly, not be measured everywhere
+        checks = _optimizer_checks(seed, profile, name, control_frames, f"{name}:", f"control:{name}", large=())
+        controls.append(ControlResult.from_checks(name, get_variant(name).description, checks))
+    figures = norm_figure(seed, optimizer)
+    extra = {
+        "optimizer": optimizer,
+        "weight_decay_grid": list(LAMBDA_GRID),
+        "gradient_log10_scale": list(GRADIENT_LOG10_SCALE),
+        "lr_log10": list(LR_LOG10),
+        "trajectory_steps": profile.steps,
+        "figure_settings": {
+            "shape": list(FIGURE_SHAPE), "steps": FIGURE_STEPS, "lr": FIGURE_LR,
+            "weight_decay": FIGURE_WEIGHT_DECAY, "optimizer": optimizer,
+        },
+        "figure_final_norm": {
+            "optimizer": figures["weight_norm_optimizer"][-1],
+            "euclidean_adamw": figures["weight_norm_euclidean_adamw"][-1],
+            "sqrt_r": math.sqrt(FIGURE_SHAPE[1]),
+        },
+    }
+    notes = [
+        "decay_projection_zero and decoupled_decay_polar are properties of P_W and of the polar "
+        "retraction; they do not depend on the optimizer under test.",
+        "euclidean_adamw leaves the manifold; its step accepts any float64 matrix and its states are "
+        "not re-validated as frames.",
+    ]
+    return ClaimResult(
+        symbolic=symbolic,
+        checks=manifold_checks + optimizer_checks,
+        controls=controls,
+        frames=frames,
+        exact=exact,
+        extra=extra,
+        figures=figures,
+        notes=notes,
+    )
+
+
+CLAIM = Claim(
+    id=CLAIM_ID,
+    title="Weight decay has identically zero Riemannian gradient",
+    statement=(
+        "P_W(W) = W - W sym(W^T W) = 0 on St(d, r). Hence the StiefelAdam step with any weight decay "
+        "lambda equals the step with lambda = 0, a decoupled decay W <- (1 - lr lambda) W followed by "
+        "the polar retraction returns W, and ||W||_F^2 = r is constant along every trajectory."
+    ),
+    latex=(
+        r"P_W(W) = W - W\,\mathrm{sym}(W^\top W) = 0\ \ \forall W \in \mathrm{St}(d,r);\quad "
+        r"P_W(G + \lambda W) = P_W(G);\quad \mathcal{R}_W\big((1-\eta\lambda)W - W\big) = W;\quad \|W\|_F^2 = r"
+    ),
+    controls=CONTROLS,
+    run=run,
+)
