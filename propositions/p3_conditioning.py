@@ -1,0 +1,615 @@
+"""P3: conditioning of the StiefelAdam step.
+
+Claim
+    (a) The preconditioner is the scalar 1/(sqrt(v^) + eps): its condition number is exactly 1, so
+        the step xi = -lr m^/(sqrt(v^) + eps) stays in T_W with no re-projection.
+    (b) For tangent xi with ||xi|| <= Delta, (W + xi)^T (W + xi) = I + xi^T xi, so every singular
+        value of W + xi lies in [1, sqrt(1 + Delta^2)] and cond(W + xi) <= sqrt(1 + Delta^2); the
+        bound is attained by a rank-one xi = Delta w v^T with w orthogonal to range(W) (d > r >= 2).
+    (c) The float64 polar retraction agrees with a high-precision evaluation within a stated
+        multiple of cond(W + xi) u, and the feasibility ||W^T W - I|| stays at rounding level over
+        long runs of the step.
+
+Why it is true
+    (a) A scalar times a tangent vector is tangent; m^ is a combination of tangent vectors
+        transported by projection. (b) W^T W = I and W^T xi + xi^T W = 0 leave I + xi^T xi, whose
+        eigenvalues lie in [1, 1 + ||xi^T xi||_2] and ||xi^T xi||_2 <= ||xi||_F^2 <= Delta^2, with
+        equality when xi has rank one and (I - W W^T) xi = xi. (c) The SVD is backward stable and
+        the polar factor's sensitivity is governed by 1/sigma_min and cond(W + xi) <= sqrt(1 + Delta^2);
+        every step recomputes the polar factor from the actual W + xi, so rounding does not accumulate.
+
+How it is checked
+    * symbolically: generic MatrixSymbol algebra for the Gram identity and for the tangency of a
+      scalar-preconditioned step; explicit entries for the rank-one attainment;
+    * exactly at rational Stiefel points with rational tangents (zero tolerance);
+    * in float64: the first step of the optimizer under test from a fresh state, over shape_plan.
+      The step returns its state: its second moment v gives the preconditioner it applied, and at
+      t = 1 its first moment is m^ = g = P_W(G), so xi = clip(-lr g (sqrt(v^) + eps)^-1) is the
+      step's direction; that this is the vector the step retracted is confirmed by comparing
+      polar(W + xi) with the returned W_1. Then the preconditioner's condition number (in ulps),
+      ||W^T xi + xi^T W|| without any re-projection, and cond(W + xi) <= sqrt(1 + ||xi||^2).
+      The Gram identity and singular-value bounds over random tangents of norm up to Delta, and the
+      attainment by rank-one tangents. The float64 retraction against
+      reference_impl.highprec.polar_retract_mp (profile.mp_dps digits, profile.mp_samples frames).
+      profile.long_run_steps steps of the optimizer under test on a small batch, with the
+      feasibility of every iterate against a bound that does not grow with the step count.
+
+What would make it fail
+    An elementwise second moment (Adam's) gives a diagonal preconditioner with condition number far
+    from 1 and a step xi off T_W: check (a) fails by more than ten orders of magnitude (control
+    elementwise_second_moment). A retraction that reuses (I + xi^T xi)^(-1/2) instead of the actual
+    Gram matrix would let feasibility random-walk and fail the long-run check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+
+import mpmath
+import numpy as np
+import sympy as sp
+
+import reference_impl as ri
+from reference_impl import StiefelAdamConfig, get_variant
+from reference_impl.adam import clip_to_trust_region
+from reference_impl.manifold import _polar_retract, _project_tangent
+from reference_impl._validation import stiefel_residual
+
+from ._common import (
+    LARGE_SHAPES,
+    Claim,
+    ClaimResult,
+    ControlResult,
+    NumericalCheck,
+    Profile,
+    SymbolicResult,
+    SymbolicStep,
+    chunk_sizes,
+    gamma,
+    rng_for,
+    shape_plan,
+    u,
+)
+
+CLAIM_ID = "P3"
+CONTROLS = ("elementwise_second_moment",)
+
+STEP_CONFIG = StiefelAdamConfig(lr=0.05, betas=(0.9, 0.999), eps=1e-8, trust_radius=0.5)
+LONG_RUN_SHAPE = (8, 3)
+LONG_RUN_BATCH = 4
+LONG_RUN_CHECKPOINTS = (1, 10, 100, 1_000, 10_000, 100_000)
+MP_SHAPES = ((3, 1), (4, 4), (5, 2), (8, 3))
+CONDITIONING_DELTAS = tuple(float(x) for x in 10.0 ** np.linspace(-2.0, 1.0, 13))
+CONDITIONING_SHAPE = (8, 3)
+CONDITIONING_FRAMES = 256
+
+STATEMENT = (
+    "(a) The StiefelAdam preconditioner is the scalar 1/(sqrt(v^)+eps), condition number 1, so xi stays "
+    "in T_W without re-projection. (b) For tangent xi with ||xi|| <= Delta, (W+xi)^T(W+xi) = I + xi^T xi, "
+    "the singular values of W + xi lie in [1, sqrt(1+Delta^2)] and cond(W+xi) <= sqrt(1+Delta^2), attained "
+    "by rank-one xi. (c) The float64 polar retraction agrees with a high-precision evaluation within a "
+    "multiple of cond(W+xi) u, and ||W^T W - I|| stays at rounding level over long runs."
+)
+LATEX = (
+    r"\kappa\!\left(\tfrac{1}{\sqrt{\hat v}+\epsilon} I\right) = 1,\quad "
+    r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi,\quad "
+    r"\sigma_i(W+\xi) \in [1, \sqrt{1+\Delta^2}],\quad \kappa(W+\xi) \le \sqrt{1+\Delta^2}"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Error bounds
+# --------------------------------------------------------------------------------------------
+
+
+def polar_error_bound(d: int, r: int, cond: float) -> float:
+    """Bound on ||fl(polar(A)) - polar(A)||_F for A = W + xi (d x r) with cond(A) = cond, sigma_min >= ~1.
+
+    With p = d r (the LAPACK backward-error polynomial, bounded as in reference_impl's manifold
+    tolerance) and Frobenius norms of r-column matrices at most sqrt(r) times their 2-norms:
+      * fl(W + xi) rounds each entry: ||dA||_F <= u ||A||_F <= sqrt(r) u sigma_max;
+      * the SVD is backward stable, U S V^T = A + E with ||E||_2 <= p u sigma_max, so
+        ||E||_F <= sqrt(r) p u sigma_max;
+      * the polar factor moves by <= 2 ||dA||_F / sigma_min (perturbation of the polar factor,
+        Higham, Functions of Matrices, ch. 8): 2 sqrt(r) (p + 1) u cond in all;
+      * the computed U and V are orthonormal to p u in the 2-norm, so U V^T is off by
+        <= 2 sqrt(r) p u, and the product's rounding adds gamma_r ||U||_F ||V||_F = gamma_r r
+        <= sqrt(r) p u.
+    Together (2 (p + 1) cond + 3 p) sqrt(r) u <= 5 cond sqrt(r) (d r + 1) u.
+    """
+    return 5.0 * cond * math.sqrt(r) * (d * r + 1) * u
+
+
+def feasibility_bound(d: int, r: int) -> float:
+    """Bound on ||W^T W - I||_F, evaluated in float64, for W = fl(U V^T) from the float64 SVD.
+
+    As in polar_error_bound, W is within delta = 3 sqrt(r) p u (p = d r) of an exactly orthonormal
+    matrix, so ||W^T W - I||_F <= 2 delta + delta^2; evaluating the Gram matrix adds
+    gamma_d ||W||_F^2 = gamma_d r <= sqrt(r) p u. Together <= 7 sqrt(r) (d r + 1) u. It does not
+    depend on the step count: the polar factor is recomputed from the actual W + xi at every step.
+    """
+    return 7.0 * math.sqrt(r) * (d * r + 1) * u
+
+
+def projection_error_bound(d: int, r: int) -> float:
+    """Bound on ||fl(P_W(G)) - P_W(G)|| / ||G||: ((gamma_d + gamma_r) sqrt(r) + 3u), see P1."""
+    return (gamma(d) + gamma(r)) * math.sqrt(r) + 3 * u
+
+
+def _frob(A: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.sum(A * A, axis=(-2, -1)))
+
+
+def _transpose(A: np.ndarray) -> np.ndarray:
+    return np.swapaxes(A, -1, -2)
+
+
+def _wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Gaussian matrices times 10^k per frame, k uniform in [-30, 30]."""
+    scale = 10.0 ** rng.uniform(-30.0, 30.0, size=shape[:-2])
+    return rng.standard_normal(shape) * scale[..., None, None]
+
+
+def rank_one_tangent(W: np.ndarray, rng: np.random.Generator, norm: float) -> np.ndarray:
+    """xi = norm * w v^T with w a unit vector orthogonal to range(W) and v a unit vector in R^r.
+
+    W: (n, d, r) with d > r. xi is tangent (W^T xi = 0) of rank one, and cond(W + xi) = sqrt(1 + norm^2)
+    when r >= 2 (the singular values are 1 (r - 1 times) and sqrt(1 + norm^2)).
+    """
+    n, d, r = W.shape
+    w = rng.standard_normal((n, d, 1))
+    w = w - W @ (_transpose(W) @ w)
+    w = w - W @ (_transpose(W) @ w)  # a second pass: classical Gram-Schmidt needs it for orthogonality
+    w = w / _frob(w)[:, None, None]
+    v = rng.standard_normal((n, 1, r))
+    v = v / _frob(v)[:, None, None]
+    return norm * (w @ v)
+
+
+# --------------------------------------------------------------------------------------------
+# Symbolic part
+# --------------------------------------------------------------------------------------------
+
+
+def _reduce(expr, substitutions):
+    expr = sp.expand(expr)
+    for _ in range(6):
+        new = sp.expand(expr.subs(substitutions))
+        if new == expr:
+            break
+        expr = new
+    return sp.simplify(expr)
+
+
+def _is_zero(expr) -> bool:
+    return isinstance(expr, sp.ZeroMatrix) or expr == 0 or bool(getattr(expr, "is_ZeroMatrix", False))
+
+
+SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with W^T W = I and W^T xi = -xi^T W; explicit entries"
+
+
+def symbolic_part() -> SymbolicResult:
+    """The derivation (seed-independent, so derived once per process and copied)."""
+    return SymbolicResult(SYMBOLIC_METHOD, [dataclasses.replace(step) for step in _derivation()])
+
+
+@functools.lru_cache(maxsize=1)
+def _derivation() -> tuple[SymbolicStep, ...]:
+    result = SymbolicResult(SYMBOLIC_METHOD)
+    d, r = sp.symbols("d r", integer=True, positive=True)
+    W, X, M = sp.MatrixSymbol("W", d, r), sp.MatrixSymbol("xi", d, r), sp.MatrixSymbol("m", d, r)
+    c = sp.Symbol("c", positive=True)  # the scalar preconditioner lr / (sqrt(v^) + eps)
+    I_r = sp.Identity(r)
+    gram = _reduce((W + X).T * (W + X) - I_r - X.T * X, {W.T * W: I_r, X.T * W: -W.T * X})
+    result.steps.append(SymbolicStep("Gram identity (W + xi)^T (W + xi) = I + xi^T xi for tangent xi",
+                                     r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi", _is_zero(gram)))
+    step = -c * M
+    tangency = _reduce(W.T * step + step.T * W, {M.T * W: -W.T * M})
+    result.steps.append(SymbolicStep("a scalar-preconditioned tangent m^ stays tangent: W^T xi + xi^T W = 0 for xi = -c m^",
+                                     r"W^\top(-c\hat m) + (-c\hat m)^\top W = 0", _is_zero(tangency)))
+    # An elementwise preconditioner (Adam's, entries p and q) leaves T_W: at W = (1, 1)/sqrt 2 the vector
+    # m = (1, -1)/sqrt 2 is tangent, but W^T (D o m) = (p - q)/2, zero only when the entries agree.
+    p, q = sp.symbols("p q", positive=True)
+    Wd = sp.Matrix([1, 1]) / sp.sqrt(2)
+    md = sp.Matrix([1, -1]) / sp.sqrt(2)
+    hadamard = sp.Matrix([p * md[0], q * md[1]])
+    off_tangent = sp.simplify((Wd.T * hadamard)[0, 0] - (p - q) / 2) == 0 and sp.simplify((Wd.T * md)[0, 0]) == 0
+    result.steps.append(SymbolicStep(
+        "an elementwise preconditioner leaves T_W: W^T (D o m) = (p - q)/2 at W = (1, 1)/sqrt 2, m = (1, -1)/sqrt 2",
+        r"W^\top(D \circ m) = \tfrac{p - q}{2} \neq 0 \ (p \neq q)", bool(off_tangent)))
+    # Rank-one attainment at d = 3, r = 2: W = [e1 e2], xi = Delta e3 v^T, v = (cos t, sin t).
+    delta = sp.Symbol("Delta", positive=True)
+    theta = sp.Symbol("theta", real=True)
+    W3 = sp.Matrix([[1, 0], [0, 1], [0, 0]])
+    v = sp.Matrix([[sp.cos(theta), sp.sin(theta)]])
+    xi3 = delta * sp.Matrix([0, 0, 1]) * v
+    gram3 = sp.simplify((W3 + xi3).T * (W3 + xi3))
+    eigenvalues = sorted(gram3.eigenvals().keys(), key=lambda e: sp.simplify(e.subs({delta: 1, theta: 0})))
+    attained = (len(eigenvalues) == 2 and sp.simplify(eigenvalues[0] - 1) == 0
+                and sp.simplify(eigenvalues[1] - (1 + delta**2)) == 0
+                and sp.simplify(W3.T * xi3 + xi3.T * W3) == sp.zeros(2, 2)
+                and sp.simplify((xi3.T * xi3).trace() - delta**2) == 0)
+    result.steps.append(SymbolicStep(
+        "rank-one tangent xi = Delta e3 v^T at W = [e1 e2]: eigenvalues of (W+xi)^T(W+xi) are 1 and 1 + Delta^2, "
+        "so cond(W + xi) = sqrt(1 + Delta^2) and ||xi|| = Delta",
+        r"\lambda\big((W+\xi)^\top(W+\xi)\big) = \{1,\ 1+\Delta^2\}", bool(attained)))
+    # The upper bound at r = 2 with explicit symbolic xi^T xi = [[a, b], [b, e]] (PSD): the largest
+    # eigenvalue of I + xi^T xi is 1 + (a + e)/2 + sqrt(((a - e)/2)^2 + b^2), and trace minus it is
+    # the smaller eigenvalue, whose product with the larger is the determinant a e - b^2 >= 0.
+    a, b, e = sp.symbols("a b e", real=True)
+    lam_max = (a + e) / 2 + sp.sqrt(((a - e) / 2) ** 2 + b**2)
+    lam_min = (a + e) - lam_max
+    result.steps.append(SymbolicStep(
+        "lambda_max(xi^T xi) <= ||xi||^2 at r = 2: (tr - lambda_max) lambda_max = det(xi^T xi) >= 0",
+        r"\lambda_{\min}\lambda_{\max} = \det(\xi^\top\xi) \ge 0 \Rightarrow \lambda_{\max} \le \operatorname{tr}(\xi^\top\xi) = \|\xi\|^2",
+        sp.simplify(sp.expand(lam_min * lam_max - (a * e - b**2))) == 0))
+    return tuple(result.steps)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact part
+# --------------------------------------------------------------------------------------------
+
+
+def exact_part(seed: int) -> list[dict]:
+    """Gram identity and tangency of a rational-scalar step at rational frames, zero tolerance."""
+    from reference_impl import exact
+
+    shapes = ((3, 1), (3, 2), (4, 4), (5, 3))
+    gram_ok, tangent_ok = True, True
+    for d, r in shapes:
+        rng = rng_for(seed, CLAIM_ID, "exact", d, r)
+        W = exact.rational_point(d, r, rng)
+        xi = exact.project_tangent(W, exact.rational_matrix(d, r, rng))
+        scale = sp.Rational(int(rng.integers(1, 50)), int(rng.integers(1, 50)))
+        gram_ok &= exact.is_zero((W + xi).T * (W + xi) - sp.eye(r) - xi.T * xi)
+        step = -scale * xi
+        tangent_ok &= exact.is_zero(W.T * step + step.T * W)
+    return [
+        {"name": "exact_gram_identity", "description": f"(W + xi)^T (W + xi) = I + xi^T xi at rational frames {list(shapes)}",
+         "samples": len(shapes), "passed": bool(gram_ok)},
+        {"name": "exact_scalar_step_tangent", "description": "W^T xi + xi^T W = 0 for xi = -c P_W(A), c rational",
+         "samples": len(shapes), "passed": bool(tangent_ok)},
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Numerical part
+# --------------------------------------------------------------------------------------------
+
+
+def step_direction(W: np.ndarray, G: np.ndarray, optimizer: str, config: StiefelAdamConfig):
+    """The first step of `optimizer` from a fresh state: (W_1, xi, preconditioner, g).
+
+    The preconditioner 1/(sqrt(v^) + eps) is read from the step's returned state v (shape W.shape[:-2]
+    for a scalar moment, W.shape for an elementwise one) and broadcast to W's shape; at t = 1 the
+    bias-corrected first moment is g = P_W(G) for every Riemannian variant, so
+    xi = clip(-lr g * preconditioner) is the vector the step retracted.
+    """
+    variant = get_variant(optimizer)
+    W_new, state = variant.step(W, G, variant.init(W), config)
+    beta1, beta2 = config.betas
+    v_hat = np.asarray(state.v) / (1 - beta2)
+    if v_hat.ndim < W.ndim:
+        v_hat = v_hat[..., None, None]
+    preconditioner = np.broadcast_to(1.0 / (np.sqrt(v_hat) + config.eps), W.shape)
+    g = _project_tangent(W, G)
+    xi = clip_to_trust_region(-config.lr * g * preconditioner, config.trust_radius)
+    return W_new, xi, preconditioner, g
+
+
+def step_checks(seed: int, profile: Profile, optimizer: str, frames: int | None = None, large=LARGE_SHAPES):
+    """Checks (a) and the conditioning of the step's own W + xi, over shape_plan(profile, frames, large)."""
+    consistency = NumericalCheck(
+        f"step_reconstruction[{optimizer}]",
+        "||W_1 - polar(W + xi)||: xi rebuilt from the step's state is the vector the step retracted",
+        "Both sides are float64 polar factors of W + xi up to the rounding of xi's few operations "
+        "(relative 8u, moving the polar factor by <= 2 * 8u ||xi||); each polar factor errs by "
+        "polar_error_bound(d, r, sqrt(1 + Delta^2)): bound 2 polar_error_bound + 16 u ||xi||.",
+    )
+    preconditioner_cond = NumericalCheck(
+        f"preconditioner_condition_number[{optimizer}]",
+        "(max / min of the preconditioner's entries - 1) in ulps of 1: a scalar has condition number 1 exactly",
+        "A scalar broadcast to (d, r) is one float64 value; its max over min is 1.0 exactly. Bitwise: "
+        "bound 0.5 ulp.",
+    )
+    tangency = NumericalCheck(
+        f"step_stays_tangent[{optimizer}]",
+        "||W^T xi + xi^T W|| for the step's xi, no re-projection",
+        "xi = c fl(g) with c a scalar (for the real step): ||W^T fl(g) + fl(g)^T W|| <= 2 (e_P + feas) ||G|| "
+        "(e_P = projection_error_bound, feas = ||W^T W - I||), scaled by c = ||xi|| / ||g||; forming xi and "
+        "W^T xi adds (gamma_d sqrt(r) + 2u) ||xi|| twice. Bound 4 ((e_P + feas) ||G|| / ||g|| + gamma_d sqrt(r) + u) ||xi||.",
+    )
+    step_cond = NumericalCheck(
+        f"step_conditioning[{optimizer}]",
+        "max(0, cond(W + xi) - sqrt(1 + ||xi||^2)) for the step's xi",
+        "The singular values of the float64 W + xi are those of the exact one up to the SVD's backward "
+        "error (d r + 2) u sigma_max (Weyl) and the Gram defect of a float64 frame and tangent, "
+        "feas + tangency residual; relative to cond this is at most "
+        "4 ((d r + 2) u + feas + tangency bound / ||xi||) sqrt(1 + Delta^2).",
+    )
+    total = 0
+    for batch in shape_plan(profile, frames=frames, large=large):
+        d, r = batch.d, batch.r
+        if d * r - r * (r + 1) // 2 == 0:
+            continue  # T_W = {0}: g = 0, no step
+        e_P = projection_error_bound(d, r)
+        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            key = (CLAIM_ID, "step", d, r, chunk_index)
+            rng = rng_for(seed, *key)
+            W = ri.random_point(d, r, rng, (count,))
+            G = _wide_scale_gradients(rng, W.shape)
+            W_new, xi, preconditioner, g = step_direction(W, G, optimizer, STEP_CONFIG)
+            norm_xi, feas = _frob(xi), stiefel_residual(W)
+            kappa = math.sqrt(1 + STEP_CONFIG.trust_radius**2)
+            consistency.add(_frob(W_new - _polar_retract(W, xi, "svd")),
+                            2 * polar_error_bound(d, r, kappa) + 16 * u * norm_xi, shape=(d, r), key=key, seed=seed)
+            flat = preconditioner.reshape(count, -1)
+            ratio = flat.max(axis=-1) / flat.min(axis=-1)
+            preconditioner_cond.add((ratio - 1.0) / np.finfo(np.float64).eps, 0.5, shape=(d, r), key=key, seed=seed)
+            WtXi = _transpose(W) @ xi
+            tangency_bound = 4 * ((e_P + feas) * _frob(G) / _frob(g) + gamma(d) * math.sqrt(r) + u) * norm_xi
+            tangency.add(_frob(WtXi + _transpose(WtXi)), tangency_bound, shape=(d, r), key=key, seed=seed)
+            singular = np.linalg.svd(W + xi, compute_uv=False)
+            cond = singular[:, 0] / singular[:, -1]
+            step_cond.add(np.maximum(cond - np.sqrt(1 + norm_xi**2), 0.0),
+                          4 * ((d * r + 2) * u + feas + tangency_bound / norm_xi) * kappa,
+                          shape=(d, r), key=key, seed=seed)
+            total += count
+    return [consistency, preconditioner_cond, tangency, step_cond], total
+
+
+def conditioning_checks(seed: int, profile: Profile):
+    """Check (b) over random tangents of norm up to Delta, and the attainment by rank-one tangents."""
+    delta = STEP_CONFIG.trust_radius
+    kappa = math.sqrt(1 + delta**2)
+    gram = NumericalCheck(
+        "gram_identity",
+        "||(W + xi)^T (W + xi) - I - xi^T xi|| for tangent xi, ||xi|| <= Delta",
+        "Exactly W^T W - I + W^T xi + xi^T W: feas + the tangency of fl(P_W(Z)) scaled, 2 (e_P + feas) rho ||xi|| "
+        "(rho = ||Z|| / ||P_W Z||); evaluating the two Gram products of length d and the sum W + xi adds "
+        "(2 gamma_d + 2u)(sqrt(r) + ||xi||)^2. Bound 4 [feas + (e_P + feas) rho ||xi|| + (gamma_d + u)(sqrt(r) + ||xi||)^2].",
+    )
+    singular_range = NumericalCheck(
+        "singular_values_in_range",
+        "max(0, 1 - sigma_min(W + xi), sigma_max(W + xi) - sqrt(1 + ||xi||^2)) for tangent xi, ||xi|| <= Delta",
+        "Weyl: the float64 SVD's singular values are exact for A + E, ||E||_2 <= (d r + 2) u sigma_max, and the "
+        "exact W + xi's Gram matrix differs from I + xi^T xi by the gram_identity defect without evaluation "
+        "error, moving sigma^2 by at most that and sigma (>= ~1) by at most half. Bound "
+        "4 (d r + 2) u sqrt(1 + Delta^2) + the gram_identity bound.",
+    )
+    cond_bound = NumericalCheck(
+        "condition_number_bound",
+        "max(0, cond(W + xi) - sqrt(1 + Delta^2)) for tangent xi, ||xi|| <= Delta",
+        "cond = sigma_max / sigma_min with each singular value off by the singular_values_in_range bound b; "
+        "the ratio moves by <= 2 b cond / sigma_min <= 2 b sqrt(1 + Delta^2).",
+    )
+    attained = NumericalCheck(
+        "rank_one_attains_bound",
+        "|cond(W + xi) - sqrt(1 + Delta^2)| for rank-one tangent xi = Delta w v^T, w orthogonal to range(W), d > r >= 2",
+        "As condition_number_bound, two-sided: w is orthogonal to range(W) to 2 gamma_d sqrt(r) after two "
+        "Gram-Schmidt passes, which enters like the tangency defect. Bound 2 sqrt(1 + Delta^2) "
+        "(4 (d r + 2) u sqrt(1 + Delta^2) + 4 [feas + gamma_d sqrt(r) Delta + (gamma_d + u)(sqrt(r) + Delta)^2]).",
+    )
+    total = 0
+    for batch in shape_plan(profile):
+        d, r = batch.d, batch.r
+        if d * r - r * (r + 1) // 2 == 0:
+            continue
+        e_P = projection_error_bound(d, r)
+        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            key = (CLAIM_ID, "conditioning", d, r, chunk_index)
+            rng = rng_for(seed, *key)
+            W = ri.random_point(d, r, rng, (count,))
+            Z = rng.standard_normal(W.shape)
+            PZ = _project_tangent(W, Z)
+            # half of the frames at the boundary ||xi|| = Delta, the rest uniform in (0, Delta]
+            norms = np.where(np.arange(count) % 2 == 0, delta, delta * rng.uniform(1e-3, 1.0, size=count))
+            xi = PZ * (norms / _frob(PZ))[:, None, None]
+            norm_xi, feas, rho = _frob(xi), stiefel_residual(W), _frob(Z) / _frob(PZ)
+            A = W + xi
+            defect = _transpose(A) @ A - np.eye(r) - _transpose(xi) @ xi
+            exact_part_bound = 4 * (feas + (e_P + feas) * rho * norm_xi)
+            gram_bound = exact_part_bound + 4 * (gamma(d) + u) * (math.sqrt(r) + norm_xi) ** 2
+            gram.add(_frob(defect), gram_bound, shape=(d, r), key=key, seed=seed)
+            singular = np.linalg.svd(A, compute_uv=False)
+            sv_bound = 4 * (d * r + 2) * u * kappa + gram_bound
+            out_of_range = np.maximum.reduce([np.zeros(count), 1 - singular[:, -1], singular[:, 0] - np.sqrt(1 + norm_xi**2)])
+            singular_range.add(out_of_range, sv_bound, shape=(d, r), key=key, seed=seed)
+            cond = singular[:, 0] / singular[:, -1]
+            cond_bound.add(np.maximum(cond - kappa, 0.0), 2 * sv_bound * kappa, shape=(d, r), key=key, seed=seed)
+            if d > r >= 2:
+                xi_one = rank_one_tangent(W, rng, delta)
+                singular_one = np.linalg.svd(W + xi_one, compute_uv=False)
+                cond_one = singular_one[:, 0] / singular_one[:, -1]
+                bound_one = 2 * kappa * (4 * (d * r + 2) * u * kappa
+                                         + 4 * (feas + gamma(d) * math.sqrt(r) * delta + (gamma(d) + u) * (math.sqrt(r) + delta) ** 2))
+                attained.add(np.abs(cond_one - kappa), bound_one, shape=(d, r), key=key, seed=seed)
+            total += count
+    return [gram, singular_range, cond_bound, attained], total
+
+
+def conditioning_figure(seed: int) -> dict:
+    """The bound sqrt(1 + Delta^2) against Delta, the largest cond over random tangents of norm Delta,
+    and cond for a rank-one tangent, at CONDITIONING_SHAPE."""
+    d, r = CONDITIONING_SHAPE
+    rng = rng_for(seed, CLAIM_ID, "figure", d, r)
+    W = ri.random_point(d, r, rng, (CONDITIONING_FRAMES,))
+    PZ = _project_tangent(W, rng.standard_normal(W.shape))
+    direction = PZ / _frob(PZ)[:, None, None]
+    one = rank_one_tangent(W[:1], rng, 1.0)
+    deltas = np.asarray(CONDITIONING_DELTAS)
+    singular = np.linalg.svd(W[None] + deltas[:, None, None, None] * direction[None], compute_uv=False)
+    singular_one = np.linalg.svd(W[:1] + deltas[:, None, None] * one, compute_uv=False)
+    return {
+        "shape": [d, r],
+        "frames": CONDITIONING_FRAMES,
+        "delta": deltas.tolist(),
+        "bound": np.sqrt(1 + deltas**2).tolist(),
+        "max_cond_random": (singular[..., 0] / singular[..., -1]).max(axis=-1).tolist(),
+        "cond_rank_one": (singular_one[:, 0] / singular_one[:, -1]).tolist(),
+    }
+
+
+def highprec_check(seed: int, profile: Profile) -> tuple[NumericalCheck, list[dict]]:
+    """(c) float64 polar retraction against reference_impl.highprec.polar_retract_mp."""
+    from reference_impl.highprec import polar_retract_mp
+
+    delta = STEP_CONFIG.trust_radius
+    check = NumericalCheck(
+        "retraction_vs_highprec",
+        f"||polar_float64(W + xi) - polar_mp(W + xi)|| ({profile.mp_dps} digits), tangent xi of norm Delta, "
+        "random and rank-one (largest cond)",
+        "polar_error_bound(d, r, cond) = 5 cond sqrt(r) (d r + 1) u with cond the measured cond(W + xi) "
+        f"(see that function); the mpmath reference errs by ~10^-{profile.mp_dps}, far below.",
+    )
+    samples = []
+    for k in range(profile.mp_samples):
+        d, r = MP_SHAPES[k % len(MP_SHAPES)]
+        key = (CLAIM_ID, "highprec", k)
+        rng = rng_for(seed, *key)
+        W = ri.random_point(d, r, rng, (1,))
+        if k % 2 == 1 and d > r >= 2:
+            xi = rank_one_tangent(W, rng, delta)
+        else:
+            PZ = _project_tangent(W, rng.standard_normal(W.shape))
+            xi = delta * PZ / _frob(PZ)[:, None, None]
+        retracted = _polar_retract(W, xi, "svd")[0]
+        reference = polar_retract_mp(W[0], xi[0], dps=profile.mp_dps)
+        # the difference is taken at high precision (float64 entries convert exactly), then rounded
+        residual = float(mpmath.sqrt(sum((reference[i, j] - float(retracted[i, j])) ** 2
+                                         for i in range(d) for j in range(r))))
+        singular = np.linalg.svd(W[0] + xi[0], compute_uv=False)
+        cond = float(singular[0] / singular[-1])
+        check.add(np.array([residual]), polar_error_bound(d, r, cond), shape=(d, r), key=key, seed=seed)
+        samples.append({"shape": [d, r], "cond": cond, "residual": residual, "residual_over_cond_u": residual / (cond * u)})
+    return check, samples
+
+
+def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalCheck, dict, dict]:
+    """(c) feasibility of every iterate of profile.long_run_steps steps of `optimizer`."""
+    d, r = LONG_RUN_SHAPE
+    steps = profile.long_run_steps
+    variant = get_variant(optimizer)
+    key = (CLAIM_ID, "long_run", d, r)
+    rng = rng_for(seed, *key)
+    W = ri.random_point(d, r, rng, (LONG_RUN_BATCH,))
+    gradients = rng.standard_normal((steps, LONG_RUN_BATCH, d, r))
+    iterates = np.empty((steps, LONG_RUN_BATCH, d, r))
+    state = variant.init(W)
+    started = time.perf_counter()
+    for t in range(steps):
+        W, state = variant.step(W, gradients[t], state, STEP_CONFIG)
+        iterates[t] = W
+    seconds_per_step = (time.perf_counter() - started) / steps
+    feas = stiefel_residual(iterates)  # (steps, batch)
+    check = NumericalCheck(
+        f"long_run_feasibility[{optimizer}]",
+        f"||W_t^T W_t - I|| for t = 1..{steps}, {LONG_RUN_BATCH} frames of shape {LONG_RUN_SHAPE}",
+        "feasibility_bound(d, r) = 7 sqrt(r) (d r + 1) u for a float64 SVD polar factor, independent of t "
+        "because each step re-orthogonalises the actual W + xi: any drift would cross it.",
+    )
+    check.add(feas.ravel(), feasibility_bound(d, r), shape=(d, r), key=key, seed=seed)
+    max_per_step = feas.max(axis=-1)
+    checkpoints = [c for c in LONG_RUN_CHECKPOINTS if c <= steps]
+    at_checkpoints = {str(c): float(max_per_step[c - 1]) for c in checkpoints}
+    # growth: mean feasibility over the decade blocks [10^k, 10^(k+1)); a random walk would grow with
+    # slope 1/2 in log-log, a linear drift with slope 1, rounding-level feasibility with slope ~ 0
+    edges = [1] + [c for c in (10, 100, 1_000, 10_000, 100_000, 1_000_000) if c <= steps]
+    block_steps, block_means = [], []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        block_steps.append(math.sqrt(lo * hi))
+        block_means.append(float(feas[lo - 1:hi].mean()))
+    growth_slope = (float(np.polyfit(np.log10(block_steps), np.log10(block_means), 1)[0])
+                    if len(block_steps) >= 2 and min(block_means) > 0 else math.nan)
+    log_steps = np.unique(np.round(np.logspace(0, math.log10(steps), 60)).astype(int))
+    figure = {
+        "shape": [d, r],
+        "batch": LONG_RUN_BATCH,
+        "steps": log_steps.tolist(),
+        "max_feasibility": max_per_step[log_steps - 1].tolist(),
+        "bound": feasibility_bound(d, r),
+    }
+    summary = {
+        "steps": steps,
+        "max_feasibility_at": at_checkpoints,
+        "block_steps": block_steps,
+        "block_mean_feasibility": block_means,
+        "growth_slope_loglog": growth_slope,
+        "max_feasibility": float(feas.max()),
+        "seconds_per_step": seconds_per_step,
+    }
+    return check, summary, figure
+
+
+def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
+    """Certificate body of P3 (see the module docstring)."""
+    timings = {}
+    started = time.perf_counter()
+    symbolic = symbolic_part()
+    timings["symbolic_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    exact = exact_part(seed)
+    timings["exact_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    step, step_frames = step_checks(seed, profile, optimizer)
+    conditioning, conditioning_frames = conditioning_checks(seed, profile)
+    figure_conditioning = conditioning_figure(seed)
+    timings["numerical_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    highprec, highprec_samples = highprec_check(seed, profile)
+    timings["highprec_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    feasibility, long_run_summary, figure_long_run = long_run(seed, profile, optimizer)
+    timings["long_run_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    controls = []
+    control_frames = max(profile.frames // 10, 200)
+    for name in CONTROLS:
+        control_checks, _ = step_checks(seed, profile, name, frames=control_frames, large=LARGE_SHAPES[:2])
+        # the reconstruction check confirms which xi was retracted; it is not what the control breaks
+        controls.append(ControlResult.from_checks(name, get_variant(name).description, control_checks[1:]))
+    timings["controls_s"] = time.perf_counter() - started
+
+    return ClaimResult(
+        symbolic=symbolic,
+        checks=step + conditioning + [highprec, feasibility],
+        controls=controls,
+        frames=step_frames + conditioning_frames,  # independent draws
+        exact=exact,
+        extra={
+            "optimizer": optimizer,
+            "step_config": {"lr": STEP_CONFIG.lr, "betas": list(STEP_CONFIG.betas), "eps": STEP_CONFIG.eps,
+                            "trust_radius": STEP_CONFIG.trust_radius},
+            "highprec": {"dps": profile.mp_dps, "samples": highprec_samples},
+            "long_run": long_run_summary,
+            "control_frames": control_frames,
+            "timings": timings,
+        },
+        figures={"conditioning_bound": figure_conditioning, "long_run_feasibility": figure_long_run},
+        notes=[
+            "The step's xi is rebuilt from its returned state (the second moment v) and g = P_W(G), since "
+            "m^ = g at t = 1; step_reconstruction confirms that polar(W + xi) is the returned W_1.",
+            "d = r = 1 has T_W = {0} and is skipped by the step and conditioning checks.",
+            "For d = r the bound sqrt(1 + Delta^2) is not attained (tangents W Omega have skew Omega of even "
+            "rank); attainment is certified for d > r >= 2.",
+        ],
+    )
+
+
+CLAIM = Claim(
+    id=CLAIM_ID,
+    title="Conditioning: scalar preconditioner, bounded cond(W + xi), accurate retraction",
+    statement=STATEMENT,
+    latex=LATEX,
+    controls=CONTROLS,
+    run=run,
+)
