@@ -594,7 +594,34 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "control_frames": control_frames,
             "timings": timings,
         },
-        figures={"conditioning_bound": figure_conditioning, "long_run_feasibility": figure_long_run},
+        figures={
+            "conditioning_bound": {
+                "series": [
+                    {"x": figure_conditioning["delta"], "y": figure_conditioning["bound"], "label": "bound sqrt(1 + Delta^2)"},
+                    {"x": figure_conditioning["delta"], "y": figure_conditioning["max_cond_random"],
+                     "label": f"max cond over {figure_conditioning['frames']} random tangents"},
+                    {"x": figure_conditioning["delta"], "y": figure_conditioning["cond_rank_one"], "label": "rank-one xi"},
+                ],
+                "title": f"cond(W + xi) against the trust radius, shape {tuple(figure_conditioning['shape'])}",
+                "xlabel": "trust radius Delta",
+                "ylabel": "cond(W + xi)",
+                "logx": True,
+                "logy": True,
+            },
+            "long_run_feasibility": {
+                "series": [
+                    {"x": figure_long_run["steps"], "y": figure_long_run["max_feasibility"],
+                     "label": f"max over {figure_long_run['batch']} frames"},
+                    {"x": figure_long_run["steps"], "y": [figure_long_run["bound"]] * len(figure_long_run["steps"]),
+                     "label": "bound"},
+                ],
+                "title": f"feasibility along a long run, shape {tuple(figure_long_run['shape'])}",
+                "xlabel": "step",
+                "ylabel": "||W^T W - I||_F",
+                "logx": True,
+                "logy": True,
+            },
+        },
         notes=[
             "The step's xi is rebuilt from its returned state (the second moment v) and g = P_W(G), since "
             "m^ = g at t = 1; step_reconstruction confirms that polar(W + xi) is the returned W_1.",

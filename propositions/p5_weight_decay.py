@@ -580,7 +580,19 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         frames=frames,
         exact=exact,
         extra=extra,
-        figures=figures,
+        figures={
+            "weight_norm": {
+                "series": [
+                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_optimizer"], "label": optimizer},
+                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_euclidean_adamw"], "label": "euclidean_adamw"},
+                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_sqrt_r"], "label": "sqrt(r)"},
+                ],
+                "title": (f"||W_t||_F under weight decay ({FIGURE_SHAPE[0]} x {FIGURE_SHAPE[1]} frame, "
+                          f"lr = {FIGURE_LR:g}, lambda = {FIGURE_WEIGHT_DECAY:g})"),
+                "xlabel": "step",
+                "ylabel": "||W_t||_F",
+            }
+        },
         notes=notes,
     )
 

@@ -133,12 +133,17 @@ def test_figures_and_extra_are_json_ready():
     result = p1.CLAIM.run(1, SMALL)
     body = result.to_dict()
     json.dumps(body)
-    curves = body["figures"]["slope_tests"]
-    assert {c["name"] for c in curves} == {"first_order", "normal_acceleration", "function_expansion"}
-    for curve in curves:
-        assert len(curve["s"]) == len(curve["error"]) == len(p1.SLOPE_GRID)
-        low, high = curve["window"]
-        assert curve["s"][0] <= low < high <= curve["s"][-1]
+    names = {"first_order", "normal_acceleration", "function_expansion"}
+    assert set(body["figures"]) == {f"slope_{name}" for name in names}
+    for name in names:
+        figure = body["figures"][f"slope_{name}"]
+        assert figure["logx"] and figure["logy"]
+        curves = [series for series in figure["series"] if series["label"] != "located window"]
+        windows = [series for series in figure["series"] if series["label"] == "located window"]
+        assert curves and len(windows) == len(curves)  # every frame's slope was located
+        for curve, window in zip(curves, windows):
+            assert len(curve["x"]) == len(curve["y"]) == len(p1.SLOPE_GRID)
+            assert curve["x"][0] <= window["x"][0] < window["x"][-1] <= curve["x"][-1]
 
 
 def test_second_order_coefficient_matches_the_curve():

@@ -61,10 +61,10 @@ def test_control_as_optimizer_fails(control):
 
 
 def test_figure_shows_adamw_shrinking(real_result):
-    figures = real_result.figures
-    steps = figures["weight_norm_step"]
-    real = np.array(figures["weight_norm_optimizer"])
-    adamw = np.array(figures["weight_norm_euclidean_adamw"])
+    real_series, adamw_series, _ = real_result.figures["weight_norm"]["series"]
+    steps = real_series["x"]
+    real = np.array(real_series["y"])
+    adamw = np.array(adamw_series["y"])
     r = p5.FIGURE_SHAPE[1]
     assert len(real) == len(adamw) == len(steps) == p5.FIGURE_STEPS + 1
     assert np.max(np.abs(real**2 - r)) <= p5.norm_constant_bound(*p5.FIGURE_SHAPE)
