@@ -82,12 +82,14 @@ MINIMISER_MAX_DR = 64
 # rounding floor are masked. A point 100 times above the floor carries at most 1 % rounding, which
 # moves a local slope over a quarter-decade step by at most 2 * 0.01 / (0.25 ln 10) ~ 0.035, so
 # SLOPE_TOL = 0.1 absorbs rounding and a 5 % higher-order term, while an error one order lower (slope
-# off by 1) misses it tenfold. The window must span MIN_DECADES decades.
+# off by 1) misses it tenfold. The window must span MIN_DECADES = 3 decades: a higher-order term
+# that competes with the leading one bends the curve within about one decade, so three decades of
+# a constant local slope cannot come from a crossover between two orders.
 SLOPE_GRID = 10.0 ** np.linspace(-14.0, 0.0, 57)
 FLOOR_REGION_MAX_S = 1e-11  # below this every tested quantity is < 1e-20 in exact arithmetic
 FLOOR_FACTOR = 100.0
 SLOPE_TOL = 0.1
-MIN_DECADES = 2.0
+MIN_DECADES = 3.0
 SLOPE_SHAPES = ((3, 1), (4, 4), (8, 3), (32, 8))
 
 # Two configurations so that both branches of the trust region are exercised: with the first,
