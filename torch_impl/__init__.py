@@ -1,0 +1,21 @@
+"""PyTorch StiefelAdam, held to the float64 reference (reference_impl) by torch_impl.crosscheck.
+
+`StiefelAdam` is a torch.optim.Optimizer over parameters of shape (..., d, r) (batches of frames on
+St(d, r)); `stiefel_init_` puts a tensor on the manifold; `functional.stiefel_adam_step` is the
+batched step that the optimizer calls (CPU and CUDA; float64, float32, bfloat16 storage).
+"""
+
+from . import functional
+from .functional import feasibility, polar_retract, project_tangent, stiefel_adam_step
+from .optimizer import StiefelAdam, manifold_tolerance, stiefel_init_
+
+__all__ = [
+    "StiefelAdam",
+    "stiefel_init_",
+    "manifold_tolerance",
+    "functional",
+    "stiefel_adam_step",
+    "polar_retract",
+    "project_tangent",
+    "feasibility",
+]

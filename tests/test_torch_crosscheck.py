@@ -1,0 +1,88 @@
+"""torch_impl.crosscheck: the claim passes on a small profile, its controls are detected, a broken
+kernel fails it, and its result is JSON-able with the long-run figure in the renderer's format."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from propositions._common import Claim, Profile  # noqa: E402
+from torch_impl import crosscheck  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Small tensors: on a loaded two-core machine an OpenMP team costs milliseconds per op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+SMALL = Profile("small", frames=100, steps=3, long_run_steps=200, mp_dps=0, mp_samples=0)
+
+
+@pytest.fixture(scope="module")
+def float64_result():
+    return crosscheck.CLAIM.run(seed=1, profile=SMALL)
+
+
+def test_claim_entry():
+    claim = crosscheck.CLAIM
+    assert isinstance(claim, Claim) and claim.id == "crosscheck"
+    assert claim.title and claim.statement and claim.latex
+    assert set(claim.controls) == {"elementwise_second_moment", "muon_newton_schulz"}
+
+
+def test_float64_crosscheck_passes_and_detects_its_controls(float64_result):
+    result = float64_result
+    assert result.verdict == "pass", result.failures()
+    names = {c.name for c in result.checks}
+    assert {"frame", "first_moment", "second_moment", "P2_bitwise", "P2_bounded", "P4_left", "P4_right", "long_run_feasibility"} <= names
+    assert len(result.controls) == 2 and all(c.detected for c in result.controls)
+    assert result.frames >= 60
+
+
+def test_result_is_jsonable_with_the_feasibility_figure(float64_result):
+    data = json.loads(json.dumps(float64_result.to_dict()))
+    assert data["symbolic"]["status"] == "not_applicable"
+    figure = data["figures"]["long_run_feasibility"]
+    assert len(figure["x"]) == len(figure["y"]) > 3 and figure["x"][-1] == SMALL.long_run_steps
+    assert {s["label"] for s in figure["series"]} == {"float64", "float32"}
+    long_run = data["extra"]["long_run"]
+    assert long_run["float32"]["steps"][-1] == SMALL.long_run_steps
+    assert data["extra"]["torch"]["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("variant", ["elementwise_second_moment", "muon_newton_schulz"])
+def test_broken_kernel_fails_the_crosscheck(variant):
+    tiny = Profile("tiny", frames=60, steps=2, long_run_steps=20, mp_dps=0, mp_samples=0)
+    result = crosscheck.CLAIM.run(seed=2, profile=tiny, optimizer=variant)
+    assert result.verdict == "fail"
+    assert any(not c.passed for c in result.checks if c.name == "frame")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_low_precision_crosscheck_passes(dtype):
+    tiny = Profile("tiny", frames=60, steps=2, long_run_steps=50, mp_dps=0, mp_samples=0)
+    result = crosscheck.CLAIM.run(seed=3, profile=tiny, dtype=dtype)
+    assert result.verdict == "pass", result.failures()
+    assert result.extra["dtype"] == dtype and result.extra["compute_dtype"] == "float32"
+    assert dtype in result.extra["long_run"]
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="dtype"):
+        crosscheck.CLAIM.run(0, SMALL, dtype="float16")
+    with pytest.raises(ValueError, match="optimizer"):
+        crosscheck.CLAIM.run(0, SMALL, optimizer="qr_retraction")
+    with pytest.raises(ValueError, match="profile"):
+        crosscheck.CLAIM.run(0, "huge")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda"):
+            crosscheck.CLAIM.run(0, SMALL, device="cuda")
+
+
+def test_torch_environment_reports_versions():
+    env = crosscheck.torch_environment("cpu")
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu" and "cuda" in env

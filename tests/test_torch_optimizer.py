@@ -1,0 +1,291 @@
+"""torch_impl.StiefelAdam and its functional step: agreement with reference_impl.step (float64, to
+the bound of torch_impl.crosscheck.step_error_bound), the torch.optim contract (groups, closure,
+state_dict resume bit for bit), bad use, non-finite gradients, low-precision feasibility."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import reference_impl as ref  # noqa: E402
+from propositions._common import rng_for  # noqa: E402
+from torch_impl import StiefelAdam, feasibility, functional, manifold_tolerance, stiefel_init_  # noqa: E402
+from torch_impl.crosscheck import (  # noqa: E402
+    CONFIGS,
+    _iterations,
+    _unit_roundoffs,
+    feasibility_bound,
+    reference_quantities,
+    step_error_bound,
+)
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Small tensors: on a loaded two-core machine an OpenMP team costs milliseconds per op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# (batch, d, r): (1, 1), r = d, r = 1, two batch axes, a larger frame
+SHAPES = [((3,), 1, 1), ((2,), 4, 4), ((4,), 7, 1), ((2, 3), 5, 2), ((2,), 64, 16)]
+
+
+def _frames(batch, d, r, *key, dtype=torch.float64):
+    rng = rng_for(0, "test_torch_optimizer", *key)
+    return torch.from_numpy(ref.random_point(d, r, rng, batch)).to(dtype), rng
+
+
+def _step(W, G, m, v, t, config, **kwargs):
+    beta1, beta2 = config.betas
+    return functional.stiefel_adam_step(
+        W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay, **kwargs
+    )
+
+
+@pytest.mark.parametrize("batch,d,r", SHAPES)
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_float64_step_agrees_with_reference(batch, d, r, config_name):
+    """Lock-step over 5 steps (trust-region clipping and decay in "clip_decay"; frame 0 gets G = 0
+    at the first step): every output within step_error_bound (error analysis in its docstring)."""
+    config = CONFIGS[config_name]
+    W_t, rng = _frames(batch, d, r, "agree", d, r, config_name)
+    W = W_t.numpy()
+    state = ref.init(W)
+    for t in range(5):
+        G = rng.standard_normal(W.shape)
+        if t == 0:
+            G.reshape((-1, d, r))[0] = 0.0
+        q = reference_quantities(W, G, state, config)
+        W_ref, state_ref = ref.step(W, G, state, config)
+        W_new, m_new, v_new = _step(*(torch.from_numpy(x) for x in (W, G, state.m, state.v)), state.t, config)
+        bound = step_error_bound(d, r, config, q, iterations=_iterations(config, torch.float64), **_unit_roundoffs(torch.float64))
+        assert np.all(ref.frobenius(W_new.numpy() - W_ref) <= bound["W"])
+        assert np.all(ref.frobenius(m_new.numpy() - state_ref.m) <= bound["m"])
+        assert np.all(np.abs(v_new.numpy() - state_ref.v) <= bound["v"])
+        W, state = W_ref, state_ref
+
+
+def test_zero_gradient_gives_zero_step_not_nan():
+    """v^ = 0 (no gradient yet) must give xi = 0, never 0/0, even with eps = 0: the state stays
+    exactly 0 and W moves only by the retraction's rounding (feasibility_bound)."""
+    W, _ = _frames((3,), 6, 2, "zero")
+    for eps in (1e-8, 0.0):
+        W_new, m_new, v_new = functional.stiefel_adam_step(W, torch.zeros_like(W), torch.zeros_like(W), torch.zeros(3, dtype=torch.float64), 0, eps=eps)
+        assert torch.all(m_new == 0) and torch.all(v_new == 0)
+        assert torch.all(torch.isfinite(W_new))
+        assert float(torch.linalg.matrix_norm(W_new - W).max()) <= feasibility_bound(6, 2, torch.float64)
+
+
+def test_newton_schulz_and_eigh_retractions_agree():
+    """Both evaluate polar(W + xi) from the Gram matrix; each is within e_ret of the exact polar
+    factor (step_error_bound's retraction term), so they differ by at most twice that."""
+    W, rng = _frames((4,), 32, 8, "retractions")
+    xi = torch.from_numpy(ref.random_tangent(W.numpy(), rng))
+    xi = xi * (0.5 / torch.linalg.matrix_norm(xi, keepdim=True))
+    newton_schulz = functional.polar_retract(W, xi, 0.5, "newton_schulz")
+    eigh = functional.polar_retract(W, xi, 0.5, "eigh")
+    svd = torch.from_numpy(ref.polar_retract(W.numpy(), xi.numpy()))
+    e_ret = 4 * (32 + (4 * 3 + 2) * 8) * math.sqrt(8) * 2 * ref.UNIT_ROUNDOFF * math.sqrt(1.25) ** 3
+    assert float(torch.linalg.matrix_norm(newton_schulz - svd).max()) <= e_ret
+    assert float(torch.linalg.matrix_norm(eigh - svd).max()) <= e_ret
+
+
+def test_newton_schulz_iteration_counts_come_from_the_scalar_map():
+    # 1/9 -> 8.6e-4 -> 4.0e-10 -> 4.0e-29 at Delta = 0.5 (widened by the drift allowance)
+    assert functional.newton_schulz_iterations(0.5, torch.float32) == 2
+    assert functional.newton_schulz_iterations(0.5, torch.float64) == 3
+    with pytest.raises(ValueError, match="trust_radius"):
+        functional.newton_schulz_iterations(2.0, torch.float64)
+    with pytest.raises(ValueError, match="trust_radius"):
+        StiefelAdam([stiefel_init_(torch.empty(4, 2, dtype=torch.float64))], trust_radius=2.0, retraction_method="newton_schulz")
+
+
+def test_optimizer_step_is_the_functional_step():
+    W, rng = _frames((2,), 8, 3, "optimizer")
+    parameter = torch.nn.Parameter(W.clone())
+    optimizer = StiefelAdam([parameter], lr=0.05, weight_decay=0.1)
+    W_f, m_f, v_f = W.clone(), torch.zeros_like(W), torch.zeros(2, dtype=torch.float64)
+    config = CONFIGS["clip_decay"]
+    for t in range(4):
+        G = torch.from_numpy(rng.standard_normal(W.shape))
+        parameter.grad = G.clone()
+        optimizer.step()
+        W_f, m_f, v_f = _step(W_f, G, m_f, v_f, t, config)
+        assert torch.equal(parameter.data, W_f)
+        assert torch.equal(optimizer.state[parameter]["exp_avg"], m_f)
+        assert torch.equal(optimizer.state[parameter]["exp_avg_sq"], v_f)
+        assert optimizer.state[parameter]["step"] == t + 1
+
+
+def test_trust_radius_inf_uses_eigh_and_stays_on_manifold():
+    W, rng = _frames((2,), 8, 3, "inf")
+    parameter = torch.nn.Parameter(W.clone())
+    optimizer = StiefelAdam([parameter], lr=0.01, trust_radius=math.inf)
+    for _ in range(5):
+        parameter.grad = torch.from_numpy(rng.standard_normal(W.shape))
+        optimizer.step()
+    # steps of length lr sqrt(d r) ~ 0.05: cond(W + xi) <= sqrt(1 + 0.05^2), use Delta = 0.1 above it
+    assert float(feasibility(parameter.data).max()) <= feasibility_bound(8, 3, torch.float64, 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_state_dict_round_trip_resumes_bit_for_bit(dtype):
+    W, rng = _frames((3,), 16, 4, "resume", str(dtype), dtype=dtype)
+    gradients = [torch.from_numpy(rng.standard_normal(W.shape)).to(dtype) for _ in range(6)]
+
+    def run(parameter, optimizer, grads):
+        for G in grads:
+            parameter.grad = G.clone()
+            optimizer.step()
+
+    parameter = torch.nn.Parameter(W.clone())
+    optimizer = StiefelAdam([parameter], lr=0.05, weight_decay=0.01)
+    run(parameter, optimizer, gradients[:3])
+    saved_parameter = parameter.detach().clone()
+    saved_state = copy.deepcopy(optimizer.state_dict())  # state_dict holds references, as in torch.optim
+    run(parameter, optimizer, gradients[3:])
+
+    resumed = torch.nn.Parameter(saved_parameter.clone())
+    resumed_optimizer = StiefelAdam([resumed], lr=0.05, weight_decay=0.01)
+    resumed_optimizer.load_state_dict(saved_state)
+    state = resumed_optimizer.state[resumed]
+    assert state["exp_avg"].dtype == functional.compute_dtype(dtype)
+    run(resumed, resumed_optimizer, gradients[3:])
+    assert torch.equal(resumed.data, parameter.data)
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(resumed_optimizer.state[resumed][key], optimizer.state[parameter][key])
+    assert resumed_optimizer.state[resumed]["step"] == 6
+
+
+def test_param_groups_have_their_own_settings():
+    W1, rng = _frames((2,), 6, 2, "groups1")
+    W2, _ = _frames((), 5, 5, "groups2")
+    p1, p2 = torch.nn.Parameter(W1.clone()), torch.nn.Parameter(W2.clone())
+    optimizer = StiefelAdam([{"params": [p1]}, {"params": [p2], "lr": 0.2, "trust_radius": 0.3}], lr=0.01)
+    assert optimizer.param_groups[0]["lr"] == 0.01 and optimizer.param_groups[1]["trust_radius"] == 0.3
+    G1 = torch.from_numpy(rng.standard_normal(W1.shape))
+    G2 = torch.from_numpy(rng.standard_normal(W2.shape))
+    p1.grad, p2.grad = G1.clone(), G2.clone()
+    optimizer.step()
+    zeros = lambda W: (torch.zeros_like(W), torch.zeros(W.shape[:-2], dtype=W.dtype))  # noqa: E731
+    expected1 = functional.stiefel_adam_step(W1, G1, *zeros(W1), 0, lr=0.01)[0]
+    expected2 = functional.stiefel_adam_step(W2, G2, *zeros(W2), 0, lr=0.2, trust_radius=0.3)[0]
+    assert torch.equal(p1.data, expected1) and torch.equal(p2.data, expected2)
+    # lr 0.2 on a 5 x 5 frame: first step length 0.2 * 5 = 1 is capped at 0.3
+    assert not torch.equal(p2.data, functional.stiefel_adam_step(W2, G2, *zeros(W2), 0, lr=0.2)[0])
+
+
+def test_closure_is_called_and_its_loss_returned():
+    W, rng = _frames((2,), 6, 3, "closure")
+    target = torch.from_numpy(rng.standard_normal(W.shape))
+    parameter = torch.nn.Parameter(W.clone())
+    optimizer = StiefelAdam([parameter], lr=0.05)
+    calls = []
+
+    def closure():
+        optimizer.zero_grad()
+        loss = ((parameter - target) ** 2).sum()
+        loss.backward()
+        calls.append(loss.item())
+        return loss
+
+    losses = [optimizer.step(closure).item() for _ in range(20)]
+    assert len(calls) == 20 and losses == calls
+    assert losses[-1] < losses[0]
+    optimizer.zero_grad()
+    assert parameter.grad is None
+
+
+def test_bad_use_raises_value_error_naming_the_rule():
+    frame = stiefel_init_(torch.empty(6, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"params\[0\].*at least 2 dims"):
+        StiefelAdam([torch.nn.Parameter(torch.ones(4, dtype=torch.float64))])
+    with pytest.raises(ValueError, match=r"r <= d"):
+        StiefelAdam([torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))])
+    with pytest.raises(ValueError, match=r"W\^T W = I.*stiefel_init_"):
+        StiefelAdam([torch.nn.Parameter(2.0 * frame)])
+    with pytest.raises(ValueError, match=r"W\^T W = I.*stiefel_init_"):
+        StiefelAdam([torch.nn.Parameter(frame.to(torch.bfloat16).to(torch.float64))])
+    for kwargs, name in [
+        (dict(lr=0.0), "lr"), (dict(lr=math.nan), "lr"), (dict(betas=(1.0, 0.9)), "beta1"),
+        (dict(betas=(0.9, -0.1)), "beta2"), (dict(betas=(0.9,)), "betas"), (dict(eps=-1.0), "eps"),
+        (dict(trust_radius=0.0), "trust_radius"), (dict(weight_decay=-1e-3), "weight_decay"),
+        (dict(retraction_method="qr"), "retraction_method"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            StiefelAdam([torch.nn.Parameter(frame.clone())], **kwargs)
+    with pytest.raises(ValueError, match="lr"):
+        StiefelAdam([{"params": [torch.nn.Parameter(frame.clone())], "lr": -1.0}])
+    parameter = torch.nn.Parameter(frame.clone())
+    optimizer = StiefelAdam([parameter])
+    parameter.grad = torch.zeros_like(frame).to_sparse()
+    with pytest.raises(ValueError, match="sparse"):
+        optimizer.step()
+
+
+def test_float32_frame_passes_the_storage_dtype_tolerance():
+    frame = stiefel_init_(torch.empty(64, 16, dtype=torch.float32), generator=torch.Generator().manual_seed(0))
+    assert float(feasibility(frame)) <= manifold_tolerance(64, 16, torch.float32)
+    StiefelAdam([torch.nn.Parameter(frame)])  # accepted
+    StiefelAdam([torch.nn.Parameter(frame.to(torch.bfloat16))])  # accepted at bfloat16's tolerance
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_nonfinite_gradient_leaves_parameter_and_state_untouched(skip):
+    W, rng = _frames((2,), 6, 2, "nonfinite")
+    p_bad, p_good = torch.nn.Parameter(W.clone()), torch.nn.Parameter(W.clone())
+    optimizer = StiefelAdam([p_bad, p_good], lr=0.05, skip_nonfinite=skip)
+    p_bad.grad = torch.from_numpy(rng.standard_normal(W.shape))
+    p_good.grad = p_bad.grad.clone()
+    optimizer.step()
+    before = p_bad.detach().clone()
+    state_before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in optimizer.state[p_bad].items()}
+    good_before = p_good.detach().clone()
+    p_bad.grad = p_bad.grad.clone()
+    p_bad.grad[1, 3, 0] = math.nan
+    p_good.grad = torch.from_numpy(rng.standard_normal(W.shape))
+    if skip:
+        optimizer.step()
+        assert optimizer.skipped_steps == 1
+        assert not torch.equal(p_good.data, good_before)  # the finite parameter still steps
+    else:
+        with pytest.raises(ValueError, match="finite"):
+            optimizer.step()
+    assert torch.equal(p_bad.data, before)
+    for key, value in state_before.items():
+        after = optimizer.state[p_bad][key]
+        assert torch.equal(after, value) if torch.is_tensor(value) else after == value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_runs_stay_on_the_manifold(dtype):
+    """300 steps with clipping and decay: ||W^T W - I|| within feasibility_bound (storage rounding
+    2 u_s sqrt(r) plus one retraction's error; no growth with the number of steps), and the
+    moments are kept in float32."""
+    batch, d, r = (3,), 32, 8
+    W, rng = _frames(batch, d, r, "low", str(dtype), dtype=dtype)
+    gradients = torch.from_numpy(rng.standard_normal((16,) + W.shape)).to(dtype)
+    parameter = torch.nn.Parameter(W.clone())
+    optimizer = StiefelAdam([parameter], lr=0.05, weight_decay=0.1)
+    for t in range(300):
+        parameter.grad = gradients[t % 16].clone()
+        optimizer.step()
+    assert parameter.dtype == dtype
+    assert optimizer.state[parameter]["exp_avg"].dtype == torch.float32
+    assert float(feasibility(parameter.data).max()) <= feasibility_bound(d, r, dtype)
+    # the frames moved: the run did train
+    assert float(torch.linalg.matrix_norm((parameter.data - W).float()).min()) > 0.1
+
+
+def test_stiefel_init_is_deterministic_and_rejects_wide_tensors():
+    a = stiefel_init_(torch.empty(2, 9, 4, dtype=torch.float64), generator=torch.Generator().manual_seed(3))
+    b = stiefel_init_(torch.empty(2, 9, 4, dtype=torch.float64), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    assert float(feasibility(a).max()) <= manifold_tolerance(9, 4, torch.float64)
+    with pytest.raises(ValueError, match="r <= d"):
+        stiefel_init_(torch.empty(3, 4))
