@@ -343,6 +343,7 @@ class ClaimResult:
     figures: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     inconclusive: list[str] = field(default_factory=list)
+    dtype: str = "float64"  # the storage dtype the numerical part ran in
 
     @property
     def verdict(self) -> str:
@@ -373,7 +374,7 @@ class ClaimResult:
                 "failures": self.failures(),
                 "symbolic": self.symbolic.to_dict(),
                 "exact": self.exact,
-                "numerical": {"frames": self.frames, "dtype": "float64", "checks": [c.to_dict() for c in self.checks]},
+                "numerical": {"frames": self.frames, "dtype": self.dtype, "checks": [c.to_dict() for c in self.checks]},
                 "controls": [c.to_dict() for c in self.controls],
                 "extra": self.extra,
                 "figures": self.figures,

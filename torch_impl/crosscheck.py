@@ -635,6 +635,7 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
         extra=extra,
         figures=figures,
         notes=notes,
+        dtype=str(extra["dtype"]),
     )
 
 
