@@ -795,13 +795,32 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "vacuous_bounds": vacuous_scale + vacuous_decay,
         },
         figures={
-            "trajectory_deviation_vs_c": figure_trajectory,
-            "trajectory_deviation_vs_c_decay": figure_decay,
-            "eps_deviation_vs_c": figure_eps,
-            "domain_scan": {"log2_c": scan["log2_c"], "residual": scan["residual"], "status": scan["status"]},
+            "trajectory_deviation_vs_c": _against(figure_trajectory, "c", ["residual", "bound"],
+                                                  "||W_T(c G) - W_T(G)||, eps = 0, lambda = 0", "c"),
+            "trajectory_deviation_vs_c_decay": _against(figure_decay, "c", ["residual", "bound"],
+                                                        f"||W_T(c G) - W_T(G)||, eps = 0, lambda = {WEIGHT_DECAY:g}", "c"),
+            "eps_deviation": _against(figure_eps, "x", ["deviation", "bound"],
+                                      f"one step with eps = {EPS:g} against eps = 0", "x = eps / (c sqrt(v^))"),
+            "domain_scan": {
+                "x": scan["log2_c"],
+                "y": scan["residual"],
+                "label": "residual (dropped where the step is not finite)",
+                "title": "float64 domain of c = 2^k: ||W_T(c G) - W_T(G)||",
+                "xlabel": "log2 c",
+                "ylabel": "residual",
+                "logy": True,
+            },
         },
         notes=notes,
     )
+
+
+def _against(data: dict, x_key: str, y_keys: list[str], title: str, xlabel: str) -> dict:
+    """A log-log line figure of data[y] against data[x_key] (sorted by x), the report's convention."""
+    order = np.argsort(np.asarray(data[x_key], dtype=float), kind="stable")
+    x = np.asarray(data[x_key], dtype=float)[order].tolist()
+    series = [{"x": x, "y": np.asarray(data[key], dtype=float)[order].tolist(), "label": key} for key in y_keys]
+    return {"series": series, "title": title, "xlabel": xlabel, "ylabel": "||W - W'||_F", "logx": True, "logy": True}
 
 
 CLAIM = Claim(

@@ -1,0 +1,156 @@
+"""P2 (independence of gradient scale): the claim passes for the real step, fails for the control it
+must catch, and its bounds and domain scan behave as their derivations say."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import reference_impl as ri
+from propositions import get_claim
+from propositions._common import Profile
+from propositions import p2_scale_independence as p2
+
+from strategies import seeds
+
+u = 2.0**-53
+
+# Small enough for a few hypothesis examples; still every check, shape class and control runs.
+SMALL = Profile("test", frames=300, steps=3, long_run_steps=10, mp_dps=30, mp_samples=1)
+
+
+@pytest.fixture(scope="module")
+def real_run():
+    return get_claim("P2").run(0, SMALL)
+
+
+def test_real_step_passes_with_every_part_present(real_run):
+    result = real_run.to_dict()
+    assert result["verdict"] == "pass", result["failures"]
+    assert result["symbolic"]["status"] == "proved"
+    assert all(e["passed"] for e in result["exact"])
+    names = {c["name"] for c in result["numerical"]["checks"]}
+    assert {"trajectory_scale_invariance", "trajectory_scale_invariance_decay", "power_of_two_bitwise", "eps_deviation"} <= names
+    assert real_run.frames >= SMALL.frames * 0.9
+    shapes = {tuple(s) for c in real_run.checks for s in c.shapes}
+    assert (1024, 128) in shapes and (1, 1) in shapes and (16, 16) in shapes
+
+
+def test_real_run_records_the_control_detected(real_run):
+    (control,) = real_run.controls
+    assert control.name == "fixed_step_sgd"
+    assert control.detected and control.margin > 1e6
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=seeds)
+def test_passes_for_any_seed(seed):
+    result = get_claim("P2").run(seed, SMALL)
+    assert result.verdict == "pass", result.failures()
+
+
+def test_fixed_step_sgd_fails():
+    result = get_claim("P2").run(1, SMALL, optimizer="fixed_step_sgd")
+    assert result.verdict == "fail"
+    failed = {c.name for c in result.checks if not c.passed}
+    assert "trajectory_scale_invariance" in failed and "power_of_two_bitwise" in failed
+
+
+def test_eps_deviation_bound_limits():
+    xi = np.array([0.1, 0.1, 2.0, 2.0])
+    v_hat = np.array([1.0, 1.0, 1.0, 0.0])
+    bound = p2.eps_deviation_bound(xi, v_hat, scale=np.array([1e30, 1e-30, 1e-30, 1.0]), eps=1e-8, trust_radius=0.5)
+    # x -> 0: no deviation; x -> inf: at most the whole (clipped) step; v^ = 0: both steps are zero.
+    assert bound[0] == pytest.approx(0.1 * 1e-38, rel=1e-6)
+    assert bound[1] == pytest.approx(0.1, rel=1e-12)
+    assert bound[2] == pytest.approx(0.5, rel=1e-12)
+    assert bound[3] == 0.0
+
+
+def test_eps_deviation_bound_holds_for_one_step():
+    rng = np.random.default_rng(3)
+    W = ri.random_point(6, 2, rng, (200,))
+    G = rng.standard_normal(W.shape)
+    c = 10.0 ** rng.uniform(-12, 0, size=200)
+    zero = ri.StiefelAdamConfig(lr=0.05, eps=0.0)
+    with_eps = ri.StiefelAdamConfig(lr=0.05, eps=1e-8)
+    W_zero, _, norms = p2.record_trajectory(W, G[None], zero)
+    W_eps, _ = ri.step(W, c[:, None, None] * G, ri.init(W), with_eps)
+    deviation = np.linalg.norm(W_eps - W_zero[0], axis=(-2, -1))
+    bound = p2.eps_deviation_bound(norms["xi_norm"][0], norms["v_hat"][0], c, 1e-8, 0.5)
+    # exact-arithmetic bound plus a rounding allowance of 10^3 u (two steps of a (6, 2) frame)
+    assert np.all(deviation <= bound + 1e3 * u)
+    # and it is not loose where eps matters: within a factor 2 where the deviation is large
+    large = bound > 1e-6
+    assert np.all(deviation[large] >= 0.5 * bound[large])
+
+
+def test_rounding_bound_grows_with_steps_size_and_small_scale_under_decay():
+    rng = np.random.default_rng(4)
+    config = ri.StiefelAdamConfig(lr=0.02, eps=0.0, weight_decay=0.1)
+    bounds = {}
+    for d, r in ((4, 2), (64, 16)):
+        W = ri.random_point(d, r, rng, (8,))
+        _, _, norms = p2.record_trajectory(W, rng.standard_normal((5, 8, d, r)), config)
+        bound = p2.trajectory_rounding_bound(norms, d, r, config)["W"]
+        assert np.all(bound > 0) and np.all(np.diff(bound, axis=0) > 0)
+        bounds[d] = bound
+        small_c = p2.trajectory_rounding_bound(norms, d, r, config, scale=1e-6)["W"]
+        assert np.all(small_c > bound)  # the unscaled lambda W rounds relative to c ||g||
+    assert np.all(bounds[64].min() > bounds[4].max())
+
+
+def test_rounding_bound_is_infinite_once_vacuous():
+    norms = {key: np.ones((3, 1)) for key in ("G_norm", "g_norm", "m_norm", "v", "v_hat", "xi_norm")}
+    bound = p2.trajectory_rounding_bound(norms, 3, 2, p2.CONFIG, initial_distance=0.6)["W"]
+    assert np.all(np.isinf(bound))
+
+
+def test_domain_scan_finds_the_predicted_float64_limits():
+    scan = p2.domain_scan(0)
+    low, high = scan["log2_c_bitwise"]
+    predicted = scan["predicted"]
+    assert low < -400 and high > 400
+    # the found limits sit where the float64 analysis puts them (within the slack of using the first
+    # step's g for all steps: a few binades)
+    assert abs(low - predicted["log2_c_bitwise_low"]) <= 8
+    assert abs(high - predicted["log2_c_bitwise_high"]) <= 8
+    statuses = set(scan["status"])
+    assert "v underflowed to 0 (zero step)" in statuses
+    assert "non-finite" in statuses or "||g||^2 overflowed (zero step)" in statuses
+    k = np.array(scan["log2_c"])
+    status = np.array(scan["status"])
+    assert np.all(status[(k >= low) & (k <= high)] == "bitwise")
+
+
+def test_normal_space_pitfall_is_a_full_step_without_eps():
+    pitfall = p2.normal_space_pitfall(0)
+    for row in pitfall["shapes"]:
+        assert row["riemannian_gradient_norm_median"] < 1e3 * u * row["euclidean_gradient_norm_median"]
+        assert row["xi_norm_eps0_median"] == pytest.approx(row["full_step_length"], rel=1e-10)
+        assert row["step_eps0_median"] > 1e6 * row["step_eps_default_median"]
+
+
+def test_bitwise_power_of_two_one_step():
+    rng = np.random.default_rng(5)
+    W = ri.random_point(5, 3, rng, (10,))
+    G = rng.standard_normal(W.shape)
+    W1, s1 = ri.step(W, G, ri.init(W), p2.CONFIG)
+    W2, s2 = ri.step(W, math.ldexp(1.0, -77) * G, ri.init(W), p2.CONFIG)
+    assert np.array_equal(W1, W2)
+    assert np.array_equal(s2.v, math.ldexp(1.0, -154) * s1.v)
+
+
+def test_symbolic_reduction_detects_a_non_identity():
+    import sympy as sp
+
+    W, G = sp.MatrixSymbol("W", 4, 2), sp.MatrixSymbol("G", 4, 2)
+    c, lr = sp.symbols("c lr", positive=True)
+    projection = G - W * (W.T * G + G.T * W) / 2
+    assert not p2.reduces_to_zero(projection)
+    # the fixed-step SGD direction is not degree 0 in c: xi(c) - xi(1) does not vanish
+    assert not p2.reduces_to_zero(-lr * c * projection + lr * projection)
+    assert p2.reduces_to_zero(-lr * c * projection / c + lr * projection)
