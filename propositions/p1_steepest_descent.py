@@ -39,7 +39,6 @@ What would make it fail
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -53,6 +52,7 @@ from reference_impl import StiefelAdamConfig, get_variant
 from reference_impl.manifold import _polar_retract, _project_tangent
 from reference_impl._validation import stiefel_residual
 
+from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
     Claim,
     ClaimResult,
@@ -338,20 +338,8 @@ def slope_tests(seed: int, profile: Profile) -> tuple[list[NumericalCheck], list
 # --------------------------------------------------------------------------------------------
 
 
-def _is_zero_matrix_expr(expr) -> bool:
-    expr = sp.simplify(expr)
-    return isinstance(expr, sp.ZeroMatrix) or expr == 0 or (hasattr(expr, "is_ZeroMatrix") and expr.is_ZeroMatrix)
 
 
-def _reduce(expr, substitutions):
-    """Expand and apply the substitutions until nothing changes (MatrixSymbol algebra)."""
-    expr = sp.expand(expr)
-    for _ in range(6):
-        new = sp.expand(expr.subs(substitutions))
-        if new == expr:
-            break
-        expr = new
-    return expr
 
 
 SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with W^T W = I; explicit entries at small sizes"
@@ -359,7 +347,7 @@ SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with W^T W = I; explicit entries 
 
 def symbolic_part() -> SymbolicResult:
     """The derivation (seed-independent, so derived once per process and copied)."""
-    return SymbolicResult(SYMBOLIC_METHOD, [dataclasses.replace(step) for step in _derivation()])
+    return copied(SYMBOLIC_METHOD, _derivation())
 
 
 @functools.lru_cache(maxsize=1)
@@ -374,16 +362,16 @@ def _derivation() -> tuple[SymbolicStep, ...]:
 
     orthonormal = {W.T * W: I_r}
     PG = P(G)
-    idempotent = _reduce(P(PG) - PG, orthonormal)
+    idempotent = reduce_with(P(PG) - PG, orthonormal)
     result.steps.append(SymbolicStep("P_W is idempotent: P_W(P_W(G)) - P_W(G) = 0 given W^T W = I",
-                                     r"P_W(P_W(G)) - P_W(G) = 0", _is_zero_matrix_expr(idempotent)))
-    in_range = _reduce(W.T * PG + PG.T * W, orthonormal)
+                                     r"P_W(P_W(G)) - P_W(G) = 0", is_zero_matrix(idempotent)))
+    in_range = reduce_with(W.T * PG + PG.T * W, orthonormal)
     result.steps.append(SymbolicStep("range in T_W: W^T P_W(G) + P_W(G)^T W = 0",
-                                     r"W^\top P_W(G) + P_W(G)^\top W = 0", _is_zero_matrix_expr(in_range)))
+                                     r"W^\top P_W(G) + P_W(G)^\top W = 0", is_zero_matrix(in_range)))
     # kernel: S symmetric, so S^T is replaced by S
-    kernel = _reduce(P(W * S).subs(S.T, S), {**orthonormal, S.T: S})
+    kernel = reduce_with(P(W * S).subs(S.T, S), {**orthonormal, S.T: S})
     result.steps.append(SymbolicStep("kernel N_W: P_W(W S) = 0 for S = S^T", r"P_W(WS) = 0,\ S = S^\top",
-                                     _is_zero_matrix_expr(kernel)))
+                                     is_zero_matrix(kernel)))
 
     # Self-adjointness and the gap identity need traces; at d = 3, r = 2 with explicit symbolic
     # entries and an exact rational frame (the Cayley transform of a fixed skew matrix).

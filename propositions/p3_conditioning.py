@@ -43,7 +43,6 @@ What would make it fail
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -58,6 +57,7 @@ from reference_impl.adam import clip_to_trust_region
 from reference_impl.manifold import _polar_retract, _project_tangent
 from reference_impl._validation import stiefel_residual
 
+from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
     LARGE_SHAPES,
     Claim,
@@ -174,18 +174,8 @@ def rank_one_tangent(W: np.ndarray, rng: np.random.Generator, norm: float) -> np
 # --------------------------------------------------------------------------------------------
 
 
-def _reduce(expr, substitutions):
-    expr = sp.expand(expr)
-    for _ in range(6):
-        new = sp.expand(expr.subs(substitutions))
-        if new == expr:
-            break
-        expr = new
-    return sp.simplify(expr)
 
 
-def _is_zero(expr) -> bool:
-    return isinstance(expr, sp.ZeroMatrix) or expr == 0 or bool(getattr(expr, "is_ZeroMatrix", False))
 
 
 SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with W^T W = I and W^T xi = -xi^T W; explicit entries"
@@ -193,7 +183,7 @@ SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with W^T W = I and W^T xi = -xi^T
 
 def symbolic_part() -> SymbolicResult:
     """The derivation (seed-independent, so derived once per process and copied)."""
-    return SymbolicResult(SYMBOLIC_METHOD, [dataclasses.replace(step) for step in _derivation()])
+    return copied(SYMBOLIC_METHOD, _derivation())
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,13 +193,13 @@ def _derivation() -> tuple[SymbolicStep, ...]:
     W, X, M = sp.MatrixSymbol("W", d, r), sp.MatrixSymbol("xi", d, r), sp.MatrixSymbol("m", d, r)
     c = sp.Symbol("c", positive=True)  # the scalar preconditioner lr / (sqrt(v^) + eps)
     I_r = sp.Identity(r)
-    gram = _reduce((W + X).T * (W + X) - I_r - X.T * X, {W.T * W: I_r, X.T * W: -W.T * X})
+    gram = reduce_with((W + X).T * (W + X) - I_r - X.T * X, {W.T * W: I_r, X.T * W: -W.T * X})
     result.steps.append(SymbolicStep("Gram identity (W + xi)^T (W + xi) = I + xi^T xi for tangent xi",
-                                     r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi", _is_zero(gram)))
+                                     r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi", is_zero_matrix(gram)))
     step = -c * M
-    tangency = _reduce(W.T * step + step.T * W, {M.T * W: -W.T * M})
+    tangency = reduce_with(W.T * step + step.T * W, {M.T * W: -W.T * M})
     result.steps.append(SymbolicStep("a scalar-preconditioned tangent m^ stays tangent: W^T xi + xi^T W = 0 for xi = -c m^",
-                                     r"W^\top(-c\hat m) + (-c\hat m)^\top W = 0", _is_zero(tangency)))
+                                     r"W^\top(-c\hat m) + (-c\hat m)^\top W = 0", is_zero_matrix(tangency)))
     # An elementwise preconditioner (Adam's, entries p and q) leaves T_W: at W = (1, 1)/sqrt 2 the vector
     # m = (1, -1)/sqrt 2 is tangent, but W^T (D o m) = (p - q)/2, zero only when the entries agree.
     p, q = sp.symbols("p q", positive=True)

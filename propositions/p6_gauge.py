@@ -52,7 +52,6 @@ import numpy as np
 import sympy as sp
 
 from reference_impl import UNIT_ROUNDOFF, get_variant, manifold_tolerance, random_point, riemannian_gradient
-from reference_impl.manifold import _project_tangent
 
 from . import attention
 from ._common import (
