@@ -59,7 +59,7 @@ def gamma(n: float) -> float:
 class Profile:
     """How much evidence a run collects.
 
-    frames: at least this many random frames per numerical claim (issue 3: >= 10^4 default,
+    frames: at least this many random frames per numerical claim (>= 10^4 default,
     >= 10^6 thorough); steps: length of multi-step trajectories; long_run_steps: steps of the
     feasibility-drift runs; mp_dps / mp_samples: digits and frames for the mpmath comparisons.
     """
