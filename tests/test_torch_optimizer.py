@@ -289,3 +289,43 @@ def test_stiefel_init_is_deterministic_and_rejects_wide_tensors():
     assert float(feasibility(a).max()) <= manifold_tolerance(9, 4, torch.float64)
     with pytest.raises(ValueError, match="r <= d"):
         stiefel_init_(torch.empty(3, 4))
+
+
+def test_finite_gradient_whose_sum_overflows_is_not_rejected():
+    """The cheap finiteness screen (the gradient's sum) must fall back to the exact test."""
+    p = torch.nn.Parameter(stiefel_init_(torch.empty(2, 6, 3)))
+    optimizer = StiefelAdam([p], lr=0.05)
+    before = p.detach().clone()
+    # finite in float32 and so is W^T G (6 terms of at most 1e37), but the sum of 36 entries is inf,
+    # and so is ||g||^2: v = inf gives a zero step, as in the reference
+    p.grad = torch.full_like(p, 1e37)
+    assert not bool(torch.isfinite(p.grad.sum()))
+    optimizer.step()
+    assert bool(torch.isfinite(p).all())
+    assert torch.linalg.matrix_norm(p.detach() - before).max() <= 64 * 6 * 3 * 2.0**-24
+    p.grad = p.grad.clone()
+    p.grad[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="gradient must be finite"):
+        optimizer.step()
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_step_that_overflows_in_float32_leaves_parameter_and_state_untouched(skip):
+    p = torch.nn.Parameter(stiefel_init_(torch.empty(2, 6, 3)))
+    optimizer = StiefelAdam([p], lr=0.05, skip_nonfinite=skip)
+    p.grad = torch.randn_like(p)
+    optimizer.step()
+    before_p = p.detach().clone()
+    before_state = copy.deepcopy(optimizer.state_dict()["state"])
+    p.grad = torch.full_like(p, 3e38)  # finite, but W^T G overflows float32
+    if skip:
+        optimizer.step()
+        assert optimizer.skipped_steps == 1
+    else:
+        with pytest.raises(ValueError, match="the step overflowed in torch.float32"):
+            optimizer.step()
+    assert torch.equal(p.detach(), before_p)
+    after_state = optimizer.state_dict()["state"]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(after_state[0][key], before_state[0][key])
+    assert after_state[0]["step"] == before_state[0]["step"]
