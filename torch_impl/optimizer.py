@@ -13,10 +13,11 @@ and one `step` applies `torch_impl.functional.stiefel_adam_step` to the whole te
 from __future__ import annotations
 
 import math
-import numbers
 from itertools import chain
 
 import torch
+
+from reference_impl import StiefelAdamConfig
 
 from .functional import RETRACTION_METHODS, compute_dtype, feasibility, resolve_retraction, unit_roundoff
 
@@ -60,24 +61,9 @@ def _check_frame_shape(name: str, tensor: torch.Tensor) -> None:
         )
 
 
-def _check_real(name: str, value, rule: str, ok) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if math.isnan(value) or not ok(value):
-        raise ValueError(f"{name} must satisfy {rule}, got {value!r}")
-    return value
-
-
 def _check_hyperparameters(lr, betas, eps, trust_radius, weight_decay) -> None:
-    _check_real("lr", lr, "0 < lr < inf", lambda x: 0 < x < math.inf)
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-    _check_real("betas[0] (beta1)", betas[0], "0 <= beta1 < 1", lambda x: 0 <= x < 1)
-    _check_real("betas[1] (beta2)", betas[1], "0 <= beta2 < 1", lambda x: 0 <= x < 1)
-    _check_real("eps", eps, "0 <= eps < inf", lambda x: 0 <= x < math.inf)
-    _check_real("trust_radius", trust_radius, "0 < trust_radius <= inf", lambda x: x > 0)
-    _check_real("weight_decay", weight_decay, "0 <= weight_decay < inf", lambda x: 0 <= x < math.inf)
+    """The rules of SPEC.md section 2, from the reference's own config (same ValueError messages)."""
+    StiefelAdamConfig(lr=lr, betas=betas, eps=eps, trust_radius=trust_radius, weight_decay=weight_decay)
 
 
 class StiefelAdam(torch.optim.Optimizer):
