@@ -306,10 +306,12 @@ def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
     """What differs between a certificate and its re-run: (differences, residual notes).
 
     differences (each fails verification): verdict, the pass/fail of every check, the detection of
-    every control, exact checks, the symbolic status, and checks or controls present on one side
-    only. Residual values are not required to be equal (another machine or BLAS rounds
-    differently); their largest relative difference is reported in the notes. Timing and the
-    environment are never compared.
+    every control, exact checks, the symbolic status, checks or controls present on one side only,
+    and what the seed and profile fix on any machine (frames, samples and shapes per check, the
+    check that caught each control, the reproduce command). Residual values must be equal only
+    when the environment is the same as recorded (the run is deterministic); elsewhere another
+    BLAS rounds differently, and their largest relative difference is reported in the notes.
+    Timing is never compared.
     """
     differences: list[str] = []
     if recorded["verdict"] != reproduced["verdict"]:
@@ -334,6 +336,24 @@ def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
             if bool(old[name].get(flag)) != bool(new[name].get(flag)):
                 differences.append(f"{kind} {name}: {flag} {bool(old[name].get(flag))} recorded, {bool(new[name].get(flag))} reproduced")
 
+    # What the seed and profile fix on every machine: how much evidence, over which shapes, and the
+    # command that reproduces it. A re-sealed certificate with doctored counts or command fails here.
+    for field in ("frames", "seed", "profile"):
+        if recorded["numerical"].get(field) != reproduced["numerical"].get(field):
+            differences.append(f"numerical.{field} {recorded['numerical'].get(field)!r} recorded, {reproduced['numerical'].get(field)!r} reproduced")
+    if recorded["provenance"].get("reproduce") != reproduced["provenance"].get("reproduce"):
+        differences.append(f"reproduce command {recorded['provenance'].get('reproduce')!r} recorded, {reproduced['provenance'].get('reproduce')!r} reproduced")
+    old_checks, new_checks = pairs[0][1], pairs[0][2]
+    for name in sorted(old_checks.keys() & new_checks.keys(), key=str):
+        for field in ("samples", "shapes"):
+            if old_checks[name].get(field) != new_checks[name].get(field):
+                differences.append(f"check {name}: {field} {old_checks[name].get(field)!r} recorded, {new_checks[name].get(field)!r} reproduced")
+    old_controls, new_controls = pairs[1][1], pairs[1][2]
+    for name in sorted(old_controls.keys() & new_controls.keys(), key=str):
+        if old_controls[name].get("check") != new_controls[name].get("check"):
+            differences.append(f"control {name}: caught by {old_controls[name].get('check')!r} recorded, {new_controls[name].get('check')!r} reproduced")
+
+    same_environment = recorded.get("environment") == reproduced.get("environment")
     notes: list[str] = []
     largest = (0.0, None)
     compared = 0
@@ -354,10 +374,16 @@ def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
     if compared:
         if largest[1] is None:
             notes.append(f"all {compared} worst residuals reproduced bit for bit")
+        elif same_environment:
+            # same Python, libraries, BLAS and CPU: the run is deterministic, so any change is a
+            # change of the recorded numbers, not of rounding
+            differences.append(
+                f"worst residuals differ (largest relative difference {largest[0]:.3g}, {largest[1]}) although the "
+                "environment is the same as recorded, where the re-run is bit for bit"
+            )
         else:
-            same_environment = recorded.get("environment") == reproduced.get("environment")
             notes.append(
-                f"worst residuals differ: largest relative difference {largest[0]:.3g} ({largest[1]})"
-                + ("; the environment is the same as recorded, where bit-for-bit equality is expected" if same_environment else "; the environment differs from the recorded one")
+                f"worst residuals differ: largest relative difference {largest[0]:.3g} ({largest[1]}); "
+                "the environment differs from the recorded one"
             )
     return differences, notes

@@ -225,3 +225,25 @@ def test_warnings_of_a_run_become_notes():
     sealed = _certify("P2", lambda _: claim)
     assert sealed["verdict"] == "pass"
     assert any(note.startswith("warning during the run: RuntimeWarning: overflow") for note in sealed["notes"])
+
+
+def test_compare_rejects_doctored_counts_and_commands():
+    recorded = _certificate(seed=2)
+    for mutate, expected in [
+        (lambda c: c["numerical"].__setitem__("frames", 10**9), "numerical.frames"),
+        (lambda c: c["numerical"]["checks"][0].__setitem__("samples", 10**9), "samples"),
+        (lambda c: c["numerical"]["checks"][0].__setitem__("shapes", [[1, 1]]), "shapes"),
+        (lambda c: c["provenance"].__setitem__("reproduce", "rm -rf /"), "reproduce command"),
+    ]:
+        doctored = copy.deepcopy(recorded)
+        mutate(doctored)
+        differences, _ = claims.compare(doctored, recorded)
+        assert any(expected in d for d in differences), (expected, differences)
+
+
+def test_compare_requires_equal_residuals_in_the_same_environment():
+    recorded = _certificate(seed=2)
+    rerun = copy.deepcopy(recorded)
+    rerun["numerical"]["checks"][0]["residual"]["max"] *= 1.5
+    differences, _ = claims.compare(recorded, rerun)
+    assert any("environment is the same as recorded" in d for d in differences)

@@ -306,7 +306,7 @@ def test_verify_reports_what_differs(certified, registry, capsys):
     assert "verdict pass recorded, fail reproduced" in out
     assert "check fake_identity: passed True recorded, False reproduced" in out
     assert "largest relative difference" in out
-    assert "the environment is the same as recorded, where bit-for-bit equality is expected" in out
+    assert "although the environment is the same as recorded, where the re-run is bit for bit" in out
 
 
 def test_verify_of_a_reproduced_failing_certificate_exits_1(registry, capsys, tmp_path):
