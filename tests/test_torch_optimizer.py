@@ -329,3 +329,22 @@ def test_step_that_overflows_in_float32_leaves_parameter_and_state_untouched(ski
     for key in ("exp_avg", "exp_avg_sq"):
         assert torch.equal(after_state[0][key], before_state[0][key])
     assert after_state[0]["step"] == before_state[0]["step"]
+
+
+def test_public_polar_retract_refuses_steps_outside_the_newton_schulz_basin():
+    W = stiefel_init_(torch.empty(6, 3, dtype=torch.float64))
+    xi = functional.project_tangent(W, torch.randn(6, 3, dtype=torch.float64))
+    xi = 2.0 * xi / torch.linalg.matrix_norm(xi)
+    with pytest.raises(ValueError, match="Newton-Schulz"):
+        functional.polar_retract(W, xi, trust_radius=0.5)
+    R = functional.polar_retract(W, xi, trust_radius=0.5, method="eigh")
+    assert float(feasibility(R)) <= 64 * 18 * 2.0**-53 * 5.0  # cond(W + xi)^2 = 5 enters eigh's error
+
+
+def test_moment_whose_sum_overflows_is_not_rejected():
+    p = torch.nn.Parameter(torch.zeros(100, 1))
+    p.data[0, 0] = 1.0  # W = e_1, a frame
+    optimizer = StiefelAdam([p], lr=1e-3)
+    p.grad = torch.full_like(p, 1e38)  # P_W(G) keeps 99 entries of 1e38: m's sum overflows, m does not
+    optimizer.step()
+    assert bool(torch.isfinite(optimizer.state[p]["exp_avg"]).all())

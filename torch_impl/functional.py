@@ -59,7 +59,8 @@ NEWTON_SCHULZ_MAX_TRUST_RADIUS = 1.0
 QUINTIC_COEFFICIENTS = (15.0 / 8.0, -5.0 / 4.0, 3.0 / 8.0)
 
 # Allowance for eigenvalues of S outside [1, 1 + Delta^2]: W^T W = I + D with ||D|| the storage
-# drift (<= 1e-5 for bfloat16 storage re-orthonormalised every step in float32, far below this) and
+# drift (bfloat16 storage rounds a frame with relative error u_s = 2^-8 per entry, so
+# ||D||_2 <= 2 u_s (1 + sqrt(r/d)) ~ 8e-3 at worst, below this allowance) and
 # the rounding of W^T xi + xi^T W. The iteration counts below hold for any drift up to this value.
 DRIFT_ALLOWANCE = 1e-2
 
@@ -151,6 +152,15 @@ def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, 
     """
     if callable(method):
         return method(W, xi)
+    if resolve_retraction(method, trust_radius) == "newton_schulz":
+        # outside the trust region the spectrum of the Gram matrix leaves the iteration's basin
+        # and the result is not a frame: refuse rather than return it
+        largest = float(torch.linalg.matrix_norm(xi.to(torch.float64)).max()) if xi.numel() else 0.0
+        if largest > trust_radius * (1 + DRIFT_ALLOWANCE):
+            raise ValueError(
+                f"xi must satisfy ||xi||_F <= trust_radius = {trust_radius:g} for the Newton-Schulz "
+                f"retraction, got {largest:.3g}; pass method='eigh' for longer steps"
+            )
     return _polar_of(W + xi, trust_radius, method)
 
 

@@ -184,7 +184,9 @@ class StiefelAdam(torch.optim.Optimizer):
                 )
                 # A finite gradient can still overflow the compute dtype (float32 for float32 and
                 # bfloat16 storage) inside W^T G; nothing is written unless the step is finite.
-                if not (bool(torch.isfinite(W_new.sum())) and bool(torch.isfinite(m_new.sum()))):
+                # |W_new| <= 1 entrywise, so its sum cannot overflow; m_new's can, hence the fallback
+                m_finite = bool(torch.isfinite(m_new.sum())) or bool(torch.isfinite(m_new).all())
+                if not (bool(torch.isfinite(W_new.sum())) and m_finite):
                     if group["skip_nonfinite"]:
                         self.skipped_steps += 1
                         continue
