@@ -216,7 +216,7 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
         for key, (residual, bound) in comparisons.items():
             # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
             # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
-            bound = np.maximum(bound, u)
+            bound = np.where(bound > 0, bound, u)
             worst_residual, worst_bound, _ = worst_over_steps(residual, bound)
             checks[key].add(worst_residual, worst_bound, shape=(d, r), key=(CLAIM_ID, label, d, r, chunk), seed=seed)
             if key == "W" and figure is not None:

@@ -72,9 +72,10 @@ u = UNIT_ROUNDOFF
 CLAIM_ID = "P6"
 CONTROLS = ("anchored_query_loss",)
 
-# Tokens per layer, cycled over the chunks (n = 1 makes the softmax constant: zero gradients in
-# W_Q, W_K; it stays in as an edge case). Value width d_v.
-TOKEN_COUNTS = (1, 5, 16)
+# Tokens per layer; every shape gets each count. n = 1 is left out: a one-token softmax is the
+# constant 1, so G_Q = G_K = 0 exactly and the gauge residual would be zero by construction.
+# Value width d_v.
+TOKEN_COUNTS = (2, 5, 16)
 VALUE_DIM = 3
 # Per-layer scales: tokens 10^U(-1, 0.5) (from nearly uniform to saturated softmax rows), values
 # and targets 10^U(-3, 3) (gradients over twelve decades).
@@ -111,9 +112,9 @@ def gauge_residual_bound(
     P_K = np.swapaxes(np.abs(W_K), -1, -2) @ (aX_t @ (np.swapaxes(a_gbar, -1, -2) @ np.abs(fwd.Q))) / math.sqrt(r)
     constant = 2 * gamma(n) + 2 * gamma(d) + 4 * u
     bound = 2 * constant * (np.linalg.norm(P_Q, axis=(-2, -1)) + np.linalg.norm(P_K, axis=(-2, -1)))
-    # n = 1 or r = 1 can make every term zero; comparisons against zero use an absolute floor: the
-    # smallest positive bound is one rounding of a unit-size entry.
-    return np.maximum(bound, u)
+    # r = 1 makes every term zero (a 1 x 1 skew part is 0 exactly, and so is the residual);
+    # comparisons against zero need an absolute bound > 0, so there, and only there, it is u.
+    return np.where(bound > 0, bound, u)
 
 
 def gauge_inner_product_bound(d: int, r: int, gauge_bound, G_Q, G_K, omega_norm) -> np.ndarray:
@@ -138,14 +139,15 @@ def gauge_inner_product_bound(d: int, r: int, gauge_bound, G_Q, G_K, omega_norm)
         + u
     )
     bound = 2 * omega_norm * (2 * gauge_bound + gradient_norm * per_norm)
-    return np.maximum(bound, u)
+    return np.where(bound > 0, bound, u)  # an absolute bound > 0 only where the derived one is 0
 
 
 def torch_bound(errors: attention.RoundingBounds, name: str) -> np.ndarray:
     """Bound on ||G_hand - G_torch||_F: both evaluate the same formulas in float64 (torch's softmax
     and its backward A * (dA - rowsum(dA * A)) included), so each is within the running error bound
     e_G of attention.rounding_bounds; twice that for the two, factor 2 for O(u^2)."""
-    return np.maximum(4 * np.linalg.norm(getattr(errors, name), axis=(-2, -1)), u)
+    bound = 4 * np.linalg.norm(getattr(errors, name), axis=(-2, -1))
+    return np.where(bound > 0, bound, u)  # an absolute bound > 0 only where the derived one is 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,11 +363,14 @@ def _plan(profile: Profile, frames: int | None = None, large=None):
     """(d, r, n, chunk_index, count) over shape_plan; chunks also bounded by the n x n logits."""
     kwargs = {} if large is None else {"large": large}
     largest_n = max(TOKEN_COUNTS)
-    for shape_index, batch in enumerate(shape_plan(profile, frames=frames, **kwargs)):
+    for batch in shape_plan(profile, frames=frames, **kwargs):
         chunks = chunk_sizes(batch.count, max(batch.d, largest_n), max(batch.r, largest_n))
         for chunk_index, count in enumerate(chunks):
-            n = TOKEN_COUNTS[(shape_index + chunk_index) % len(TOKEN_COUNTS)]
-            yield batch.d, batch.r, n, chunk_index, count
+            # every shape meets every token count: split each chunk between them
+            parts = np.array_split(np.arange(count), len(TOKEN_COUNTS))
+            for part_index, (n, part) in enumerate(zip(TOKEN_COUNTS, parts)):
+                if part.size:
+                    yield batch.d, batch.r, n, chunk_index * len(TOKEN_COUNTS) + part_index, part.size
 
 
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
