@@ -355,10 +355,10 @@ def exact_checks(seed: int) -> list[dict]:
                 exact.project_tangent(W, G + lam * W) - exact.project_tangent(W, G)
             )
             gram = (alpha * W).T * (alpha * W)
-            # gram = alpha^2 I, whose inverse square root is I / alpha for alpha > 0
-            passed["decoupled_decay_polar"] &= exact.is_zero(gram - alpha**2 * sp.eye(r)) and exact.is_zero(
-                (alpha * W) / alpha - W
-            )
+            # the polar factor (alpha W) gram^(-1/2), with sympy's principal matrix power of the
+            # exact Gram matrix (not a hand-simplified 1/alpha), must be W itself
+            polar = (alpha * W) * gram ** sp.Rational(-1, 2)
+            passed["decoupled_decay_polar"] &= exact.is_zero(gram - alpha**2 * sp.eye(r)) and exact.is_zero(polar - W)
             passed["norm_constant"] &= (W.T * W).trace() - r == 0
             samples += 1
     return [
