@@ -154,3 +154,13 @@ def test_symbolic_reduction_detects_a_non_identity():
     # the fixed-step SGD direction is not degree 0 in c: xi(c) - xi(1) does not vanish
     assert not p2.reduces_to_zero(-lr * c * projection + lr * projection)
     assert p2.reduces_to_zero(-lr * c * projection / c + lr * projection)
+
+
+def test_vacuous_decay_bounds_make_the_run_inconclusive(monkeypatch):
+    """Below c = 10^-2 the carried decay bound reaches 2 sqrt(r) for some frames: not certified."""
+    from propositions import get_profile
+
+    monkeypatch.setattr(p2, "LOG10_C_RANGE_DECAY", (-6.0, 6.0))
+    result = p2.run(2, get_profile("quick"))
+    assert result.extra["vacuous_bounds"] > 0
+    assert result.verdict == "inconclusive" and "vacuous" in result.inconclusive[0]
