@@ -278,6 +278,10 @@ def command_run(args, out: _Output, command: str) -> int:
         if claim_id not in ids:
             ids.append(claim_id)
     _check_optimizer(args.optimizer)
+    if claims.CROSSCHECK_ID in ids and args.optimizer != claims.DEFAULT_OPTIMIZER:
+        # the cross-check tests the torch kernel, not a reference variant, and `certify crosscheck`
+        # (its reproduce command) has no --optimizer: its kernel controls run in every certificate
+        raise UsageError("--optimizer does not apply to crosscheck (its kernel controls run in every crosscheck certificate)")
     if claims.CROSSCHECK_ID in ids:
         _require_torch(claims.DEFAULT_CROSSCHECK_OPTIONS, "crosscheck")
     return _run_and_record(ids, args, out, command, lambda claim_id: dict(claims.DEFAULT_CROSSCHECK_OPTIONS) if claim_id == claims.CROSSCHECK_ID else {}, [])

@@ -359,3 +359,8 @@ def test_rich_table_and_progress_on_a_terminal(registry, capsys, tmp_path, monke
     assert code == 0
     assert "┏" in out and "fake claim P2" in out  # a rich table, not plain lines
     assert "P2: pass in" in out
+
+
+def test_optimizer_option_is_refused_for_crosscheck(capsys):
+    code, _, err = run_main(capsys, "run", "crosscheck", "--optimizer", "qr_retraction")
+    assert code == 2 and "--optimizer does not apply to crosscheck" in error_of(err)
