@@ -50,6 +50,22 @@ def gamma(n: float) -> float:
     return nu / (1 - nu)
 
 
+def projection_error_bound(d: int, r: int) -> float:
+    """Bound on ||fl(P_W(G)) - P_W(G)|| / ||G|| for an exactly orthonormal W (float64).
+
+    fl(W^T G) errs by gamma_d |W|^T |G|, of Frobenius norm <= gamma_d ||W||_F ||G|| = gamma_d sqrt(r)
+    ||G||; the product W S with ||S|| <= ||G|| errs by gamma_r sqrt(r) ||G||; sym, the subtraction and
+    the propagation through ||W||_2 = 1 add 3 u ||G||. Total (d + r) sqrt(r) u + 3 u, rounded up.
+    """
+    return (gamma(d) + gamma(r)) * math.sqrt(r) + 3 * u
+
+
+def wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Gaussian matrices of `shape` (..., d, r) times 10^k per frame, k uniform in [-30, 30]."""
+    scale = 10.0 ** rng.uniform(-30.0, 30.0, size=shape[:-2])
+    return rng.standard_normal(shape) * scale[..., None, None]
+
+
 # --------------------------------------------------------------------------------------------
 # Profiles and shape plans
 # --------------------------------------------------------------------------------------------

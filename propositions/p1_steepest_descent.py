@@ -50,8 +50,12 @@ from reference_impl import StiefelAdamConfig, get_variant
 from reference_impl.manifold import _polar_retract, _project_tangent
 from reference_impl._validation import stiefel_residual
 
+from reference_impl.adam import frobenius
+
 from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
+    projection_error_bound,
+    wide_scale_gradients,
     Claim,
     ClaimResult,
     ControlResult,
@@ -118,28 +122,14 @@ LATEX = (
 # --------------------------------------------------------------------------------------------
 
 
-def projection_error_bound(d: int, r: int) -> float:
-    """Bound on ||fl(P_W(G)) - P_W(G)|| / ||G|| for an exactly orthonormal W (float64).
-
-    fl(W^T G) errs by gamma_d |W|^T |G|, of Frobenius norm <= gamma_d ||W||_F ||G|| = gamma_d sqrt(r)
-    ||G||; the product W S with ||S|| <= ||G|| errs by gamma_r sqrt(r) ||G||; sym, the subtraction and
-    the propagation through ||W||_2 = 1 add 3 u ||G||. Total (d + r) sqrt(r) u + 3 u, rounded up.
-    """
-    return (gamma(d) + gamma(r)) * math.sqrt(r) + 3 * u
 
 
-def _frob(A: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.sum(A * A, axis=(-2, -1)))
 
 
 def _inner(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.sum(A * B, axis=(-2, -1))
 
 
-def _wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Gaussian matrices times 10^k per frame, k uniform in [-30, 30]: gradients of wide scale."""
-    scale = 10.0 ** rng.uniform(-30.0, 30.0, size=shape[:-2])
-    return rng.standard_normal(shape) * scale[..., None, None]
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,10 +219,10 @@ def _slope_curves(W: np.ndarray, xi: np.ndarray, A: np.ndarray, B: np.ndarray, r
     G = A @ W + B
     f_W = 0.5 * _inner(W, A @ W) + _inner(B, W)
     return {
-        "first_order": _frob(deviation),
-        "normal_acceleration": _frob(_project_tangent(np.broadcast_to(Wb, deviation.shape), deviation)),
+        "first_order": frobenius(deviation),
+        "normal_acceleration": frobenius(_project_tangent(np.broadcast_to(Wb, deviation.shape), deviation)),
         "function_expansion": np.abs(f(retracted) - f_W[:, None] - SLOPE_GRID[None, :] * _inner(G, xi)[:, None]),
-        "_f_scale": np.abs(f_W) + _frob(G) * 1.0,
+        "_f_scale": np.abs(f_W) + frobenius(G) * 1.0,
     }
 
 
@@ -301,7 +291,7 @@ def slope_tests(seed: int, profile: Profile) -> tuple[list[NumericalCheck], list
         rng = rng_for(seed, *key)
         W = ri.random_point(d, r, rng, (frames_per_shape,))
         xi = _project_tangent(W, rng.standard_normal(W.shape))
-        xi = xi / _frob(xi)[:, None, None]
+        xi = xi / frobenius(xi)[:, None, None]
         A, B = quadratic_with_curvature(W, xi, rng)
         data = _slope_curves(W, xi, A, B)
         for name in expected:
@@ -518,32 +508,32 @@ def projector_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
             key = (CLAIM_ID, "projector", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(d, r, rng, (count,))
-            G = _wide_scale_gradients(rng, W.shape)
-            B = _wide_scale_gradients(rng, W.shape)
+            G = wide_scale_gradients(rng, W.shape)
+            B = wide_scale_gradients(rng, W.shape)
             S = rng.standard_normal((count, r, r))
             S = S + np.swapaxes(S, -1, -2)
             feas = stiefel_residual(W)
             PG = _project_tangent(W, G)
             PB = _project_tangent(W, B)
-            nG, nB, nS, nPG = _frob(G), _frob(B), _frob(S), _frob(PG)
-            idempotent.add(_frob(_project_tangent(W, PG) - PG), 4 * (e_P + feas) * nG, shape=(d, r), key=key, seed=seed)
+            nG, nB, nS, nPG = frobenius(G), frobenius(B), frobenius(S), frobenius(PG)
+            idempotent.add(frobenius(_project_tangent(W, PG) - PG), 4 * (e_P + feas) * nG, shape=(d, r), key=key, seed=seed)
             self_adjoint.add(np.abs(_inner(PG, B) - _inner(G, PB)), 4 * (e_P + gamma(d * r) + feas) * nG * nB,
                              shape=(d, r), key=key, seed=seed)
             WtPG = np.swapaxes(W, -1, -2) @ PG
-            in_range.add(_frob(WtPG + np.swapaxes(WtPG, -1, -2)), 4 * (e_P + gamma(d) * math.sqrt(r) + feas) * nG,
+            in_range.add(frobenius(WtPG + np.swapaxes(WtPG, -1, -2)), 4 * (e_P + gamma(d) * math.sqrt(r) + feas) * nG,
                          shape=(d, r), key=key, seed=seed)
-            kernel.add(_frob(_project_tangent(W, W @ S)), 4 * (e_P + gamma(r) * math.sqrt(r) + feas) * nS,
+            kernel.add(frobenius(_project_tangent(W, W @ S)), 4 * (e_P + gamma(r) * math.sqrt(r) + feas) * nS,
                        shape=(d, r), key=key, seed=seed)
             # gap identity, skipping frames with P_W(G) = 0 exactly (d = r = 1: T_W = {0})
             tangent_dim = d * r - r * (r + 1) // 2
             if tangent_dim > 0:
                 Z = rng.standard_normal(W.shape)
                 z = _project_tangent(W, Z)
-                rho_Z, rho_G = _frob(Z) / _frob(z), nG / nPG
-                z = z / _frob(z)[:, None, None]
+                rho_Z, rho_G = frobenius(Z) / frobenius(z), nG / nPG
+                z = z / frobenius(z)[:, None, None]
                 xi_star = -PG / nPG[:, None, None]
                 lhs = _inner(G, z) - _inner(G, xi_star)
-                rhs = 0.5 * nPG * _frob(z - xi_star) ** 2
+                rhs = 0.5 * nPG * frobenius(z - xi_star) ** 2
                 gap.add(np.abs(lhs - rhs), 8 * ((e_P + feas) * (rho_Z + rho_G) + gamma(d * r)) * nG, shape=(d, r), key=key, seed=seed)
             frames += count
     return [idempotent, self_adjoint, in_range, kernel, gap], frames
@@ -609,7 +599,7 @@ def minimiser_check(seed: int, profile: Profile) -> tuple[list[NumericalCheck], 
             key = (CLAIM_ID, "minimiser", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(d, r, rng, (count,))
-            G = _wide_scale_gradients(rng, W.shape)
+            G = wide_scale_gradients(rng, W.shape)
             M = tangent_constraint_matrix(W)
             basis, ranks = null_space_batched(M)
             dimension.add(np.abs((d * r - ranks) - expected_dim).astype(np.float64), 0.5, shape=(d, r), key=key, seed=seed)
@@ -617,9 +607,9 @@ def minimiser_check(seed: int, profile: Profile) -> tuple[list[NumericalCheck], 
             coefficients = np.einsum("nmk,nm->nk", basis, g)
             xi_basis = -np.einsum("nmk,nk->nm", basis, coefficients) / np.linalg.norm(coefficients, axis=-1)[:, None]
             PG = _project_tangent(W, G)
-            xi_star = -(PG / _frob(PG)[:, None, None]).reshape(count, d * r)
+            xi_star = -(PG / frobenius(PG)[:, None, None]).reshape(count, d * r)
             feas = stiefel_residual(W)
-            bound = 8 * (d * r * u + gamma(d * r) + e_P + feas) * _frob(G) / _frob(PG)
+            bound = 8 * (d * r * u + gamma(d * r) + e_P + feas) * frobenius(G) / frobenius(PG)
             agreement.add(np.linalg.norm(xi_basis - xi_star, axis=-1), bound, shape=(d, r), key=key, seed=seed)
             frames += count
     return [agreement, dimension], {"shapes": covered, "frames": frames,
@@ -653,20 +643,20 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
             key = (CLAIM_ID, "first_step", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W_all = ri.random_point(d, r, rng, (count,))
-            G_all = _wide_scale_gradients(rng, W_all.shape)
+            G_all = wide_scale_gradients(rng, W_all.shape)
             halves = np.array_split(np.arange(count), len(FIRST_STEP_CONFIGS))
             for config_index, (config, frames_of_config) in enumerate(zip(FIRST_STEP_CONFIGS, halves)):
                 if frames_of_config.size == 0:
                     continue
                 W, G = W_all[frames_of_config], G_all[frames_of_config]
                 PG = _project_tangent(W, G)
-                direction = PG / _frob(PG)[:, None, None]
+                direction = PG / frobenius(PG)[:, None, None]
                 length = min(config.lr * math.sqrt(d * r), config.trust_radius)
                 W_step, _ = variant.step(W, G, variant.init(W), config)
                 W_expected = _polar_retract(W, -length * direction, "svd")
                 bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
                          + 2 * (gamma(d * r) + 8 * u) * length)
-                check.add(_frob(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
+                check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
                           extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
             total += count
     return check, total

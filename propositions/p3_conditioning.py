@@ -60,8 +60,12 @@ from reference_impl.adam import clip_to_trust_region
 from reference_impl.manifold import _polar_retract, _project_tangent
 from reference_impl._validation import stiefel_residual
 
+from reference_impl.adam import frobenius
+
 from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
+    projection_error_bound,
+    wide_scale_gradients,
     LARGE_SHAPES,
     Claim,
     ClaimResult,
@@ -137,23 +141,14 @@ def feasibility_bound(d: int, r: int) -> float:
     return 7.0 * math.sqrt(r) * (d * r + 1) * u
 
 
-def projection_error_bound(d: int, r: int) -> float:
-    """Bound on ||fl(P_W(G)) - P_W(G)|| / ||G||: ((gamma_d + gamma_r) sqrt(r) + 3u), see P1."""
-    return (gamma(d) + gamma(r)) * math.sqrt(r) + 3 * u
 
 
-def _frob(A: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.sum(A * A, axis=(-2, -1)))
 
 
 def _transpose(A: np.ndarray) -> np.ndarray:
     return np.swapaxes(A, -1, -2)
 
 
-def _wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Gaussian matrices times 10^k per frame, k uniform in [-30, 30]."""
-    scale = 10.0 ** rng.uniform(-30.0, 30.0, size=shape[:-2])
-    return rng.standard_normal(shape) * scale[..., None, None]
 
 
 def rank_one_tangent(W: np.ndarray, rng: np.random.Generator, norm: float) -> np.ndarray:
@@ -166,9 +161,9 @@ def rank_one_tangent(W: np.ndarray, rng: np.random.Generator, norm: float) -> np
     w = rng.standard_normal((n, d, 1))
     w = w - W @ (_transpose(W) @ w)
     w = w - W @ (_transpose(W) @ w)  # a second pass: classical Gram-Schmidt needs it for orthogonality
-    w = w / _frob(w)[:, None, None]
+    w = w / frobenius(w)[:, None, None]
     v = rng.standard_normal((n, 1, r))
-    v = v / _frob(v)[:, None, None]
+    v = v / frobenius(v)[:, None, None]
     return norm * (w @ v)
 
 
@@ -334,18 +329,18 @@ def step_checks(seed: int, profile: Profile, optimizer: str, frames: int | None 
             key = (CLAIM_ID, "step", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(d, r, rng, (count,))
-            G = _wide_scale_gradients(rng, W.shape)
+            G = wide_scale_gradients(rng, W.shape)
             W_new, xi, preconditioner, g = step_direction(W, G, optimizer, STEP_CONFIG)
-            norm_xi, feas = _frob(xi), stiefel_residual(W)
+            norm_xi, feas = frobenius(xi), stiefel_residual(W)
             kappa = math.sqrt(1 + STEP_CONFIG.trust_radius**2)
-            consistency.add(_frob(W_new - _polar_retract(W, xi, "svd")),
+            consistency.add(frobenius(W_new - _polar_retract(W, xi, "svd")),
                             2 * polar_error_bound(d, r, kappa) + 16 * u * norm_xi, shape=(d, r), key=key, seed=seed)
             flat = preconditioner.reshape(count, -1)
             ratio = flat.max(axis=-1) / flat.min(axis=-1)
             preconditioner_cond.add((ratio - 1.0) / np.finfo(np.float64).eps, 0.5, shape=(d, r), key=key, seed=seed)
             WtXi = _transpose(W) @ xi
-            tangency_bound = 4 * ((e_P + feas) * _frob(G) / _frob(g) + gamma(d) * math.sqrt(r) + u) * norm_xi
-            tangency.add(_frob(WtXi + _transpose(WtXi)), tangency_bound, shape=(d, r), key=key, seed=seed)
+            tangency_bound = 4 * ((e_P + feas) * frobenius(G) / frobenius(g) + gamma(d) * math.sqrt(r) + u) * norm_xi
+            tangency.add(frobenius(WtXi + _transpose(WtXi)), tangency_bound, shape=(d, r), key=key, seed=seed)
             singular = np.linalg.svd(W + xi, compute_uv=False)
             cond = singular[:, 0] / singular[:, -1]
             step_cond.add(np.maximum(cond - np.sqrt(1 + norm_xi**2), 0.0),
@@ -401,13 +396,13 @@ def conditioning_checks(seed: int, profile: Profile):
             PZ = _project_tangent(W, Z)
             # half of the frames at the boundary ||xi|| = Delta, the rest uniform in (0, Delta]
             norms = np.where(np.arange(count) % 2 == 0, delta, delta * rng.uniform(1e-3, 1.0, size=count))
-            xi = PZ * (norms / _frob(PZ))[:, None, None]
-            norm_xi, feas, rho = _frob(xi), stiefel_residual(W), _frob(Z) / _frob(PZ)
+            xi = PZ * (norms / frobenius(PZ))[:, None, None]
+            norm_xi, feas, rho = frobenius(xi), stiefel_residual(W), frobenius(Z) / frobenius(PZ)
             A = W + xi
             defect = _transpose(A) @ A - np.eye(r) - _transpose(xi) @ xi
             exact_part_bound = 4 * (feas + (e_P + feas) * rho * norm_xi)
             gram_bound = exact_part_bound + 4 * (gamma(d) + u) * (math.sqrt(r) + norm_xi) ** 2
-            gram.add(_frob(defect), gram_bound, shape=(d, r), key=key, seed=seed)
+            gram.add(frobenius(defect), gram_bound, shape=(d, r), key=key, seed=seed)
             singular = np.linalg.svd(A, compute_uv=False)
             sv_bound = 4 * (d * r + 2) * u * kappa + gram_bound
             out_of_range = np.maximum.reduce([np.zeros(count), 1 - singular[:, -1], singular[:, 0] - np.sqrt(1 + norm_xi**2)])
@@ -432,7 +427,7 @@ def conditioning_figure(seed: int) -> dict:
     rng = rng_for(seed, CLAIM_ID, "figure", d, r)
     W = ri.random_point(d, r, rng, (CONDITIONING_FRAMES,))
     PZ = _project_tangent(W, rng.standard_normal(W.shape))
-    direction = PZ / _frob(PZ)[:, None, None]
+    direction = PZ / frobenius(PZ)[:, None, None]
     one = rank_one_tangent(W[:1], rng, 1.0)
     deltas = np.asarray(CONDITIONING_DELTAS)
     singular = np.linalg.svd(W[None] + deltas[:, None, None, None] * direction[None], compute_uv=False)
@@ -469,7 +464,7 @@ def highprec_check(seed: int, profile: Profile) -> tuple[NumericalCheck, list[di
             xi = rank_one_tangent(W, rng, delta)
         else:
             PZ = _project_tangent(W, rng.standard_normal(W.shape))
-            xi = delta * PZ / _frob(PZ)[:, None, None]
+            xi = delta * PZ / frobenius(PZ)[:, None, None]
         retracted = _polar_retract(W, xi, "svd")[0]
         reference = polar_retract_mp(W[0], xi[0], dps=profile.mp_dps)
         # the difference is taken at high precision (float64 entries convert exactly), then rounded
