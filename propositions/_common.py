@@ -134,7 +134,7 @@ def shape_plan(
     small, large = list(small), list(large)
     plan = []
     for d, r in large:
-        # about frames * 64 / (d r^2) frames: 10^4 default -> 2 at (1024, 128), 78 at (64, 16)
+        # about frames * 64 / (d r^2) frames: 10^4 default -> 2 at (1024, 128), 39 at (64, 16)
         count = max(2, min(total // 20, int(total * 64 / (d * r * r))))
         plan.append(ShapeBatch(d, r, count))
     used = sum(b.count for b in plan)
