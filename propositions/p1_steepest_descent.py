@@ -47,8 +47,7 @@ import sympy as sp
 
 import reference_impl as ri
 from reference_impl import StiefelAdamConfig, get_variant
-from reference_impl.manifold import _polar_retract, _project_tangent
-from reference_impl._validation import stiefel_residual
+from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from reference_impl.adam import frobenius
 
@@ -210,7 +209,7 @@ def _slope_curves(W: np.ndarray, xi: np.ndarray, A: np.ndarray, B: np.ndarray, r
     retract(W, xi) -> R_W(xi), batched; default the polar retraction of the reference.
     Returns arrays of shape (n, len(SLOPE_GRID)).
     """
-    retract = (lambda W, xi: _polar_retract(W, xi, "svd")) if retract is None else retract
+    retract = (lambda W, xi: polar_retract(W, xi, "svd", validate=False)) if retract is None else retract
     s = SLOPE_GRID[None, :, None, None]
     Wb, xib = W[:, None], xi[:, None]
     retracted = retract(np.broadcast_to(Wb, (W.shape[0], len(SLOPE_GRID)) + W.shape[1:]), s * xib)
@@ -220,7 +219,7 @@ def _slope_curves(W: np.ndarray, xi: np.ndarray, A: np.ndarray, B: np.ndarray, r
     f_W = 0.5 * _inner(W, A @ W) + _inner(B, W)
     return {
         "first_order": frobenius(deviation),
-        "normal_acceleration": frobenius(_project_tangent(np.broadcast_to(Wb, deviation.shape), deviation)),
+        "normal_acceleration": frobenius(project_tangent(np.broadcast_to(Wb, deviation.shape), deviation, validate=False)),
         "function_expansion": np.abs(f(retracted) - f_W[:, None] - SLOPE_GRID[None, :] * _inner(G, xi)[:, None]),
         "_f_scale": np.abs(f_W) + frobenius(G) * 1.0,
     }
@@ -290,7 +289,7 @@ def slope_tests(seed: int, profile: Profile) -> tuple[list[NumericalCheck], list
         key = (CLAIM_ID, "slope", d, r)
         rng = rng_for(seed, *key)
         W = ri.random_point(d, r, rng, (frames_per_shape,))
-        xi = _project_tangent(W, rng.standard_normal(W.shape))
+        xi = project_tangent(W, rng.standard_normal(W.shape), validate=False)
         xi = xi / frobenius(xi)[:, None, None]
         A, B = quadratic_with_curvature(W, xi, rng)
         data = _slope_curves(W, xi, A, B)
@@ -512,23 +511,23 @@ def projector_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
             B = wide_scale_gradients(rng, W.shape)
             S = rng.standard_normal((count, r, r))
             S = S + np.swapaxes(S, -1, -2)
-            feas = stiefel_residual(W)
-            PG = _project_tangent(W, G)
-            PB = _project_tangent(W, B)
+            feas = feasibility(W, validate=False)
+            PG = project_tangent(W, G, validate=False)
+            PB = project_tangent(W, B, validate=False)
             nG, nB, nS, nPG = frobenius(G), frobenius(B), frobenius(S), frobenius(PG)
-            idempotent.add(frobenius(_project_tangent(W, PG) - PG), 4 * (e_P + feas) * nG, shape=(d, r), key=key, seed=seed)
+            idempotent.add(frobenius(project_tangent(W, PG, validate=False) - PG), 4 * (e_P + feas) * nG, shape=(d, r), key=key, seed=seed)
             self_adjoint.add(np.abs(_inner(PG, B) - _inner(G, PB)), 4 * (e_P + gamma(d * r) + feas) * nG * nB,
                              shape=(d, r), key=key, seed=seed)
             WtPG = np.swapaxes(W, -1, -2) @ PG
             in_range.add(frobenius(WtPG + np.swapaxes(WtPG, -1, -2)), 4 * (e_P + gamma(d) * math.sqrt(r) + feas) * nG,
                          shape=(d, r), key=key, seed=seed)
-            kernel.add(frobenius(_project_tangent(W, W @ S)), 4 * (e_P + gamma(r) * math.sqrt(r) + feas) * nS,
+            kernel.add(frobenius(project_tangent(W, W @ S, validate=False)), 4 * (e_P + gamma(r) * math.sqrt(r) + feas) * nS,
                        shape=(d, r), key=key, seed=seed)
             # gap identity, skipping frames with P_W(G) = 0 exactly (d = r = 1: T_W = {0})
             tangent_dim = d * r - r * (r + 1) // 2
             if tangent_dim > 0:
                 Z = rng.standard_normal(W.shape)
-                z = _project_tangent(W, Z)
+                z = project_tangent(W, Z, validate=False)
                 rho_Z, rho_G = frobenius(Z) / frobenius(z), nG / nPG
                 z = z / frobenius(z)[:, None, None]
                 xi_star = -PG / nPG[:, None, None]
@@ -606,9 +605,9 @@ def minimiser_check(seed: int, profile: Profile) -> tuple[list[NumericalCheck], 
             g = G.reshape(count, d * r)
             coefficients = np.einsum("nmk,nm->nk", basis, g)
             xi_basis = -np.einsum("nmk,nk->nm", basis, coefficients) / np.linalg.norm(coefficients, axis=-1)[:, None]
-            PG = _project_tangent(W, G)
+            PG = project_tangent(W, G, validate=False)
             xi_star = -(PG / frobenius(PG)[:, None, None]).reshape(count, d * r)
-            feas = stiefel_residual(W)
+            feas = feasibility(W, validate=False)
             bound = 8 * (d * r * u + gamma(d * r) + e_P + feas) * frobenius(G) / frobenius(PG)
             agreement.add(np.linalg.norm(xi_basis - xi_star, axis=-1), bound, shape=(d, r), key=key, seed=seed)
             frames += count
@@ -649,11 +648,11 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
                 if frames_of_config.size == 0:
                     continue
                 W, G = W_all[frames_of_config], G_all[frames_of_config]
-                PG = _project_tangent(W, G)
+                PG = project_tangent(W, G, validate=False)
                 direction = PG / frobenius(PG)[:, None, None]
                 length = min(config.lr * math.sqrt(d * r), config.trust_radius)
                 W_step, _ = variant.step(W, G, variant.init(W), config)
-                W_expected = _polar_retract(W, -length * direction, "svd")
+                W_expected = polar_retract(W, -length * direction, "svd", validate=False)
                 bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
                          + 2 * (gamma(d * r) + 8 * u) * length)
                 check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,

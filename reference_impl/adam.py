@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._validation import check_float64_array, check_frame, check_real, check_same_shape
-from .manifold import _polar_retract, _project_tangent
+from .manifold import polar_retract, project_tangent
 
 
 @dataclass(frozen=True)
@@ -134,10 +134,10 @@ def step(W: np.ndarray, G: np.ndarray, state: StiefelAdamState, config: StiefelA
 
 def _step(W, G, state, config):
     G_decayed = G + config.weight_decay * W  # 1
-    g = _project_tangent(W, G_decayed)  # 2
+    g = project_tangent(W, G_decayed, validate=False)  # 2
     m, v, t, xi = moments_and_direction(g, state, config)  # 3-7
-    W_new = _polar_retract(W, xi, "svd")  # 8
-    m_new = _project_tangent(W_new, m)
+    W_new = polar_retract(W, xi, "svd", validate=False)  # 8
+    m_new = project_tangent(W_new, m, validate=False)
     return W_new, StiefelAdamState(m=m_new, v=v, t=t)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from . import adam
 from ._validation import check_float64_array, check_frame, check_same_shape
 from .adam import StiefelAdamState, check_step_inputs, moments_and_direction, scale_free_direction
-from .manifold import _polar_retract, _project_tangent, _transpose, haar_from_gaussian, sym
+from .manifold import polar_retract, project_tangent, _transpose, haar_from_gaussian, sym
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,15 @@ def _riemannian_step(gradient_map, second_moment="scalar", retraction="polar"):
         if retraction == "qr":
             W_new = haar_from_gaussian(W + xi)
         else:
-            W_new = _polar_retract(W, xi, "svd")
-        m_new = _project_tangent(W_new, m)
+            W_new = polar_retract(W, xi, "svd", validate=False)
+        m_new = project_tangent(W_new, m, validate=False)
         return W_new, StiefelAdamState(m=m_new, v=v, t=t)
 
     return step
 
 
 def _projected(W, G, weight_decay):
-    return _project_tangent(W, G + weight_decay * W)
+    return project_tangent(W, G + weight_decay * W, validate=False)
 
 
 def _projection_without_sym(W, G, weight_decay):
@@ -72,7 +72,7 @@ def _projection_without_sym(W, G, weight_decay):
 
 
 def _unprojected_decay(W, G, weight_decay):
-    return _project_tangent(W, G) + weight_decay * W
+    return project_tangent(W, G, validate=False) + weight_decay * W
 
 
 def _canonical_gradient(W, G, weight_decay):
@@ -115,7 +115,7 @@ def fixed_step_sgd_step(W, G, state, config):
     """Riemannian SGD with a fixed step: W+ = R_W(-lr P_W(G + lambda W)). State only counts t."""
     check_step_inputs(W, G, state, config)
     g = _projected(W, G, config.weight_decay)
-    W_new = _polar_retract(W, -config.lr * g, "svd")
+    W_new = polar_retract(W, -config.lr * g, "svd", validate=False)
     return W_new, StiefelAdamState(m=state.m, v=state.v, t=state.t + 1)
 
 
