@@ -10,15 +10,6 @@ Modules: `cli` (the console script), `claims` (which claims exist and how one is
 `report` (REPORT.md and figures).
 """
 
-import os
-
-# The certificates batch many small SVDs, QRs and eighs; OpenBLAS's thread pool buys nothing on
-# matrices of this size and, on a busy machine, its spinning threads made one (1024, 128) SVD fifty
-# times slower. One thread also makes a re-run's rounding independent of the core count. Set
-# before numpy is first imported; a value the user exported wins.
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_variable, "1")
-
 SCHEMA_VERSION = "1.0"
 
 # The seed used when none is given on the command line: every default certificate is drawn from it.

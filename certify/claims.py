@@ -1,7 +1,8 @@
 """Which claims exist, how one is looked up and run, and how its result becomes a certificate.
 
-The propositions P1..P6 come from `propositions.get_claim`; the torch cross-check from
-`torch_impl.crosscheck.CLAIM`, imported only when it is asked for (torch is optional). A claim
+The claims are discovered from the propositions package (`propositions.get_claim`): one module,
+one claim. A claim that needs an optional package (the torch cross-check) says so in
+`Claim.requires` and is skipped, with a note, where that package is missing. A claim
 module that cannot be imported, that raises while it runs, or whose result does not fit the
 certificate schema never stops the program: it yields an *inconclusive* certificate that says
 what went wrong.
@@ -17,31 +18,57 @@ import traceback
 import warnings
 from pathlib import Path
 
+import propositions
 from certify import SCHEMA_VERSION
 from certify import certificate as certificate_format
 from certify import environment as environment_record
 
-PROPOSITION_IDS = ("P1", "P2", "P3", "P4", "P5", "P6")
 CROSSCHECK_ID = "crosscheck"
-ALL_IDS = PROPOSITION_IDS + (CROSSCHECK_ID,)
 DEFAULT_OPTIMIZER = "stiefel_adam"
 _CERTIFY_DIR = Path(__file__).resolve().parent
 CROSSCHECK_DEVICES = ("cpu", "cuda")
 CROSSCHECK_DTYPES = ("float64", "float32", "bfloat16")
 DEFAULT_CROSSCHECK_OPTIONS = {"device": "cpu", "dtype": "float64"}
 
+UnknownClaim = propositions.UnknownClaim
 
-class UnknownClaim(ValueError):
-    """An id that names no claim."""
+
+def __getattr__(name: str):
+    # The claim list is discovered from the propositions package on first use (one file per claim):
+    # ALL_IDS every claim in run order; PROPOSITION_IDS those that need nothing beyond the core
+    # dependencies.
+    if name == "ALL_IDS":
+        return propositions.claim_ids()
+    if name == "PROPOSITION_IDS":
+        return tuple(claim_id for claim_id in propositions.claim_ids() if not lookup_claim(claim_id).requires)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def normalise_id(text: str) -> str:
     """'p3' -> 'P3', 'CrossCheck' -> 'crosscheck'; UnknownClaim for anything else."""
-    if text.lower() == CROSSCHECK_ID:
-        return CROSSCHECK_ID
-    if text.upper() in PROPOSITION_IDS:
-        return text.upper()
-    raise UnknownClaim(f"unknown claim id {text!r}; known: {', '.join(ALL_IDS)}")
+    return propositions.normalise_id(text)
+
+
+def missing_requirements(claim) -> list[str]:
+    """The packages of claim.requires that cannot be imported here."""
+    missing = []
+    for package in claim.requires:
+        if package == "torch":
+            available = torch_available()
+        else:
+            try:
+                importlib.import_module(package)
+                available = True
+            except Exception:
+                available = False
+        if not available:
+            missing.append(package)
+    return missing
+
+
+def default_options(claim_id: str) -> dict:
+    """The options a claim runs with when none are given (the cross-check: cpu, float64)."""
+    return dict(lookup_claim(claim_id).default_options)
 
 
 def torch_available() -> bool:
@@ -64,11 +91,7 @@ def cuda_available() -> bool:
 
 def lookup_claim(claim_id: str):
     """The registry entry (propositions._common.Claim) of a normalised id; raises what the import raises."""
-    if claim_id == CROSSCHECK_ID:
-        return importlib.import_module("torch_impl.crosscheck").CLAIM
-    from propositions import get_claim
-
-    return get_claim(claim_id)
+    return propositions.get_claim(claim_id)
 
 
 def torch_environment(device: str) -> dict | None:

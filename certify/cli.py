@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+import propositions
 from certify import DEFAULT_PROFILE, DEFAULT_SEED
 from certify import certificate as certificate_format
 from certify import claims
@@ -253,19 +254,41 @@ def _run_and_record(ids: list[str], args, out: _Output, command: str, options_fo
     return 0 if all_pass and not internal_errors else 1
 
 
+def _options_for(claim_id: str) -> dict:
+    try:
+        return claims.default_options(claim_id)
+    except Exception:  # a claim that cannot be loaded runs (and reports why) with no options
+        return {}
+
+
 def command_all(args, out: _Output, command: str) -> int:
     notes: list[str] = []
-    ids = list(claims.PROPOSITION_IDS)
-    # torch is imported only after P1..P6 have run, so their environment records torch only if they used it
-    ids.append(claims.CROSSCHECK_ID)
+    # claims that need an optional package (torch) run last, so that the environment of the others
+    # records such a package only if they used it
+    ids = sorted(claims.ALL_IDS, key=lambda claim_id: bool(_requirements(claim_id)))
 
     def runnable(claim_id: str) -> bool:
-        if claim_id == claims.CROSSCHECK_ID and not claims.torch_available():
-            notes.append("crosscheck skipped: torch not installed")
+        missing = _missing(claim_id)
+        if missing:
+            notes.append(f"{claim_id} skipped: {', '.join(missing)} not installed")
             return False
         return True
 
-    return _run_and_record(ids, args, out, command, lambda claim_id: dict(claims.DEFAULT_CROSSCHECK_OPTIONS) if claim_id == claims.CROSSCHECK_ID else {}, notes, runnable)
+    return _run_and_record(ids, args, out, command, _options_for, notes, runnable)
+
+
+def _requirements(claim_id: str) -> tuple[str, ...]:
+    try:
+        return tuple(claims.lookup_claim(claim_id).requires)
+    except Exception:
+        return ()
+
+
+def _missing(claim_id: str) -> list[str]:
+    try:
+        return claims.missing_requirements(claims.lookup_claim(claim_id))
+    except Exception:  # cannot be loaded: it runs and its certificate says why
+        return []
 
 
 def command_run(args, out: _Output, command: str) -> int:
@@ -282,9 +305,11 @@ def command_run(args, out: _Output, command: str) -> int:
         # the cross-check tests the torch kernel, not a reference variant, and `certify crosscheck`
         # (its reproduce command) has no --optimizer: its kernel controls run in every certificate
         raise UsageError("--optimizer does not apply to crosscheck (its kernel controls run in every crosscheck certificate)")
-    if claims.CROSSCHECK_ID in ids:
-        _require_torch(claims.DEFAULT_CROSSCHECK_OPTIONS, "crosscheck")
-    return _run_and_record(ids, args, out, command, lambda claim_id: dict(claims.DEFAULT_CROSSCHECK_OPTIONS) if claim_id == claims.CROSSCHECK_ID else {}, [])
+    for claim_id in ids:
+        missing = _missing(claim_id)
+        if missing:
+            raise UsageError(f"{claim_id} needs {', '.join(missing)}, which is not installed (pip install 'stiefel-adam-certify[{missing[0]}]')")
+    return _run_and_record(ids, args, out, command, _options_for, [])
 
 
 def command_crosscheck(args, out: _Output, command: str) -> int:
@@ -296,14 +321,16 @@ def command_crosscheck(args, out: _Output, command: str) -> int:
 def command_list(args, out: _Output, command: str) -> int:
     rows = []
     for claim_id in claims.ALL_IDS:
-        if claim_id == claims.CROSSCHECK_ID and not claims.torch_available():
-            rows.append([claim_id, "(skipped: torch not installed)", "-"])
-            continue
         try:
             claim = claims.lookup_claim(claim_id)
-            rows.append([claim_id, claim.title, ", ".join(claim.controls) or "-"])
         except Exception as error:
             rows.append([claim_id, f"(cannot be loaded: {claims.describe_error(error)})", "-"])
+            continue
+        missing = claims.missing_requirements(claim)
+        title = claim.title + (f" (skipped here: {', '.join(missing)} not installed)" if missing else "")
+        rows.append([claim_id, title, ", ".join(claim.controls) or "-"])
+    for module, problem in propositions.discover()[1].items():
+        rows.append([module, f"(cannot be imported: {problem})", "-"])
     out.table(["id", "title", "controls"], rows)
     return 0
 
@@ -358,12 +385,25 @@ COMMANDS = {
 }
 
 
+def single_threaded_blas():
+    """One BLAS/OpenMP thread while a command runs (threadpoolctl), restored afterwards.
+
+    The certificates batch many small SVDs, QRs and eighs; a BLAS thread pool buys nothing on
+    matrices of this size and, on a busy machine, its spinning threads made one (1024, 128) SVD
+    fifty times slower. One thread also makes a re-run's rounding independent of the core count.
+    """
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code (0 pass, 1 fail, 2 usage/input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args, _Output(), "certify " + shlex.join(argv))
+        with single_threaded_blas():
+            return COMMANDS[args.command](args, _Output(), "certify " + shlex.join(argv))
     except (UsageError, certificate_format.CertificateError) as error:
         error_line(str(error))
         return 2

@@ -414,6 +414,11 @@ class Claim:
     latex: str
     controls: tuple[str, ...]
     run: Callable[..., ClaimResult]
+    # importable packages the run needs beyond the core dependencies (e.g. ("torch",)); a claim
+    # whose requirement is missing is skipped by `certify all` with a note, never failed
+    requires: tuple[str, ...] = ()
+    # the keyword options run() takes and their defaults (e.g. device and dtype of the cross-check)
+    default_options: tuple[tuple[str, str], ...] = ()
 
 
 def to_jsonable(obj):

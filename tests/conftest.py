@@ -3,10 +3,12 @@
 
 import os
 
-# Single-threaded BLAS, as the certify command uses (see certify/__init__.py): the suite batches
-# small matrices, and a re-run's rounding should not depend on the core count.
-for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_variable, "1")
+# Single-threaded BLAS for the whole session, as the certify command runs (certify.cli
+# single_threaded_blas): the suite batches small matrices, and rounding should not depend on the
+# core count.
+from threadpoolctl import threadpool_limits
+
+threadpool_limits(limits=1)
 
 from hypothesis import HealthCheck, settings
 

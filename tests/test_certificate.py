@@ -138,7 +138,7 @@ def test_invalid_certificate_is_not_written(tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda c: c.update(id="P7"), "does not match '"),
+        (lambda c: c.update(id="7 bad"), "does not match '"),
         (lambda c: c.update(verdict="maybe"), "is not one of"),
         (lambda c: c["numerical"]["checks"][0].update(passed=1), "is not of type 'boolean'"),
         (lambda c: c.update(unexpected=1), "Additional properties"),

@@ -1,0 +1,74 @@
+"""The claim registry: a claim is one file in the propositions package.
+
+A toy claim P7, written as one module into a directory that the test appends to the package's
+search path, is discovered, listed, run, accepted by the certificate schema and shown in the report,
+with no other change anywhere.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+import propositions
+from certify import certificate as certificate_format
+from certify import cli
+
+TOY_CLAIM = textwrap.dedent(
+    '''
+    """P7 (toy): sym(A) is symmetric."""
+    import numpy as np
+
+    from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, rng_for
+    from reference_impl import sym
+
+
+    def run(seed, profile, optimizer="stiefel_adam"):
+        rng = rng_for(seed, "P7", "sym")
+        A = rng.standard_normal((profile.frames, 3, 3))
+        check = NumericalCheck("symmetric", "sym(A) - sym(A)^T", "exact: the two sums are the same sums")
+        S = sym(A)
+        check.add(np.abs(S - np.swapaxes(S, -1, -2)).max(axis=(-2, -1)), 1e-300, shape=(3, 3), key=("P7", "sym"), seed=seed)
+        broken = NumericalCheck("symmetric", "A - A^T for a matrix that is not symmetrised", "as above")
+        broken.add(np.abs(A - np.swapaxes(A, -1, -2)).max(axis=(-2, -1)), 1e-300, shape=(3, 3), key=("P7", "sym"), seed=seed)
+        control = ControlResult.from_checks("no_sym", "A itself in place of sym(A)", [broken])
+        return ClaimResult(symbolic=SymbolicResult("none"), checks=[check], controls=[control], frames=profile.frames)
+
+
+    CLAIM = Claim("P7", "toy: sym is symmetric", "sym(A) = sym(A)^T", r"\\mathrm{sym}(A) = \\mathrm{sym}(A)^T", ("no_sym",), run)
+    '''
+)
+
+
+@pytest.fixture
+def toy_claim(tmp_path, monkeypatch):
+    package = tmp_path / "extra"
+    package.mkdir()
+    (package / "p7_toy.py").write_text(TOY_CLAIM)
+    monkeypatch.setattr(propositions, "__path__", [*propositions.__path__, str(package)])
+    propositions.discover.cache_clear()
+    yield
+    propositions.discover.cache_clear()
+
+
+def test_a_claim_is_one_file(toy_claim, tmp_path, capsys):
+    assert "P7" in propositions.claim_ids()
+    assert propositions.claim_ids().index("P7") == propositions.claim_ids().index("P6") + 1
+    assert propositions.normalise_id("p7") == "P7"
+
+    assert cli.main(["list"]) == 0
+    assert "toy: sym is symmetric" in capsys.readouterr().out
+
+    out = tmp_path / "out"
+    assert cli.main(["run", "P7", "--profile", "quick", "--out", str(out)]) == 0
+    certificate = certificate_format.load(out / "P7.json")  # validated against the schema
+    assert certificate["id"] == "P7" and certificate["verdict"] == "pass"
+    assert certificate["controls"][0]["detected"]
+    assert "P7" in (out / "REPORT.md").read_text()
+
+
+def test_unknown_claim_lists_the_discovered_ids(capsys):
+    assert cli.main(["run", "P9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown claim id 'P9'" in err and "P1" in err and "P6" in err
