@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import propositions
+from propositions._common import decide_verdict
 from certify import SCHEMA_VERSION
 from certify import certificate as certificate_format
 from certify import environment as environment_record
@@ -132,32 +133,21 @@ def _ratio(value) -> float:
 
 
 def _audited_verdict(data: dict) -> tuple[str, list[str], list[str]]:
-    """The claim's verdict, re-derived from its own data so that a certificate cannot contradict itself.
-
-    A check that did not pass, a control not detected, a failed exact check or symbolic step all
-    make it "fail"; a "pass" with no control at all is "inconclusive" (SPEC.md section 4: a
-    certificate that cannot fail is worthless).
-    """
-    verdict = data.get("verdict", "inconclusive")
-    failures = list(data.get("failures", []))
-    inconclusive = list(data.get("inconclusive", []))
-    checks = data.get("numerical", {}).get("checks", [])
-    controls = data.get("controls", [])
-    contradicted = (
-        any(not check.get("passed", False) for check in checks)
-        or any(not control.get("detected", False) for control in controls)
-        or any(not exact.get("passed", False) for exact in data.get("exact", []))
-        or data.get("symbolic", {}).get("status") == "failed"
-    )
-    if contradicted and verdict != "fail":
-        failures.append(f"the claim reported verdict {verdict!r} although one of its checks, controls or steps failed")
-        verdict = "fail"
-    if verdict == "pass" and not controls:
-        inconclusive.append("no control was run, so the certificate could not have failed (SPEC.md section 4)")
-        verdict = "inconclusive"
-    if verdict not in ("pass", "fail", "inconclusive"):
-        inconclusive.append(f"the claim reported an unknown verdict {verdict!r}")
-        verdict = "inconclusive"
+    """The claim's verdict, re-derived from its own data by the claims' one rule
+    (propositions._common.decide_verdict), so that a certificate cannot contradict itself."""
+    reported = data.get("verdict", "inconclusive")
+    verdict, failures, inconclusive = decide_verdict(data)
+    failures = list(dict.fromkeys(list(data.get("failures", [])) + failures))
+    inconclusive = list(dict.fromkeys(list(data.get("inconclusive", [])) + inconclusive))
+    if reported not in ("pass", "fail", "inconclusive"):
+        inconclusive.append(f"the claim reported an unknown verdict {reported!r}")
+        if verdict == "pass":
+            verdict = "inconclusive"
+    elif verdict == "fail" and reported != "fail":
+        failures.append(f"the claim reported verdict {reported!r} although one of its checks, controls or steps failed")
+    elif verdict == "pass" and reported != "pass":
+        # a claim may be stricter than the rule (inconclusive for its own reasons), never laxer
+        verdict = reported
     return verdict, failures, inconclusive
 
 

@@ -363,31 +363,26 @@ class ClaimResult:
 
     @property
     def verdict(self) -> str:
-        if (
-            self.symbolic.status == "failed"
-            or any(not c.passed for c in self.checks)
-            or any(not c.detected for c in self.controls)
-            or any(not e["passed"] for e in self.exact)
-        ):
-            return "fail"
-        if self.inconclusive or not self.checks:
-            return "inconclusive"
-        return "pass"
+        return decide_verdict(self._record())[0]
 
     def failures(self) -> list[str]:
-        out = []
-        if self.symbolic.status == "failed":
-            out += [f"symbolic step did not reduce: {s.description}" for s in self.symbolic.steps if not s.reduced]
-        out += [f"check {c.name}: worst residual/bound = {c.max_ratio:.3g} > 1" for c in self.checks if not c.passed]
-        out += [f"control {c.name} not detected (margin {c.margin:.3g} < {DETECTION_FACTOR:g})" for c in self.controls if not c.detected]
-        out += [f"exact check {e['name']} failed" for e in self.exact if not e["passed"]]
-        return out
+        return decide_verdict(self._record())[1]
+
+    def _record(self) -> dict:
+        return {
+            "symbolic": self.symbolic.to_dict(),
+            "exact": self.exact,
+            "numerical": {"checks": [c.to_dict() for c in self.checks]},
+            "controls": [c.to_dict() for c in self.controls],
+            "inconclusive": self.inconclusive,
+        }
 
     def to_dict(self) -> dict:
+        verdict, failures, inconclusive = decide_verdict(self._record())
         return to_jsonable(
             {
-                "verdict": self.verdict,
-                "failures": self.failures(),
+                "verdict": verdict,
+                "failures": failures,
                 "symbolic": self.symbolic.to_dict(),
                 "exact": self.exact,
                 "numerical": {"frames": self.frames, "dtype": self.dtype, "checks": [c.to_dict() for c in self.checks]},
@@ -395,9 +390,47 @@ class ClaimResult:
                 "extra": self.extra,
                 "figures": self.figures,
                 "notes": self.notes,
-                "inconclusive": self.inconclusive,
+                "inconclusive": inconclusive,
             }
         )
+
+
+def decide_verdict(record: dict) -> tuple[str, list[str], list[str]]:
+    """The one rule that turns a claim's record into (verdict, failures, inconclusive reasons).
+
+    record: the dict form of a claim's result or certificate (keys symbolic, exact, numerical.checks,
+    controls, inconclusive). "fail" when a symbolic step did not reduce, a check's worst
+    residual/bound exceeds 1, a control is not detected or an exact check failed; otherwise
+    "inconclusive" when the claim gave a reason, ran no numerical check, or ran no control (a
+    certificate that could not have failed is worth nothing); otherwise "pass". Used by ClaimResult
+    and, on the certificate itself, by certify, so a certificate cannot contradict its own data.
+    """
+    symbolic = record.get("symbolic", {}) or {}
+    checks = record.get("numerical", {}).get("checks", [])
+    controls = record.get("controls", [])
+    exact = record.get("exact", [])
+    failures: list[str] = []
+    if symbolic.get("status") == "failed":
+        failures += [f"symbolic step did not reduce: {step.get('description')}" for step in symbolic.get("steps", []) if not step.get("reduced")]
+        failures += [] if failures else ["the symbolic derivation failed"]
+    failures += [f"check {c.get('name')}: worst residual/bound = {_ratio_text(c.get('max_ratio'))} > 1" for c in checks if not c.get("passed", False)]
+    failures += [f"control {c.get('name')} not detected (margin {_ratio_text(c.get('margin'))} < {DETECTION_FACTOR:g})" for c in controls if not c.get("detected", False)]
+    failures += [f"exact check {e.get('name')} failed" for e in exact if not e.get("passed", False)]
+    inconclusive = list(record.get("inconclusive", []))
+    if failures:
+        return "fail", failures, inconclusive
+    if not checks:
+        inconclusive.append("no numerical check was run")
+    elif not controls:
+        inconclusive.append("no control was run, so the certificate could not have failed")
+    return ("inconclusive" if inconclusive else "pass"), failures, inconclusive
+
+
+def _ratio_text(value) -> str:
+    try:
+        return f"{float(value):.3g}"
+    except (TypeError, ValueError):
+        return str(value)
 
 
 @dataclass(frozen=True)
