@@ -19,7 +19,8 @@ import os
 for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
-SCHEMA_VERSION = "1.0"
+# 1.1: statement.docs and environment.rounding_fingerprint (docs/certificates.md)
+SCHEMA_VERSION = "1.1"
 
 # The seed used when none is given on the command line: every default certificate is drawn from it.
 DEFAULT_SEED = 0
