@@ -9,6 +9,8 @@ setting would never demand bit for bit. Both directions are tested here.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +119,27 @@ def test_missing_torch_device_is_recorded_not_raised():
     fingerprint = environment.rounding_fingerprint("no-such-device")
     assert fingerprint["torch"]["device"] == "no-such-device" and "error" in fingerprint["torch"]
     assert not any(name.startswith("torch.") for name in fingerprint["computations"])
+
+
+def test_another_openblas_core_on_the_same_machine_changes_the_fingerprint():
+    """The case that "same environment" could not see: same CPU string, Python, numpy and OpenBLAS,
+    but another kernel. A DYNAMIC_ARCH OpenBLAS takes its core from OPENBLAS_CORETYPE when set,
+    which stands in for a CPU of another generation."""
+    here = environment.rounding_fingerprint()
+    if not here["blas"] or here["blas"][0]["internal_api"] != "openblas":
+        pytest.skip("numpy's BLAS here is not OpenBLAS")
+    other_core = "Haswell" if here["blas"][0]["architecture"] == "Sandybridge" else "Sandybridge"
+    code = "import json; from certify import environment; print(json.dumps(environment.rounding_fingerprint()))"
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
+        env={**os.environ, "OPENBLAS_CORETYPE": other_core},
+    )
+    assert completed.returncode == 0, completed.stderr
+    other = json.loads(completed.stdout)
+    if other["blas"][0]["architecture"] != other_core:
+        pytest.skip(f"this OpenBLAS does not honour OPENBLAS_CORETYPE={other_core}")
+    assert other["sha256"] != here["sha256"]
+    differences = environment.fingerprint_differences(here, other)
+    assert any(d.startswith("blas[0].architecture") for d in differences)
+    # Sandybridge kernels have no FMA, Haswell's do: a length-150 inner product rounds differently
+    assert "numpy.matmul" in differences[-1], differences
