@@ -58,7 +58,7 @@ def blas_info() -> dict:
     Returns {"source": str, "libraries": list of dicts}; local file-system paths are left out.
     """
     try:
-        import threadpoolctl  # optional: richer (runtime thread counts), never a dependency
+        import threadpoolctl  # a dependency; numpy's build configuration below only where it is missing
 
         libraries = [
             {k: v for k, v in info.items() if k not in ("filepath",)}

@@ -341,3 +341,23 @@ def test_docs_pointers_name_anchors_that_exist():
         page, anchor = certificate_format.docs_pointer(claim_id).split("#")
         assert page == "docs/claims.md"
         assert f'<a id="{anchor}"></a>' in text, anchor
+
+
+def test_readme_and_docs_links_resolve_within_the_project():
+    """The project documents itself: every relative link of README.md and docs/ names a file of the
+    checkout (and an anchor that exists there), and none points outside it."""
+    import re
+
+    pages = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+    assert {page.name for page in pages} >= {"README.md", "mathematics.md", "algorithm.md", "claims.md", "certificates.md"}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert "SPEC.md" not in text and "../shared" not in text, page
+        for target in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", text):
+            path, anchor = target
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.is_file() and PROJECT_ROOT in linked.parents, (page.name, path)
+            if anchor:
+                linked_text = linked.read_text(encoding="utf-8")
+                slugs = {re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-") for heading in re.findall(r"^#+ (.*)$", linked_text, re.M)}
+                assert anchor in slugs or f'<a id="{anchor}"></a>' in linked_text, (page.name, path, anchor)

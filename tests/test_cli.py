@@ -99,7 +99,8 @@ def test_run_passing_claim_exits_0_and_writes_certificate_and_report(registry, c
     assert certificate["provenance"]["seed"] == 3 and certificate["provenance"]["profile"] == "quick"
     assert certificate["provenance"]["command"] == "certify run p1 --out " + str(tmp_path) + " --seed 3 --profile quick"
     assert certificate["provenance"]["reproduce"] == "certify run P1 --seed 3 --profile quick"
-    assert (tmp_path / "REPORT.md").is_file()
+    assert certificate["statement"]["docs"] == "docs/claims.md#p1"
+    assert "[docs/claims.md](../docs/claims.md)" in (tmp_path / "REPORT.md").read_text()
 
 
 def test_run_failing_claim_exits_1(registry, capsys, tmp_path):
