@@ -143,3 +143,22 @@ def test_another_openblas_core_on_the_same_machine_changes_the_fingerprint():
     assert any(d.startswith("blas[0].architecture") for d in differences)
     # Sandybridge kernels have no FMA, Haswell's do: a length-150 inner product rounds differently
     assert "numpy.matmul" in differences[-1], differences
+
+
+def test_another_torch_cpu_capability_changes_the_fingerprint():
+    """torch picks its CPU kernels by capability (ATEN_CPU_CAPABILITY overrides the choice); the
+    cross-check's residuals differ in their last bits between capabilities, so must its fingerprint."""
+    torch = pytest.importorskip("torch")
+    here = environment.rounding_fingerprint("cpu")
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU runs torch's default kernels already")
+    code = "import json; from certify import environment; print(json.dumps(environment.rounding_fingerprint('cpu')))"
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    other = json.loads(completed.stdout)
+    assert other["torch"]["cpu_capability"] == "DEFAULT"
+    assert other["sha256"] != here["sha256"]
+    assert f"torch.cpu_capability 'DEFAULT' recorded, {here['torch']['cpu_capability']!r} here" in environment.fingerprint_differences(other, here)
