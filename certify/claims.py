@@ -113,7 +113,7 @@ def _audited_verdict(data: dict) -> tuple[str, list[str], list[str]]:
     """The claim's verdict, re-derived from its own data so that a certificate cannot contradict itself.
 
     A check that did not pass, a control not detected, a failed exact check or symbolic step all
-    make it "fail"; a "pass" with no control at all is "inconclusive" (SPEC.md section 4: a
+    make it "fail"; a "pass" with no control at all is "inconclusive" (docs/algorithm.md#the-controls: a
     certificate that cannot fail is worthless).
     """
     verdict = data.get("verdict", "inconclusive")
@@ -131,7 +131,7 @@ def _audited_verdict(data: dict) -> tuple[str, list[str], list[str]]:
         failures.append(f"the claim reported verdict {verdict!r} although one of its checks, controls or steps failed")
         verdict = "fail"
     if verdict == "pass" and not controls:
-        inconclusive.append("no control was run, so the certificate could not have failed (SPEC.md section 4)")
+        inconclusive.append("no control was run, so the certificate could not have failed (docs/algorithm.md#the-controls)")
         verdict = "inconclusive"
     if verdict not in ("pass", "fail", "inconclusive"):
         inconclusive.append(f"the claim reported an unknown verdict {verdict!r}")

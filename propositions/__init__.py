@@ -1,4 +1,4 @@
-"""One module per claim of the paper (SPEC.md section 3), each exposing a `CLAIM` registry entry.
+"""One module per claim of the paper (docs/claims.md), each exposing a `CLAIM` registry entry.
 
 `CLAIMS` maps an id (P1..P6) to its `Claim`; modules are imported on first use so that `certify
 list` stays fast.
