@@ -10,7 +10,8 @@ Modules: `cli` (the console script), `claims` (which claims exist and how one is
 `report` (REPORT.md and figures).
 """
 
-SCHEMA_VERSION = "1.0"
+# 1.1: statement.docs and environment.rounding_fingerprint (docs/certificates.md)
+SCHEMA_VERSION = "1.1"
 
 # The seed used when none is given on the command line: every default certificate is drawn from it.
 DEFAULT_SEED = 0

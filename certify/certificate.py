@@ -1,4 +1,4 @@
-"""The certificate: one JSON document per claim (SPEC.md section 7), its schema and its digest.
+"""The certificate: one JSON document per claim (docs/certificates.md), its schema and its digest.
 
 A certificate is a JSON object with the members required by `certificate.schema.json` (shipped
 beside this module). It is sealed by `digest`: sha256 over the *canonical JSON* of every other
@@ -22,6 +22,12 @@ from pathlib import Path
 from certify import SCHEMA_VERSION
 
 DIGEST_ALGORITHM = "sha256"
+DOCS_PAGE = "docs/claims.md"
+
+
+def docs_pointer(claim_id: str) -> str:
+    """Where the project's documentation states and explains a claim: 'docs/claims.md#p3'."""
+    return f"{DOCS_PAGE}#{claim_id.lower()}"
 
 
 class CertificateError(ValueError):

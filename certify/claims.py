@@ -23,6 +23,7 @@ from propositions._common import decide_verdict
 from certify import SCHEMA_VERSION
 from certify import certificate as certificate_format
 from certify import environment as environment_record
+from certify import verification
 
 CROSSCHECK_ID = "crosscheck"
 DEFAULT_OPTIMIZER = "stiefel_adam"
@@ -217,12 +218,16 @@ def build_certificate(
     numerical = _numerical_part(data.get("numerical", {}), seed, profile, reproduce)
     frames = numerical["frames"]
     torch_info = torch_environment(options.get("device", "cpu")) if claim_id == CROSSCHECK_ID and data.get("numerical", {}).get("checks") else None
+    # the rounding fingerprint covers torch's kernels where the residuals come from torch: the
+    # cross-check, and a claim that reports that it ran torch (P6's autograd cross-check)
+    uses_torch = torch_info is not None or data.get("extra", {}).get("torch_cross_check") is True
+    torch_device = options.get("device", "cpu") if uses_torch else None
     git = environment_record.git_state()
     return {
         "schema_version": SCHEMA_VERSION,
         "id": claim_id,
         "title": getattr(claim, "title", None) or f"{claim_id} (the claim could not be loaded)",
-        "statement": {"text": getattr(claim, "statement", "") or "", "latex": getattr(claim, "latex", "") or ""},
+        "statement": {"text": getattr(claim, "statement", "") or "", "latex": getattr(claim, "latex", "") or "", "docs": certificate_format.docs_pointer(claim_id)},
         "verdict": verdict,
         "failures": failures,
         "inconclusive": inconclusive,
@@ -233,7 +238,7 @@ def build_certificate(
         "extra": data.get("extra", {}),
         "figures": data.get("figures", {}),
         "notes": list(data.get("notes", [])),
-        "environment": environment_record.environment(torch_info),
+        "environment": environment_record.environment(torch_info, torch_device=torch_device),
         "provenance": {
             "project_version": environment_record.project_version(),
             "git_commit": git["commit"],
@@ -316,87 +321,11 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
 
 
 def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
-    """What differs between a certificate and its re-run: (differences, residual notes).
+    """What differs between a certificate and its re-run: (differences, notes).
 
-    differences (each fails verification): verdict, the pass/fail of every check, the detection of
-    every control, exact checks, the symbolic status, checks or controls present on one side only,
-    and what the seed and profile fix on any machine (frames, samples and shapes per check, the
-    check that caught each control, the reproduce command). Residual values must be equal only
-    when the environment is the same as recorded (the run is deterministic); elsewhere another
-    BLAS rounds differently, and their largest relative difference is reported in the notes.
-    Timing is never compared.
+    differences fail verification; notes (residual differences where the rounding fingerprints
+    differ) never do. The rules are those of certify.verification.compare, which also gives the
+    per-check rows of the tolerance report.
     """
-    differences: list[str] = []
-    if recorded["verdict"] != reproduced["verdict"]:
-        differences.append(f"verdict {recorded['verdict']} recorded, {reproduced['verdict']} reproduced")
-    if recorded["symbolic"].get("status") != reproduced["symbolic"].get("status"):
-        differences.append(f"symbolic status {recorded['symbolic'].get('status')} recorded, {reproduced['symbolic'].get('status')} reproduced")
-
-    def by_name(items):
-        return {item.get("name"): item for item in items}
-
-    pairs = (
-        ("check", by_name(recorded["numerical"]["checks"]), by_name(reproduced["numerical"]["checks"]), "passed"),
-        ("control", by_name(recorded["controls"]), by_name(reproduced["controls"]), "detected"),
-        ("exact check", by_name(recorded["exact"]), by_name(reproduced["exact"]), "passed"),
-    )
-    for kind, old, new, flag in pairs:
-        for name in old.keys() - new.keys():
-            differences.append(f"{kind} {name} recorded but not reproduced")
-        for name in new.keys() - old.keys():
-            differences.append(f"{kind} {name} reproduced but not recorded")
-        for name in old.keys() & new.keys():
-            if bool(old[name].get(flag)) != bool(new[name].get(flag)):
-                differences.append(f"{kind} {name}: {flag} {bool(old[name].get(flag))} recorded, {bool(new[name].get(flag))} reproduced")
-
-    # What the seed and profile fix on every machine: how much evidence, over which shapes, and the
-    # command that reproduces it. A re-sealed certificate with doctored counts or command fails here.
-    for field in ("frames", "seed", "profile"):
-        if recorded["numerical"].get(field) != reproduced["numerical"].get(field):
-            differences.append(f"numerical.{field} {recorded['numerical'].get(field)!r} recorded, {reproduced['numerical'].get(field)!r} reproduced")
-    if recorded["provenance"].get("reproduce") != reproduced["provenance"].get("reproduce"):
-        differences.append(f"reproduce command {recorded['provenance'].get('reproduce')!r} recorded, {reproduced['provenance'].get('reproduce')!r} reproduced")
-    old_checks, new_checks = pairs[0][1], pairs[0][2]
-    for name in sorted(old_checks.keys() & new_checks.keys(), key=str):
-        for field in ("samples", "shapes"):
-            if old_checks[name].get(field) != new_checks[name].get(field):
-                differences.append(f"check {name}: {field} {old_checks[name].get(field)!r} recorded, {new_checks[name].get(field)!r} reproduced")
-    old_controls, new_controls = pairs[1][1], pairs[1][2]
-    for name in sorted(old_controls.keys() & new_controls.keys(), key=str):
-        if old_controls[name].get("check") != new_controls[name].get("check"):
-            differences.append(f"control {name}: caught by {old_controls[name].get('check')!r} recorded, {new_controls[name].get('check')!r} reproduced")
-
-    same_environment = recorded.get("environment") == reproduced.get("environment")
-    notes: list[str] = []
-    largest = (0.0, None)
-    compared = 0
-    for kind, old, new, _ in pairs[:2]:
-        for name in sorted(old.keys() & new.keys(), key=str):
-            if kind == "check":
-                values = (old[name].get("residual", {}).get("max"), new[name].get("residual", {}).get("max"))
-            else:
-                values = (old[name].get("residual"), new[name].get("residual"))
-            before, after = (certificate_format.as_float(value) for value in values)
-            compared += 1
-            if before == after or (math.isnan(before) and math.isnan(after)):
-                continue
-            scale = max(abs(before), abs(after))
-            relative = abs(before - after) / scale if math.isfinite(scale) and scale > 0 else math.inf
-            if relative > largest[0]:
-                largest = (relative, f"{kind} {name}")
-    if compared:
-        if largest[1] is None:
-            notes.append(f"all {compared} worst residuals reproduced bit for bit")
-        elif same_environment:
-            # same Python, libraries, BLAS and CPU: the run is deterministic, so any change is a
-            # change of the recorded numbers, not of rounding
-            differences.append(
-                f"worst residuals differ (largest relative difference {largest[0]:.3g}, {largest[1]}) although the "
-                "environment is the same as recorded, where the re-run is bit for bit"
-            )
-        else:
-            notes.append(
-                f"worst residuals differ: largest relative difference {largest[0]:.3g} ({largest[1]}); "
-                "the environment differs from the recorded one"
-            )
-    return differences, notes
+    comparison = verification.compare(recorded, reproduced)
+    return comparison.differences, comparison.notes

@@ -1,11 +1,11 @@
-"""The `certify` console script (SPEC.md section 6).
+"""The `certify` console script.
 
     certify all [--out DIR] [--seed S] [--profile quick|default|thorough]
     certify list
     certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME]
     certify crosscheck [--device cpu|cuda] [--dtype float64|float32|bfloat16] [--out DIR] [--seed S] [--profile P]
-    certify verify FILE...
-    certify cite FILE
+    certify verify FILE... [--report FILE]
+    certify cite FILE [--format text|markdown|bibtex]
 
 Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
@@ -16,8 +16,14 @@ certificate per claim (DIR/ID.json), DIR/REPORT.md and, with matplotlib, DIR/fig
 report written by `run` also covers the certificates already in DIR that load cleanly.
 
 `verify` first re-checks each file's digest, then re-runs the claim from the recorded seed,
-profile, optimizer and options and compares the verdict and the pass/fail of every check and
-control; residual values may differ across machines and are reported, not required to match.
+profile, optimizer and options and compares (certify.verification): the verdict, the pass/fail
+of every check, the detection of every control, counts, shapes and the reproduce command must
+agree on any machine; residuals must be bit-identical only where the re-run's rounding
+fingerprint is the recorded one, and are reported, never required, elsewhere. It prints, per
+certificate, a verdict line, the fingerprint line and a table of every check and control
+(recorded residual, re-run residual, bound, ratio, pass, bit-identical); --report FILE also writes
+that as markdown. `cite` prints a citation (text: one line; markdown; bibtex) with the id,
+statement, verdict, digest, project version and commit and the reproduce command.
 
 Exit codes:
   0  every certificate passes (for verify: and its re-run agrees with it);
@@ -42,8 +48,10 @@ from certify import DEFAULT_PROFILE, DEFAULT_SEED
 from certify import certificate as certificate_format
 from certify import claims
 from certify import report as report_writer
+from certify import verification
 
 PROFILE_NAMES = ("quick", "default", "thorough")
+CITE_FORMATS = ("text", "markdown", "bibtex")
 DEFAULT_OUT = "reports"
 
 
@@ -91,11 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     crosscheck.add_argument("--dtype", choices=claims.CROSSCHECK_DTYPES, default="float64")
     _add_run_options(crosscheck)
 
-    verify = commands.add_parser("verify", help="check digests and re-run certificates")
+    verify = commands.add_parser("verify", help="check digests, re-run certificates, print the tolerance report")
     verify.add_argument("files", nargs="+", metavar="FILE")
+    verify.add_argument("--report", metavar="FILE", help="also write the tolerance report as markdown to FILE")
 
-    cite = commands.add_parser("cite", help="one-line citation of a certificate")
+    cite = commands.add_parser("cite", help="citation of a certificate: id, statement, verdict, digest, version, reproduce command")
     cite.add_argument("file", metavar="FILE")
+    cite.add_argument("--format", choices=CITE_FORMATS, default="text", help="text (one line, the default), markdown or bibtex")
     return parser
 
 
@@ -335,7 +345,44 @@ def command_list(args, out: _Output, command: str) -> int:
     return 0
 
 
+def _report_path(text: str | None) -> Path | None:
+    """The --report file, checked before any re-run: its directory must exist."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"--report {text}: is a directory, not a file")
+    if not path.parent.is_dir():
+        raise UsageError(f"--report {text}: directory {path.parent} does not exist")
+    return path
+
+
+def _rerun(recorded: dict, command: str) -> tuple[dict, str | None]:
+    provenance = recorded["provenance"]
+    return claims.certify_claim(recorded["id"], seed=provenance["seed"], profile=provenance["profile"], optimizer=provenance["optimizer"], options=provenance["options"], command=command)
+
+
+def _verification_header(loaded: list, entries: list) -> list[str]:
+    """Who verified what, where: the first lines of the markdown tolerance report."""
+    from certify import environment as environment_record
+
+    git = environment_record.git_state()
+    here = f"certify {environment_record.project_version()}" + (f" at commit `{git['commit'][:12]}`" if git["commit"] else "")
+    agreed = sum(not comparison.differences for _, _, _, comparison in entries)
+    return [
+        f"Verified {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with {here}: {agreed} of {len(loaded)} certificate(s) reproduced.",
+        "",
+        "Each re-run starts from the certificate's recorded seed, profile, optimizer and options. Verdicts, the pass/fail of "
+        "every check, the detection of every control, counts, shapes and the reproduce command must agree on any machine; "
+        "residuals must be bit-identical only where the rounding fingerprint matches the recorded one (docs/certificates.md). "
+        "recorded / re-run residual: the worst residual of a check (largest over its samples) or a control's deciding one; "
+        "bound: the largest per-sample bound of a check; re-run ratio: worst residual/bound (at most 1 passes) or a control's "
+        "margin (at least its detection factor detects).",
+    ]
+
+
 def command_verify(args, out: _Output, command: str) -> int:
+    report_path = _report_path(args.report)
     loaded = []
     for name in args.files:
         loaded.append((name, certificate_format.load(Path(name))))  # CertificateError: exit 2 before any re-run
@@ -343,35 +390,90 @@ def command_verify(args, out: _Output, command: str) -> int:
         if recorded["id"] == claims.CROSSCHECK_ID:
             _require_torch(recorded["provenance"]["options"], f"verifying {name}")
     exit_code = 0
-    for name, recorded in loaded:
-        provenance = recorded["provenance"]
-        out.line(f"{name}: digest ok; re-running {recorded['id']} ({provenance['reproduce']})")
-        reproduced, internal_error = claims.certify_claim(recorded["id"], seed=provenance["seed"], profile=provenance["profile"], optimizer=provenance["optimizer"], options=provenance["options"], command=command)
+    entries = []
+    for index, (name, recorded) in enumerate(loaded, start=1):
+        what = f"re-running {recorded['id']} ({recorded['provenance']['reproduce']})"
+        if out.rich:
+            with out.console.status(f"[{index}/{len(loaded)}] {name}: digest ok; {what}", spinner="dots"):
+                reproduced, internal_error = _rerun(recorded, command)
+            out.line(f"[{index}/{len(loaded)}] {name}: digest ok; re-ran {recorded['id']}")
+        else:
+            out.line(f"[{index}/{len(loaded)}] {name}: digest ok; {what}")
+            reproduced, internal_error = _rerun(recorded, command)
         if internal_error:
             error_line(f"{recorded['id']}: {internal_error}")
-        differences, residual_notes = claims.compare(recorded, reproduced)
-        checks, controls = len(recorded["numerical"]["checks"]), len(recorded["controls"])
-        if differences:
+        comparison = verification.compare(recorded, reproduced)
+        entries.append((name, recorded, reproduced, comparison))
+        if comparison.differences or recorded["verdict"] != "pass":
             exit_code = 1
-            out.line(f"{name}: DIFFERS from its re-run: " + "; ".join(differences))
-        else:
-            out.line(f"{name}: reproduced: verdict {recorded['verdict']}, {checks} checks and {controls} controls agree")
-            if recorded["verdict"] != "pass":
-                exit_code = 1
-        for note in residual_notes:
+        out.line(verification.verdict_line(name, recorded, comparison))
+        out.line(f"{name}: {verification.fingerprint_line(comparison, recorded, reproduced)}")
+        out.table(verification.TABLE_HEADER, verification.table_rows(comparison), title=f"{recorded['id']}: recorded against re-run")
+        for note in comparison.notes:
             out.line(f"{name}: {note}")
+    if report_path is not None:
+        text = verification.markdown(entries, header=_verification_header(loaded, entries))
+        try:
+            report_path.write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"cannot write --report {report_path}: {error.strerror or error}") from None
+        out.line(f"tolerance report: {report_path}")
     return exit_code
+
+
+def _bibtex_escape(text: str) -> str:
+    """Text safe inside a BibTeX field: LaTeX's special characters escaped."""
+    replacements = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "%": r"\%", "&": r"\&", "$": r"\$", "#": r"\#", "_": r"\_", "^": r"\^{}", "~": r"\~{}"}
+    return "".join(replacements.get(character, character) for character in text)
+
+
+def citation(certificate: dict, style: str = "text") -> str:
+    """A citation of a certificate: id, statement, verdict, digest, version and commit, reproduce command.
+
+    style "text": one line; "markdown": a short paragraph; "bibtex": a @misc entry whose key holds
+    the id and the first 12 hex digits of the digest.
+    """
+    provenance = certificate["provenance"]
+    commit = provenance.get("git_commit")
+    digest = certificate["digest"]["value"]
+    version = provenance["project_version"]
+    source = f"stiefel-adam-certify {version}" + (f" @ {commit[:12]}" if commit else "")
+    docs = certificate["statement"].get("docs")
+    if style == "text":
+        return (
+            f"{certificate['id']} ({certificate['title']}): {certificate['verdict']}, "
+            f"sha256 {digest[:16]}, {source}; reproduce: {provenance['reproduce']}"
+        )
+    if style == "markdown":
+        lines = [
+            f"**{certificate['id']}: {certificate['title']}**: {certificate['statement']['text']}",
+            "",
+            f"Verdict **{certificate['verdict']}** · sha256 `{digest}` · {source.replace(' @ ', ', commit `') + ('`' if commit else '')} · "
+            f"reproduce: `{provenance['reproduce']}`" + (f" · [{docs}]({docs})" if docs else ""),
+        ]
+        return "\n".join(lines)
+    year = str(provenance.get("created_utc", ""))[:4]
+    fields = {
+        "title": f"{{{_bibtex_escape(certificate['id'] + ': ' + certificate['title'])}}}",
+        "author": "{stiefel-adam-certify}",
+        "year": f"{{{_bibtex_escape(year)}}}" if year.isdigit() else None,
+        "version": f"{{{_bibtex_escape(version)}}}",
+        "howpublished": f"{{certificate {certificate['id']}, verdict {certificate['verdict']}, sha256 {digest}}}",
+        "note": "{" + _bibtex_escape(
+            f"Statement: {certificate['statement']['text']} Verdict: {certificate['verdict']}. "
+            f"stiefel-adam-certify {version}" + (f", git commit {commit}" if commit else "") + f". Reproduce: {provenance['reproduce']}"
+            + (f". Documentation: {docs}" if docs else "")
+        ) + "}",
+    }
+    key = f"stiefel-adam-certify:{certificate['id']}:{digest[:12]}"
+    body = ",\n".join(f"  {name} = {value}" for name, value in fields.items() if value is not None)
+    return f"@misc{{{key},\n{body}\n}}"
 
 
 def command_cite(args, out: _Output, command: str) -> int:
     certificate = certificate_format.load(Path(args.file))
-    provenance = certificate["provenance"]
-    commit = provenance.get("git_commit")
-    source = f"stiefel-adam-certify {provenance['project_version']}" + (f" @ {commit[:12]}" if commit else "")
-    out.line(
-        f"{certificate['id']} ({certificate['title']}): {certificate['verdict']}, "
-        f"sha256 {certificate['digest']['value'][:16]}, {source}; reproduce: {provenance['reproduce']}"
-    )
+    for line in citation(certificate, args.format).splitlines():
+        out.line(line)
     return 0 if certificate["verdict"] == "pass" else 1
 
 

@@ -384,6 +384,12 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
 def render_markdown(certificates: list[dict], sections: dict, *, plots_available: bool, notes: list[str] = (), total_wall_seconds: float | None = None) -> str:
     """The text of REPORT.md. sections maps a claim id to (drawn figures, data entries) from draw_figures."""
     lines = ["# Certification report: Stiefel Adam (arXiv 2609.19363)", ""]
+    lines += [
+        "What each claim states and how it is certified: [docs/claims.md](../docs/claims.md) (the mathematics in "
+        "[docs/mathematics.md](../docs/mathematics.md), the algorithm in [docs/algorithm.md](../docs/algorithm.md)); "
+        "the certificate format, `certify verify` and citation: [docs/certificates.md](../docs/certificates.md).",
+        "",
+    ]
     if certificates:
         first = certificates[0]
         environment = first["environment"]

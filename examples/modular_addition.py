@@ -6,7 +6,7 @@ unembedding) by torch.optim.AdamW. Both get the same weight decay. The run shows
 
 * the frames stay on the manifold: max ||W^T W - I||_F over heads stays at rounding level;
 * decay leaves them untouched: ||W_Q||_F^2 = d_head per head throughout (its Riemannian gradient is
-  zero, SPEC.md P5), while it shrinks the Euclidean weights, whose norms are printed over training.
+  zero, docs/claims.md#p5), while it shrinks the Euclidean weights, whose norms are printed over training.
 
     python examples/modular_addition.py [--p 23] [--steps 1500] [--out modular_addition.png]
 

@@ -14,7 +14,7 @@ Conventions that keep every certificate honest and reproducible:
   can be regenerated without re-running everything.
 * Residuals and bounds: a `NumericalCheck` accumulates per-sample residuals and per-sample bounds
   (each bound from the error analysis written next to the check). It passes when every residual
-  is at most its bound. Bounds are > 0 always (SPEC.md section 5). Bitwise checks measure the
+  is at most its bound. Bounds are > 0 always (docs/claims.md#tolerances). Bitwise checks measure the
   residual in ulps and use the bound 0.5, i.e. they require exact equality.
 * Controls: a control is detected when a check that the real optimizer passes fails for the
   control with margin (worst residual / bound) of at least DETECTION_FACTOR. An undetected control
@@ -193,7 +193,7 @@ class NumericalCheck:
     """Residuals of one check against their derived bounds, accumulated over shapes and chunks.
 
     name: short identifier; description: what is compared; bound_derivation: the error analysis
-    that gives the bound (SPEC.md section 5), in a sentence or two.
+    that gives the bound (docs/claims.md#tolerances), in a sentence or two.
     """
 
     name: str
@@ -221,7 +221,7 @@ class NumericalCheck:
         if residual.size == 0:
             return
         if not np.all(bound > 0):
-            raise ValueError(f"check {self.name}: every bound must be > 0 (SPEC.md section 5)")
+            raise ValueError(f"check {self.name}: every bound must be > 0 (docs/claims.md#tolerances)")
         residual_for_ratio = np.where(np.isnan(residual), np.inf, residual)
         ratio = residual_for_ratio / bound
         self.samples += residual.size
@@ -422,7 +422,7 @@ def decide_verdict(record: dict) -> tuple[str, list[str], list[str]]:
     if not checks:
         inconclusive.append("no numerical check was run")
     elif not controls:
-        inconclusive.append("no control was run, so the certificate could not have failed")
+        inconclusive.append("no control was run, so the certificate could not have failed (docs/algorithm.md#the-controls)")
     return ("inconclusive" if inconclusive else "pass"), failures, inconclusive
 
 

@@ -32,7 +32,7 @@ How it is checked
   where ||g||^2 underflows (v = 0: the step is zero) or overflows the claim stops holding in
   float64. The found domain is reported next to the domain predicted from the float64 limits
   (`predicted_domain`); it is a property of float64, not a failure of the claim.
-* The pitfall of SPEC.md section 8: with G in the normal space (G = W S, S symmetric) the
+* The pitfall of docs/algorithm.md#pitfalls: with G in the normal space (G = W S, S symmetric) the
   Riemannian gradient is rounding noise, and with eps = 0 the scale-free step is a full-length step
   in that noise direction. Demonstrated and recorded in `extra["normal_space_pitfall"]`.
 
@@ -290,7 +290,7 @@ def record_trajectory(W0: np.ndarray, gradients: np.ndarray, config: StiefelAdam
 
     W0: (n, d, r); gradients: (T, n, d, r). Returns (W (T, n, d, r), states, norms) with norms a
     dict of (T, n) arrays: G_norm, g_norm, m_norm (before transport), v, v_hat, xi_norm (before
-    the trust region). The norms are recomputed from the stages of SPEC.md section 2.
+    the trust region). The norms are recomputed from the stages of docs/algorithm.md.
     """
     beta1, beta2 = config.betas
     W, state = W0, adam.init(W0)
@@ -768,7 +768,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         f"||g||^2 overflows above {scan['predicted']['log2_c_sum_overflow_above']:.1f} "
         "(v = inf, the step becomes zero), c G overflows above "
         f"{scan['predicted']['log2_c_input_overflow_above']:.1f}.",
-        "Scale-free steps amplify rounding noise (SPEC.md section 8): with G in the normal space (G = W S, "
+        "Scale-free steps amplify rounding noise (docs/algorithm.md#pitfalls): with G in the normal space (G = W S, "
         "S symmetric) the Riemannian gradient is rounding noise (median ||g|| "
         + ", ".join(f"{p['riemannian_gradient_norm_median']:.2g}" for p in pitfall["shapes"])
         + "), and with eps = 0 the step is a full-length step in that noise direction: ||xi|| = "

@@ -8,7 +8,7 @@ Exact in exact arithmetic; in float64 the residual is bounded by a stated multip
 
 Why it is true
 --------------
-Every stage of SPEC.md section 2 commutes with both actions. The projection:
+Every stage of docs/algorithm.md commutes with both actions. The projection:
 P_{QW}(QG) = QG - QW sym(W^T Q^T Q G) = Q P_W(G) (Q^T Q = I), and
 P_{WR}(GR) = GR - WR sym(R^T W^T G R) = GR - W R R^T sym(W^T G) R = P_W(G) R (R R^T = I). The
 decay term lambda W transforms like W. The second moment uses ||g||, and ||Q g|| = ||g R|| = ||g||;

@@ -1,4 +1,4 @@
-"""Pure-NumPy float64 reference of StiefelAdam (SPEC.md sections 1, 2, 4 and 6).
+"""Pure-NumPy float64 reference of StiefelAdam (docs/mathematics.md and docs/algorithm.md).
 
 Pure functions on float64 arrays of shape (..., d, r), batched over the leading axes; inputs are
 never modified; bad input raises ValueError naming the argument and the rule. The reference never

@@ -1,4 +1,4 @@
-"""StiefelAdam, one step, exactly as SPEC.md section 2 (batched over leading axes).
+"""StiefelAdam, one step, exactly as docs/algorithm.md (batched over leading axes).
 
 The shape of the optimizer follows optax: `init(W) -> state` and
 `step(W, G, state, config) -> (W_new, state_new)`, pure functions on float64 arrays with the state a
@@ -14,7 +14,7 @@ and its own trust region; frames never share statistics.
     7. if ||xi|| > Delta: xi = xi Delta / ||xi||
     8. W+ = R_W(xi);  m+ = P_{W+}(m)
 
-The same skeleton, with one stage swapped, gives the controls of SPEC.md section 4
+The same skeleton, with one stage swapped, gives the controls of docs/algorithm.md#the-controls
 (`reference_impl.controls`).
 """
 
@@ -124,7 +124,7 @@ def clip_to_trust_region(xi: np.ndarray, trust_radius: float) -> np.ndarray:
 
 
 def step(W: np.ndarray, G: np.ndarray, state: StiefelAdamState, config: StiefelAdamConfig):
-    """One StiefelAdam step (SPEC.md section 2). Returns (W_new, state_new); inputs unchanged.
+    """One StiefelAdam step (docs/algorithm.md). Returns (W_new, state_new); inputs unchanged.
 
     W: (..., d, r) float64 frames; G: Euclidean gradient, same shape; state from `init`.
     """
@@ -142,7 +142,7 @@ def _step(W, G, state, config):
 
 
 def moments_and_direction(g, state, config, elementwise=False):
-    """Stages 3-7 of SPEC.md section 2 for a gradient g (..., d, r): returns (m, v, t, xi).
+    """Stages 3-7 of docs/algorithm.md for a gradient g (..., d, r): returns (m, v, t, xi).
 
     elementwise=True keeps v per entry (the elementwise_second_moment control) instead of the one
     scalar per frame ||g||^2 / (d r).

@@ -1,7 +1,7 @@
-"""Controls: deliberately wrong variants of the step, behind the interface of `step` (SPEC.md s.4).
+"""Controls: deliberately wrong variants of the step, behind the interface of `step` (docs/algorithm.md#the-controls).
 
 A certificate that cannot fail is worthless, so every proposition runs the real optimizer and some
-of these variants, and must tell them apart. Each variant is one stage of SPEC.md section 2 swapped
+of these variants, and must tell them apart. Each variant is one stage of docs/algorithm.md swapped
 for a plausible mistake:
 
   elementwise_second_moment  v is a (d, r) array (Adam's per-entry statistics); xi = m^/sqrt(v^)
@@ -127,7 +127,7 @@ def stiefel_adam_step(W, G, state, config):
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in [
-        Variant("stiefel_adam", "the real StiefelAdam step (SPEC.md section 2)", (), _init_scalar, stiefel_adam_step),
+        Variant("stiefel_adam", "the real StiefelAdam step (docs/algorithm.md)", (), _init_scalar, stiefel_adam_step),
         Variant(
             "elementwise_second_moment",
             "Adam's elementwise second moment in place of the one scalar per frame",

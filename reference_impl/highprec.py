@@ -93,7 +93,7 @@ def polar_retract_mp(W: np.ndarray, xi: np.ndarray, dps: int = 50) -> mpmath.mat
 
 
 def step_mp(W: np.ndarray, G: np.ndarray, state, config: StiefelAdamConfig, dps: int = 50):
-    """SPEC.md section 2, one frame, at dps digits. Returns (W_new, HighPrecisionState).
+    """docs/algorithm.md, one frame, at dps digits. Returns (W_new, HighPrecisionState).
 
     state is a float64 StiefelAdamState (fresh or from the float64 step, converted exactly) or a
     HighPrecisionState from an earlier call (to follow a whole trajectory in high precision).

@@ -1,7 +1,7 @@
-"""The Stiefel manifold St(d, r) with the embedded metric, in float64 (SPEC.md section 1).
+"""The Stiefel manifold St(d, r) with the embedded metric, in float64 (docs/mathematics.md).
 
 Every function takes arrays of shape (..., d, r) and works frame by frame along the leading axes.
-Inputs are never modified. The formulas read like SPEC.md:
+Inputs are never modified. The formulas read like docs/mathematics.md:
 
     sym(A)  = (A + A^T) / 2               skew(A) = (A - A^T) / 2
     P_W(G)  = G - W sym(W^T G)            R_W(xi) = polar(W + xi) = U V^T,  W + xi = U S V^T
@@ -68,7 +68,7 @@ def polar_retract(W: np.ndarray, xi: np.ndarray, method: str = "svd", *, validat
       "svd"          U V^T from the thin SVD of W + xi (the definition; the default).
       "gram"         (W + xi) ((W + xi)^T (W + xi))^(-1/2) from the actual Gram matrix, by eigh.
       "closed_form"  (W + xi) (I_r + xi^T xi)^(-1/2), equal to the others only for tangent xi and
-                     exact W; it does not correct existing drift (SPEC.md section 8), so it is a
+                     exact W; it does not correct existing drift (docs/algorithm.md#pitfalls), so it is a
                      second path for checks, never the one the optimizer uses.
 
     xi need not be tangent (the controls retract non-tangent steps), but W + xi must have full

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from certify import SCHEMA_VERSION, claims
+from certify import SCHEMA_VERSION, claims, environment, verification
 from certify import certificate as certificate_format
 from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _result(seed: int, passing: bool) -> ClaimResult:
@@ -198,21 +201,61 @@ def test_claim_verdict_contradicted_by_its_data_is_a_fail():
     assert "reported verdict 'pass' although" in sealed["failures"][-1]
 
 
-def test_compare_ignores_timing_and_environment_but_not_outcomes():
+def other_machine(certificate: dict) -> dict:
+    """The certificate as recorded on a machine that rounds differently: another BLAS core and
+    other bits of one fixed computation, the fingerprint's hash taken again (a consistent one)."""
+    fingerprint = certificate["environment"]["rounding_fingerprint"]
+    fingerprint["blas"] = [dict(library, architecture=f"not {library['architecture']}") for library in fingerprint["blas"]]
+    fingerprint["computations"]["numpy.linalg.svd"] = "0" * 64
+    fingerprint["sha256"] = environment.fingerprint_digest(fingerprint)
+    return certificate
+
+
+def test_compare_ignores_timing_and_the_environment_description():
     recorded = _certificate(seed=2)
     rerun = copy.deepcopy(recorded)
     rerun["provenance"]["timing"]["wall_seconds"] += 100.0
     rerun["environment"]["cpu"] = "another machine"
+    rerun["environment"]["platform"] = "another platform"
     differences, notes = claims.compare(recorded, rerun)
     assert differences == [] and notes == ["all 2 worst residuals reproduced bit for bit"]
 
+    # the description differs but the rounding fingerprint is the same: bit for bit is required
     rerun["numerical"]["checks"][0]["residual"]["max"] *= 1.5
-    differences, notes = claims.compare(recorded, rerun)
-    assert differences == [] and "largest relative difference 0.333 (check identity)" in notes[0]
+    differences, _ = claims.compare(recorded, rerun)
+    assert len(differences) == 1
+    assert "largest relative difference 0.333 (check identity)" in differences[0]
+    assert "although the rounding fingerprint matches the recorded one" in differences[0]
+
+
+def test_compare_where_the_fingerprint_differs_reports_residuals_as_notes_but_not_outcomes():
+    recorded = other_machine(_certificate(seed=2))
+    rerun = _certificate(seed=2)
+    rerun["numerical"]["checks"][0]["residual"]["max"] *= 1.5
+    rerun["controls"][0]["residual"] *= 0.5
+    comparison = verification.compare(recorded, rerun)
+    assert comparison.differences == [] and not comparison.fingerprint_match
+    assert "largest relative difference 0.5 (control qr_retraction)" in comparison.notes[0]
+    assert "the rounding fingerprint differs from the recorded one" in comparison.notes[0]
+    assert comparison.notes[1] == "every re-run residual is within its bound (all 1 re-run checks passed)"
+    core = rerun["environment"]["rounding_fingerprint"]["blas"][0]["architecture"]
+    assert f"blas[0].architecture 'not {core}' recorded, '{core}' here" in comparison.fingerprint_differences
+    assert "bits of numpy.linalg.svd" in comparison.fingerprint_differences
+    assert [row.bit_identical for row in comparison.rows] == [False, False]
 
     rerun["controls"][0]["detected"] = False
     differences, _ = claims.compare(recorded, rerun)
     assert differences == ["control qr_retraction: detected True recorded, False reproduced"]
+
+
+def test_compare_without_a_recorded_fingerprint_requires_no_bits():
+    recorded = _certificate(seed=2)
+    del recorded["environment"]["rounding_fingerprint"]
+    rerun = _certificate(seed=2)
+    rerun["numerical"]["checks"][0]["residual"]["max"] *= 1.5
+    comparison = verification.compare(recorded, rerun)
+    assert comparison.differences == []
+    assert comparison.fingerprint_differences == ["the certificate records no rounding fingerprint"]
 
 
 def test_warnings_of_a_run_become_notes():
@@ -227,23 +270,94 @@ def test_warnings_of_a_run_become_notes():
     assert any(note.startswith("warning during the run: RuntimeWarning: overflow") for note in sealed["notes"])
 
 
-def test_compare_rejects_doctored_counts_and_commands():
+@pytest.mark.parametrize("machine", ["same", "other"])
+def test_compare_rejects_doctored_counts_and_commands_on_any_machine(machine):
     recorded = _certificate(seed=2)
+    if machine == "other":
+        other_machine(recorded)
     for mutate, expected in [
         (lambda c: c["numerical"].__setitem__("frames", 10**9), "numerical.frames"),
         (lambda c: c["numerical"]["checks"][0].__setitem__("samples", 10**9), "samples"),
         (lambda c: c["numerical"]["checks"][0].__setitem__("shapes", [[1, 1]]), "shapes"),
         (lambda c: c["provenance"].__setitem__("reproduce", "rm -rf /"), "reproduce command"),
+        (lambda c: c["controls"][0].__setitem__("check", "another"), "caught by"),
+        (lambda c: c.__setitem__("verdict", "fail"), "verdict fail recorded"),
     ]:
         doctored = copy.deepcopy(recorded)
         mutate(doctored)
-        differences, _ = claims.compare(doctored, recorded)
+        differences, _ = claims.compare(doctored, _certificate(seed=2))
         assert any(expected in d for d in differences), (expected, differences)
 
 
-def test_compare_requires_equal_residuals_in_the_same_environment():
+def test_compare_requires_every_number_bit_for_bit_where_the_fingerprints_match():
     recorded = _certificate(seed=2)
-    rerun = copy.deepcopy(recorded)
-    rerun["numerical"]["checks"][0]["residual"]["max"] *= 1.5
-    differences, _ = claims.compare(recorded, rerun)
-    assert any("environment is the same as recorded" in d for d in differences)
+    for mutate, where in [
+        (lambda c: c["numerical"]["checks"][0]["residual"].__setitem__("max", c["numerical"]["checks"][0]["residual"]["max"] * 1.5), "check identity"),
+        (lambda c: c["numerical"]["checks"][0]["residual"].__setitem__("mean", 0.0), "other statistics differ"),
+        (lambda c: c["numerical"]["checks"][0]["bound"].__setitem__("max", 2e-15), "other statistics differ"),
+        (lambda c: c["controls"][0].__setitem__("residual", c["controls"][0]["residual"] * 2), "control qr_retraction"),
+    ]:
+        doctored = copy.deepcopy(recorded)
+        mutate(doctored)
+        comparison = verification.compare(doctored, recorded)
+        assert comparison.fingerprint_match
+        assert len(comparison.differences) == 1 and where in comparison.differences[0], comparison.differences
+        assert "rounding fingerprint matches the recorded one" in comparison.differences[0]
+
+
+def test_compare_rejects_a_certificate_that_contradicts_its_own_numbers():
+    recorded = _certificate(seed=2)
+    rerun = _certificate(seed=2)
+    for mutate, expected in [
+        (lambda c: c["numerical"]["checks"][0].__setitem__("max_ratio", 5.0), "check identity: recorded passed True with worst residual/bound 5.0"),
+        (lambda c: c["controls"][0].__setitem__("margin", 2.0), "control qr_retraction: recorded detected True with margin 2.0 against detection factor 10"),
+        (lambda c: c["environment"]["rounding_fingerprint"]["computations"].__setitem__("numpy.matmul", "0" * 64),
+         "the recorded rounding fingerprint does not hash to its recorded sha256"),
+    ]:
+        doctored = other_machine(copy.deepcopy(recorded))
+        mutate(doctored)
+        differences, _ = claims.compare(doctored, rerun)
+        assert any(expected in d for d in differences), (expected, differences)
+
+
+def test_certificate_points_at_the_docs_and_records_a_fingerprint():
+    sealed = _certificate(claim_id="P3")
+    assert sealed["statement"]["docs"] == "docs/claims.md#p3"
+    fingerprint = sealed["environment"]["rounding_fingerprint"]
+    assert fingerprint["sha256"] == environment.fingerprint_digest(fingerprint)
+    assert fingerprint["torch"] is None  # P3 does not use torch
+    assert "numpy.linalg.svd" in fingerprint["computations"]
+    broken = copy.deepcopy(sealed)
+    broken["environment"]["rounding_fingerprint"]["sha256"] = "not a hash"
+    assert any("rounding_fingerprint/sha256" in error for error in certificate_format.schema_errors(broken))
+    broken = copy.deepcopy(sealed)
+    broken["statement"]["docs"] = "../shared/SPEC.md"
+    assert any("statement/docs" in error for error in certificate_format.schema_errors(broken))
+
+
+def test_docs_pointers_name_anchors_that_exist():
+    text = (PROJECT_ROOT / "docs" / "claims.md").read_text(encoding="utf-8")
+    for claim_id in claims.ALL_IDS:
+        page, anchor = certificate_format.docs_pointer(claim_id).split("#")
+        assert page == "docs/claims.md"
+        assert f'<a id="{anchor}"></a>' in text, anchor
+
+
+def test_readme_and_docs_links_resolve_within_the_project():
+    """The project documents itself: every relative link of README.md and docs/ names a file of the
+    checkout (and an anchor that exists there), and none points outside it."""
+    import re
+
+    pages = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+    assert {page.name for page in pages} >= {"README.md", "mathematics.md", "algorithm.md", "claims.md", "certificates.md"}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert "SPEC.md" not in text and "../shared" not in text, page
+        for target in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", text):
+            path, anchor = target
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.is_file() and PROJECT_ROOT in linked.parents, (page.name, path)
+            if anchor:
+                linked_text = linked.read_text(encoding="utf-8")
+                slugs = {re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-") for heading in re.findall(r"^#+ (.*)$", linked_text, re.M)}
+                assert anchor in slugs or f'<a id="{anchor}"></a>' in linked_text, (page.name, path, anchor)

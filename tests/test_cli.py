@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from certify import certificate as certificate_format
-from certify import claims, cli, report
+from certify import claims, cli, environment, report
 from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +105,8 @@ def test_run_passing_claim_exits_0_and_writes_certificate_and_report(registry, c
     assert certificate["provenance"]["seed"] == 3 and certificate["provenance"]["profile"] == "quick"
     assert certificate["provenance"]["command"] == "certify run p1 --out " + str(tmp_path) + " --seed 3 --profile quick"
     assert certificate["provenance"]["reproduce"] == "certify run P1 --seed 3 --profile quick"
-    assert (tmp_path / "REPORT.md").is_file()
+    assert certificate["statement"]["docs"] == "docs/claims.md#p1"
+    assert "[docs/claims.md](../docs/claims.md)" in (tmp_path / "REPORT.md").read_text()
 
 
 def test_run_failing_claim_exits_1(registry, capsys, tmp_path):
@@ -300,8 +301,95 @@ def test_resealed_certificate_that_breaks_the_schema_exits_2(certified, capsys):
 def test_verify_round_trip_reproduces_bit_for_bit(certified, capsys):
     code, out, err = run_main(capsys, "verify", str(certified))
     assert code == 0, out + err
+    assert f"[1/1] {certified}: digest ok; re-running P1 (certify run P1 --seed 7 --profile quick)" in out
     assert "reproduced: verdict pass, 1 checks and 1 controls agree" in out
+    assert "matches the recorded one: residuals must reproduce bit for bit" in out
     assert "reproduced bit for bit" in out
+    recorded = json.loads(certified.read_text())
+    residual = recorded["numerical"]["checks"][0]["residual"]["max"]
+    row = next(line for line in out.splitlines() if line.startswith("fake_identity "))
+    assert row.split() == ["fake_identity", f"{residual:.4g}", f"{residual:.4g}", "1e-15", f"{recorded['numerical']['checks'][0]['max_ratio']:.4g}", "yes", "yes"]
+    assert next(line for line in out.splitlines() if line.startswith("control qr_retraction ")).split()[-2:] == ["detected", "yes"]
+
+
+def _as_if_from_another_machine(certificate: dict) -> None:
+    """What a machine that rounds differently would have recorded: other bits of one fixed
+    computation in a consistent fingerprint, and a worst residual 1.5 times this machine's."""
+    fingerprint = certificate["environment"]["rounding_fingerprint"]
+    fingerprint["computations"]["numpy.matmul"] = "0" * 64
+    fingerprint["sha256"] = environment.fingerprint_digest(fingerprint)
+    certificate["numerical"]["checks"][0]["residual"]["max"] *= 1.5
+
+
+def test_verify_on_a_machine_that_rounds_differently_notes_residuals_and_exits_0(certified, capsys):
+    _rewrite(certified, _as_if_from_another_machine, reseal=True)
+    code, out, err = run_main(capsys, "verify", str(certified))
+    assert code == 0, out + err
+    assert "reproduced: verdict pass, 1 checks and 1 controls agree" in out
+    assert "(differs in bits of numpy.matmul)" in out
+    assert "residuals may differ within their bounds" in out
+    assert "largest relative difference 0.333 (check fake_identity)" in out
+    assert "every re-run residual is within its bound (all 1 re-run checks passed)" in out
+    assert next(line for line in out.splitlines() if line.startswith("fake_identity ")).split()[-1] == "no"
+    assert "DIFFERS" not in out
+
+
+def test_verify_with_the_same_fingerprint_rejects_a_changed_residual(certified, capsys):
+    _rewrite(certified, lambda c: c["numerical"]["checks"][0]["residual"].update(max=c["numerical"]["checks"][0]["residual"]["max"] * 1.5), reseal=True)
+    code, out, _ = run_main(capsys, "verify", str(certified))
+    assert code == 1
+    assert "DIFFERS from its re-run: residuals differ in 1 of 2 checks and controls (largest relative difference 0.333 (check fake_identity))" in out
+    assert "although the rounding fingerprint matches the recorded one" in out
+
+
+@pytest.mark.parametrize(
+    "doctor, expected",
+    [
+        (lambda c: c["numerical"]["checks"][0].update(samples=10**6), "check fake_identity: samples 1000000 recorded, 200 reproduced"),
+        (lambda c: c["numerical"]["checks"][0].update(shapes=[[1024, 128]]), "check fake_identity: shapes [[1024, 128]] recorded, [[4, 2]] reproduced"),
+        (lambda c: c["provenance"].update(reproduce="certify run P1 --seed 7 --profile thorough"), "reproduce command"),
+        (lambda c: c["numerical"]["checks"][0].update(max_ratio=3.0), "recorded passed True with worst residual/bound 3.0"),
+    ],
+)
+def test_verify_rejects_a_doctored_certificate_on_any_machine(certified, capsys, doctor, expected):
+    def change(certificate):
+        _as_if_from_another_machine(certificate)
+        doctor(certificate)
+
+    _rewrite(certified, change, reseal=True)
+    code, out, _ = run_main(capsys, "verify", str(certified))
+    assert code == 1
+    assert "DIFFERS from its re-run" in out and expected in out
+
+
+def test_verify_writes_the_tolerance_report_as_markdown(certified, capsys, tmp_path):
+    _rewrite(certified, _as_if_from_another_machine, reseal=True)
+    report_file = tmp_path / "verification.md"
+    code, out, _ = run_main(capsys, "verify", str(certified), "--report", str(report_file))
+    assert code == 0
+    assert f"tolerance report: {report_file}" in out
+    text = report_file.read_text()
+    assert text.startswith("# Verification report\n")
+    assert "1 of 1 certificate(s) reproduced" in text
+    assert "## P1: fake claim P1" in text and "**reproduced**" in text
+    assert "| check / control | recorded residual | re-run residual | bound | re-run ratio | pass | bit-identical |" in text
+    assert "| fake_identity |" in text and "| control qr_retraction |" in text
+    assert "- note: every re-run residual is within its bound" in text
+
+
+def test_verify_report_in_a_missing_directory_exits_2_before_any_rerun(certified, capsys, tmp_path):
+    code, out, err = run_main(capsys, "verify", str(certified), "--report", str(tmp_path / "no" / "such.md"))
+    assert code == 2 and "does not exist" in error_of(err)
+    assert "re-running" not in out
+
+
+def test_verify_on_a_terminal_shows_a_rich_table(certified, capsys, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_main(capsys, "verify", str(certified))
+    assert code == 0
+    assert "┏" in out and "bit-identical" in out and "P1: recorded against re-run" in out
+    assert "digest ok; re-ran P1" in out
 
 
 def test_verify_reports_what_differs(certified, registry, capsys):
@@ -312,7 +400,9 @@ def test_verify_reports_what_differs(certified, registry, capsys):
     assert "verdict pass recorded, fail reproduced" in out
     assert "check fake_identity: passed True recorded, False reproduced" in out
     assert "largest relative difference" in out
-    assert "although the environment is the same as recorded, where the re-run is bit for bit" in out
+    assert "although the rounding fingerprint matches the recorded one, where the re-run is bit for bit" in out
+    row = next(line for line in out.splitlines() if line.startswith("fake_identity "))
+    assert row.split()[-4:] == ["yes", "->", "no", "no"]  # passed recorded -> re-run, not bit-identical
 
 
 def test_verify_of_a_reproduced_failing_certificate_exits_1(registry, capsys, tmp_path):
@@ -331,6 +421,27 @@ def test_cite_is_one_line_with_id_digest_verdict_and_command(certified, capsys):
     digest = json.loads(certified.read_text())["digest"]["value"]
     assert lines[0].startswith("P1 (fake claim P1): pass, sha256 " + digest[:16])
     assert lines[0].endswith("reproduce: certify run P1 --seed 7 --profile quick")
+
+
+def test_cite_markdown_and_bibtex(certified, capsys):
+    recorded = json.loads(certified.read_text())
+    digest = recorded["digest"]["value"]
+    code, out, _ = run_main(capsys, "cite", str(certified), "--format", "markdown")
+    assert code == 0
+    assert out.startswith("**P1: fake claim P1**: statement of P1")
+    assert f"Verdict **pass** · sha256 `{digest}`" in out
+    assert "reproduce: `certify run P1 --seed 7 --profile quick`" in out and "[docs/claims.md#p1](docs/claims.md#p1)" in out
+
+    code, out, _ = run_main(capsys, "cite", str(certified), "--format", "bibtex")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0] == f"@misc{{stiefel-adam-certify:P1:{digest[:12]}," and lines[-1] == "}"
+    assert f"  howpublished = {{certificate P1, verdict pass, sha256 {digest}}}," in lines
+    note = next(line for line in lines if line.startswith("  note = "))
+    assert "Reproduce: certify run P1 --seed 7 --profile quick" in note
+    assert "docs/claims.md\\#p1" in note  # LaTeX's # escaped
+    commit = recorded["provenance"]["git_commit"]
+    assert commit is None or f"git commit {commit}" in note
 
 
 def test_list_shows_ids_titles_controls(registry, capsys):

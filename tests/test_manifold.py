@@ -1,4 +1,4 @@
-"""Manifold operations: the identities of SPEC.md section 1, with bounds from their rounding.
+"""Manifold operations: the identities of docs/mathematics.md, with bounds from their rounding.
 
 Bounds: an entry of W^T A is an inner product of length d (error <= d u ||A||, Higham gamma_d);
 a product W (W^T A) adds r u; so each residual below is at most C (d + r) r u times the norm of the

@@ -100,7 +100,7 @@ def test_long_run_records_checkpoints_and_growth():
 
 
 def test_long_run_bound_is_violated_by_a_drifting_frame():
-    """The feasibility bound is tight enough to see a float32-level drift (SPEC.md section 8)."""
+    """The feasibility bound is tight enough to see a float32-level drift (docs/algorithm.md#pitfalls)."""
     d, r = p3.LONG_RUN_SHAPE
     rng = rng_for(0, "test", "drift")
     W = ri.random_point(d, r, rng, (1,))

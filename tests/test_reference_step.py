@@ -1,4 +1,4 @@
-"""The reference step against SPEC.md section 2, written out a second time frame by frame.
+"""The reference step against docs/algorithm.md, written out a second time frame by frame.
 
 `spec_step` below is the page read literally: one frame at a time, Python scalars for v, the
 polar factor from scipy.linalg.polar. The vectorized reference must agree with it on multi-step
@@ -38,7 +38,7 @@ C = 16.0
 
 
 def spec_step(W, G, m, v, t, lr, beta1, beta2, eps, trust_radius, weight_decay):
-    """SPEC.md section 2 for one frame W (d, r); v a Python float. Returns (W+, m+, v+, t+)."""
+    """docs/algorithm.md for one frame W (d, r); v a Python float. Returns (W+, m+, v+, t+)."""
     d, r = W.shape
     G_tilde = G + weight_decay * W
     WtG = W.T @ G_tilde
