@@ -463,8 +463,9 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
 
                 singular = np.linalg.svd(W + xi, compute_uv=False)
                 cond = singular[:, 0] / singular[:, -1]
-                step_cond.add(np.maximum(cond - np.sqrt(1 + norm_xi**2), 0.0),
-                              4 * ((d * r + 2) * u + feas + tangency_bound / norm_xi) * kappa,
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    cond_bound = 4 * ((d * r + 2) * u + feas + tangency_bound / norm_xi) * kappa
+                step_cond.add(np.maximum(cond - np.sqrt(1 + norm_xi**2), 0.0), cond_bound,
                               shape=(d, r), key=step_key, seed=seed, extra={"t": t})
                 # the second step on half of the frames (at least one): the non-fresh state is what it adds
                 half = max(1, (count + 1) // 2)
