@@ -26,8 +26,14 @@ How it is checked
   rounding bound (`trajectory_rounding_bound`, derived there). Bitwise tier: c = 2^k with
   lambda = 0 gives bit-identical trajectories (ulps, bound 0.5), because multiplication by a power
   of two commutes with every rounding of the step as long as nothing under- or overflows.
-* eps > 0: one step, the deviation against min(||xi||, Delta) x / (1 + x), x = eps / (c sqrt(v^))
-  plus the rounding bound (`eps_deviation_bound`).
+* Moments: at every step ||m_t(c) - c m_t(1)|| and |v_t(c) - c^2 v_t(1)| of the stored state against
+  the two runs' running moment bounds; bitwise (0.5 ulp) for c = 2^k.
+* eps > 0: one step; the claim predicts the frame exactly, W_1(c, eps) = R_W(phi xi_0) with xi_0
+  the eps = 0 step's own direction (propositions.kit.directions) and phi = min(L / (1 + x), Delta) /
+  min(L, Delta), L = lr sqrt(d r), x = eps / (c sqrt(v^)). The distance to that frame is held to
+  a rounding bound (`eps_check`): two-sided (a step that moves less or more than predicted fails)
+  and rounding-level also where eps dominates. The deviation from the eps = 0 step stays within
+  min(||xi||, Delta) x / (1 + x) (`eps_deviation_bound`, the statement's form), a consequence.
 * Domain: c = 2^k over every positive finite float64 (k = -1074 .. 1023) with unit-scale gradients;
   where ||g||^2 underflows (v = 0: the step is zero) or overflows the claim stops holding in
   float64. The found domain is reported next to the domain predicted from the float64 limits
@@ -42,7 +48,10 @@ A step that is not degree 0 in c: a fixed step size (control fixed_step_sgd, W+ 
 whose trajectory moves by O(lr c ||g||)), eps added inside the square root with a wrong power, a
 second moment that is not the square of the gradient scale, a projection that does not annihilate
 lambda W (the decay term would then tilt the direction by lambda / c). Any of these shows up as a
-trajectory residual orders of magnitude above the rounding bound.
+trajectory residual orders of magnitude above the rounding bound. A state that does not scale
+(a first moment stored in units of sqrt(v)) fails the moment checks though every W_t is right;
+eps placed where it does not shorten the step by c s / (c s + eps) (added to the normalised step,
+or inside the square root) fails the eps check.
 """
 
 from __future__ import annotations

@@ -22,12 +22,15 @@ How it is checked
     * symbolically: generic MatrixSymbol algebra for the Gram identity and for the tangency of a
       scalar-preconditioned step; explicit entries for the rank-one attainment;
     * exactly at rational Stiefel points with rational tangents (zero tolerance);
-    * in float64: the first step of the optimizer under test from a fresh state, over shape_plan.
-      The step returns its state: its second moment v gives the preconditioner it applied, and at
-      t = 1 its first moment is m^ = g = P_W(G), so xi = clip(-lr g (sqrt(v^) + eps)^-1) is the
-      step's direction; that this is the vector the step retracted is confirmed by comparing
-      polar(W + xi) with the returned W_1. Then the preconditioner's condition number (in ulps),
-      ||W^T xi + xi^T W|| without any re-projection, and cond(W + xi) <= sqrt(1 + ||xi||^2).
+    * in float64: the optimizer under test over shape_plan, a step at t = 1 from a fresh state and,
+      on half of the frames, a second one at t = 2 from the state it returned. xi is the step's own
+      direction (propositions.kit.directions: the variant's hook, the same call as its step; for a
+      step without one, the inverse polar retraction of W_new). Checked: polar(W + xi) is the
+      returned W_new (step_reconstruction); the entrywise ratio -xi / m^ has spread max / min = 1
+      up to rounding (preconditioner_spread, m^ from the input state and P_W(G)); xi equals
+      clip(-lr m^ / (sqrt(v^) + eps)) with v^ read from the returned state (direction_matches_state);
+      ||W^T xi + xi^T W|| without re-projection (step_stays_tangent); the returned m is tangent at
+      W_new (state_stays_tangent); cond(W + xi) <= sqrt(1 + ||xi||^2) (step_conditioning).
       The Gram identity and singular-value bounds over random tangents of norm up to Delta, and the
       attainment by rank-one tangents. The float64 retraction against
       reference_impl.highprec.polar_retract_mp (profile.mp_dps digits, profile.mp_samples frames).
@@ -35,9 +38,12 @@ How it is checked
       feasibility of every iterate against a bound that does not grow with the step count.
 
 What would make it fail
-    An elementwise second moment (Adam's) gives a diagonal preconditioner with condition number far
-    from 1 and a step xi off T_W: check (a) fails by more than ten orders of magnitude (control
-    elementwise_second_moment). A retraction that reuses (I + xi^T xi)^(-1/2) instead of the actual
+    An elementwise second moment (Adam's) gives a diagonal preconditioner whose ratios -xi / m^
+    spread far from 1 and a step xi off T_W: check (a) fails by more than ten orders of magnitude
+    (control elementwise_second_moment). A per-column preconditioner fails the spread; a stored v
+    that is not the one applied fails direction_matches_state; a first moment that is not
+    transported to the new frame fails state_stays_tangent; a step whose W_new is not polar(W + xi)
+    for the xi it reports fails step_reconstruction. A retraction that reuses (I + xi^T xi)^(-1/2) instead of the actual
     Gram matrix lets feasibility random-walk, but in float64 over 10^4 steps that walk (about 5e-14
     at the long-run shape) stays within a small factor of the worst-case rounding bound, so the
     long-run check is not claimed to detect it; it catches drift of larger size only (e.g. a
