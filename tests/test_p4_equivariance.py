@@ -149,3 +149,11 @@ def test_exact_tier_covers_both_determinants():
     exact = p4.exact_part(0)
     assert all(e["passed"] for e in exact)
     assert "-1" in exact[0]["description"]
+
+
+def test_sign_flips_of_a_step_without_hook_are_held_to_the_inverse_bound():
+    plain = ri.Variant("plain", "the real step without its hook", (), ri.init, ri.step)
+    checks, frames, _ = p4.sign_flip_bitwise(0, 100, SMALL, plain)
+    by_name = {c.name: c for c in checks}
+    assert by_name["sign_flip_direction"].passed and by_name["sign_flip_direction"].samples == 2 * frames
+    assert by_name["sign_flip_second_moment_bitwise"].passed
