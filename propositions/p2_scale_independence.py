@@ -26,8 +26,14 @@ How it is checked
   rounding bound (`trajectory_rounding_bound`, derived there). Bitwise tier: c = 2^k with
   lambda = 0 gives bit-identical trajectories (ulps, bound 0.5), because multiplication by a power
   of two commutes with every rounding of the step as long as nothing under- or overflows.
-* eps > 0: one step, the deviation against min(||xi||, Delta) x / (1 + x), x = eps / (c sqrt(v^))
-  plus the rounding bound (`eps_deviation_bound`).
+* Moments: at every step ||m_t(c) - c m_t(1)|| and |v_t(c) - c^2 v_t(1)| of the stored state against
+  the two runs' running moment bounds; bitwise (0.5 ulp) for c = 2^k.
+* eps > 0: one step; the claim predicts the frame exactly, W_1(c, eps) = R_W(phi xi_0) with xi_0
+  the eps = 0 step's own direction (propositions.kit.directions) and phi = min(L / (1 + x), Delta) /
+  min(L, Delta), L = lr sqrt(d r), x = eps / (c sqrt(v^)). The distance to that frame is held to
+  a rounding bound (`eps_check`): two-sided (a step that moves less or more than predicted fails)
+  and rounding-level also where eps dominates. The deviation from the eps = 0 step stays within
+  min(||xi||, Delta) x / (1 + x) (`eps_deviation_bound`, the statement's form), a consequence.
 * Domain: c = 2^k over every positive finite float64 (k = -1074 .. 1023) with unit-scale gradients;
   where ||g||^2 underflows (v = 0: the step is zero) or overflows the claim stops holding in
   float64. The found domain is reported next to the domain predicted from the float64 limits
@@ -42,7 +48,10 @@ A step that is not degree 0 in c: a fixed step size (control fixed_step_sgd, W+ 
 whose trajectory moves by O(lr c ||g||)), eps added inside the square root with a wrong power, a
 second moment that is not the square of the gradient scale, a projection that does not annihilate
 lambda W (the decay term would then tilt the direction by lambda / c). Any of these shows up as a
-trajectory residual orders of magnitude above the rounding bound.
+trajectory residual orders of magnitude above the rounding bound. A state that does not scale
+(a first moment stored in units of sqrt(v)) fails the moment checks though every W_t is right;
+eps placed where it does not shorten the step by c s / (c s + eps) (added to the normalised step,
+or inside the square root) fails the eps check.
 """
 
 from __future__ import annotations
@@ -55,8 +64,9 @@ import sympy as sp
 from reference_impl import adam, exact
 from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.controls import get_variant
-from reference_impl.manifold import project_tangent, random_point
+from reference_impl.manifold import polar_retract, project_tangent, random_point
 
+from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
     Claim,
@@ -311,6 +321,25 @@ def record_trajectory(W0: np.ndarray, gradients: np.ndarray, config: StiefelAdam
     return np.stack(frames), states, {key: np.stack(value) for key, value in norms.items()}
 
 
+def first_step_norms(W0: np.ndarray, G: np.ndarray, config: StiefelAdamConfig) -> dict:
+    """The norms of `record_trajectory` for one step from a fresh state, without taking the step.
+
+    Same stages, same float64 operations as record_trajectory's first step (docs/algorithm.md,
+    stages 1-6); arrays of shape (1, n).
+    """
+    beta1, beta2 = config.betas
+    d, r = W0.shape[-2], W0.shape[-1]
+    g = project_tangent(W0, G + config.weight_decay * W0, validate=False)
+    m_norm = frobenius((1 - beta1) * g)
+    v = (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r)
+    v_hat = v / (1 - beta2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xi_norm = np.where(v_hat > 0, config.lr * m_norm / (1 - beta1) / (np.sqrt(v_hat) + config.eps), 0.0)
+    values = {"G_norm": frobenius(G), "g_norm": frobenius(g), "m_norm": m_norm, "v": v, "v_hat": v_hat,
+              "xi_norm": xi_norm}
+    return {key: value[None] for key, value in values.items()}
+
+
 def frame_distance(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """||A - B||_F over the last two axes; NaN where either is not finite."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -373,6 +402,17 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
         "through the 1 / sigma_min-Lipschitz polar factor and the quadratic dependence of P_W on W); "
         "the unscaled decay enters as lambda sqrt(r) / c in ||G~||",
     )
+    moment_derivation = ("each run's moment is within its running bound of the exact one (trajectory_rounding_bound: "
+                         "b_m for ||m_t - m_t*|| / c, b_v for |v_t - v_t*| / c^2), and exactly m_t*(c) = c m_t*, "
+                         "v_t*(c) = c^2 v_t*; forming c m rounds by u c ||m|| (0 for a power of two), c^2 v by 3u c^2 v")
+    m_check = NumericalCheck(
+        name=label + "_first_moment",
+        description=f"||m_t(c) - c m_t(1)||_F, max over t <= {profile.steps} (the stored first moment scales by c)",
+        bound_derivation=moment_derivation + ": bound c (b_m(1) + b_m(c)) + u c ||m_t(1)||")
+    v_check = NumericalCheck(
+        name=label + "_second_moment",
+        description=f"|v_t(c) - c^2 v_t(1)|, max over t <= {profile.steps} (the stored second moment scales by c^2)",
+        bound_derivation=moment_derivation + ": bound c^2 (b_v(1) + b_v(c)) + 3u c^2 v_t(1)")
     vacuous = 0
     examined = 0
     power_bitwise = {"frames": 0, "bitwise": 0}
@@ -386,18 +426,23 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
             pure_power[: count // 2] = True
             c[pure_power] = 2.0 ** np.round(log10_c[pure_power] / math.log10(2.0))
         scaled = c[None, :, None, None] * gradients
-        W_one, _, norms = record_trajectory(W0, gradients, config)
+        W_one, states_one, norms = record_trajectory(W0, gradients, config)
         if optimizer != "stiefel_adam":
-            W_one, _ = run_trajectory(optimizer, W0, gradients, config)
-        W_scaled, _ = run_trajectory(optimizer, W0, scaled, config)
+            W_one, states_one = run_trajectory(optimizer, W0, gradients, config)
+        W_scaled, states_scaled = run_trajectory(optimizer, W0, scaled, config)
         residual = frame_distance(W_scaled, W_one)
         a0 = initial_distance_to_manifold(W0)
-        bound_one = trajectory_rounding_bound(norms, d, r, config, initial_distance=a0)["W"]
+        rounding_one = trajectory_rounding_bound(norms, d, r, config, initial_distance=a0)
+        bound_one = rounding_one["W"]
         # fl(c G) = c G (1 + delta), |delta| <= u: exact when c is a power of two.
-        input_error = np.where(np.log2(c) == np.round(np.log2(c)), 0.0, u)
-        bound_scaled = trajectory_rounding_bound(norms, d, r, config, scale=c, input_relative_error=input_error,
-                                                 initial_distance=a0)["W"]
+        power = np.log2(c) == np.round(np.log2(c))
+        input_error = np.where(power, 0.0, u)
+        rounding_scaled = trajectory_rounding_bound(norms, d, r, config, scale=c, input_relative_error=input_error,
+                                                    initial_distance=a0)
+        bound_scaled = rounding_scaled["W"]
         bound = bound_one + bound_scaled
+        _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled,
+                        (d, r), (CLAIM_ID, label, d, r, chunk), seed)
         worst_residual, worst_bound, worst_t = worst_over_steps(residual, bound)
         # any frame whose bound reaches 2 sqrt(r) (the largest distance between two frames) at any
         # step is not certified there, whichever step its worst ratio falls on
@@ -414,7 +459,29 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
             figure["residual"] += np.nan_to_num(worst_residual[take], nan=-1.0).tolist()
             figure["bound"] += worst_bound[take].tolist()
         examined += count
-    return check, examined, vacuous, power_bitwise if weight_decay > 0 else None
+    return check, examined, vacuous, power_bitwise if weight_decay > 0 else None, [m_check, v_check]
+
+
+def _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled, shape, key, seed):
+    """Record ||m_t(c) - c m_t(1)|| and |v_t(c) - c^2 v_t(1)| (max over t) against their bounds."""
+    m_one = np.stack([np.asarray(s.m) for s in states_one])
+    m_scaled = np.stack([np.asarray(s.m) for s in states_scaled])
+    v_one = np.stack([np.asarray(s.v) for s in states_one])
+    v_scaled = np.stack([np.asarray(s.v) for s in states_scaled])
+    with np.errstate(all="ignore"):
+        c_m = c[:, None, None] * m_one
+        m_residual = frame_distance(m_scaled, c_m)
+        m_bound = c * (rounding_one["m"] + rounding_scaled["m"]) + np.where(power, 0.0, u) * c * frobenius(m_one)
+        c2_v = (c * c) * v_one if v_one.ndim == 2 else (c * c)[:, None, None] * v_one
+        v_residual = np.abs(v_scaled - c2_v)
+        if v_residual.ndim > 2:  # an elementwise control's v: its largest entry
+            v_residual = v_residual.reshape(v_residual.shape[:2] + (-1,)).max(axis=-1)
+            c2_v = np.abs(c2_v).reshape(v_residual.shape + (-1,)).max(axis=-1)
+        v_bound = (c * c) * (rounding_one["v"] + rounding_scaled["v"]) + 3 * u * c2_v
+    for check, residual, bound in ((m_check, m_residual, m_bound), (v_check, v_residual, v_bound)):
+        bound = np.where(bound > 0, bound, np.finfo(np.float64).tiny)  # g = 0 exactly (d = r = 1): both 0
+        worst_residual, worst_bound, worst_t = worst_over_steps(residual, bound)
+        check.add(worst_residual, worst_bound, shape=shape, key=key, seed=seed)
 
 
 def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
@@ -434,58 +501,119 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
         bound_derivation="exact: scaling by 2^k commutes with every rounding while no value leaves the "
         "normal range (|k| <= 300 keeps c^2 g_ij^2 normal and c^2 ||g||^2 finite here); bound 0.5 ulp",
     )
+    moments = NumericalCheck(
+        name="power_of_two_moments_bitwise",
+        description=f"max over t <= {profile.steps} of ulps between m_t(2^k) and 2^k m_t(1), and between v_t(2^k) "
+        "and 2^(2k) v_t(1)",
+        bound_derivation="exact: with every stage scaled by a power of two, m scales by 2^k and v by 2^(2k) bit for "
+        "bit (|k| <= 300 keeps every entry normal); multiplying the unscaled moment by 2^k is exact; bound 0.5 ulp",
+    )
     examined = 0
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, "bitwise", chunk)
         k = rng.integers(LOG2_C_RANGE_BITWISE[0], LOG2_C_RANGE_BITWISE[1] + 1, size=count)
         c = np.ldexp(1.0, k)
-        W_one, _ = run_trajectory(optimizer, W0, gradients, config)
-        W_scaled, _ = run_trajectory(optimizer, W0, c[None, :, None, None] * gradients, config)
+        W_one, states_one = run_trajectory(optimizer, W0, gradients, config)
+        W_scaled, states_scaled = run_trajectory(optimizer, W0, c[None, :, None, None] * gradients, config)
         with np.errstate(invalid="ignore"):
             ulps = np.max(np.stack([ulps_apart(W_scaled[t], W_one[t]) for t in range(len(W_one))]), axis=0)
+            moment_ulps = []
+            for one, scaled in zip(states_one, states_scaled):
+                moment_ulps.append(ulps_apart(np.asarray(scaled.m), c[:, None, None] * np.asarray(one.m)))
+                v_one, v_scaled = np.asarray(one.v), np.asarray(scaled.v)
+                c2 = (c * c).reshape((count,) + (1,) * (v_one.ndim - 1))
+                v_ulps = ulps_apart(v_scaled[..., None, None] if v_one.ndim == 1 else v_scaled,
+                                    (c2 * v_one)[..., None, None] if v_one.ndim == 1 else c2 * v_one)
+                moment_ulps.append(v_ulps)
+            moment_ulps = np.max(np.stack(moment_ulps), axis=0)
         ulps = np.where(np.isnan(ulps), np.inf, ulps)
+        moment_ulps = np.where(np.isnan(moment_ulps), np.inf, moment_ulps)
         check.add(ulps, 0.5, shape=(d, r), key=(CLAIM_ID, "bitwise", d, r, chunk), seed=seed,
                   extra={"log2_c": int(k[int(np.argmax(ulps))])})
+        moments.add(moment_ulps, 0.5, shape=(d, r), key=(CLAIM_ID, "bitwise", d, r, chunk), seed=seed,
+                    extra={"log2_c": int(k[int(np.argmax(moment_ulps))])})
         examined += count
-    return check, examined
+    return check, examined, moments
 
 
-def eps_check(seed: int, profile: Profile, optimizer: str, frames: int, figure=None):
-    """One step from a fresh state: eps > 0 with gradient c G against eps = 0 with gradient G."""
+def eps_prediction_factor(L, trust_radius: float, x):
+    """phi = min(L / (1 + x), Delta) / min(L, Delta): the eps step as a multiple of the eps = 0 step.
+
+    L: the unclipped length of the eps = 0 step; x = eps / (c sqrt(v^)). Both steps point along the
+    same direction (xi(eps) = xi(0) c s / (c s + eps) before the trust region, which only rescales),
+    so R_W(xi_eps(c)) = R_W(phi xi_0) exactly.
+    """
+    return np.minimum(L / (1.0 + x), trust_radius) / np.minimum(L, trust_radius)
+
+
+def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
+    """One step from a fresh state: eps > 0 with gradient c G against the prediction from eps = 0.
+
+    The claim says exactly where the eps step lands: W_1(c, eps) = R_W(phi xi_0) with xi_0 the
+    direction of the eps = 0 step on G (the step's own, propositions.kit.directions) and phi =
+    eps_prediction_factor(lr sqrt(d r), Delta, x), x = eps / (c s), s = sqrt(v^) = ||g|| / sqrt(d r)
+    (at t = 1 the unclipped eps = 0 step has length lr ||g|| / s = lr sqrt(d r) for every g).
+    The residual ||W_1(c, eps) - fl(R_W(fl(phi xi_0)))|| is two-sided (a step that moves less, or
+    more, than predicted misses it) and rounding-level in every regime, also where eps dominates
+    and the step is tiny.
+    """
     config_zero = CONFIG
     config_eps = StiefelAdamConfig(lr=CONFIG.lr, betas=CONFIG.betas, eps=EPS, trust_radius=CONFIG.trust_radius)
     check = NumericalCheck(
         name="eps_deviation",
-        description=f"||W_1(c, eps = {EPS:g}) - W_1(1, eps = 0)||_F, log10 c ~ U{LOG10_C_RANGE_EPS}",
-        bound_derivation="min(||xi_0||, Delta) x / (1 + x), x = eps / (c sqrt(v^)) (same direction "
-        "shortened by 1 / (1 + x); polar factor 1-Lipschitz on W + T_W) plus both steps' rounding "
-        "bounds (trajectory_rounding_bound with T = 1)",
+        description=f"||W_1(c, eps = {EPS:g}) - R_W(phi xi_0)||_F, xi_0 the eps = 0 step's own direction, "
+        f"phi = min(L / (1 + x), Delta) / min(L, Delta), L = lr sqrt(d r), x = eps / (c sqrt(v^)), "
+        f"log10 c ~ U{LOG10_C_RANGE_EPS}",
+        bound_derivation="exactly W_1(c, eps) = R_W(phi xi_0) (same direction, rescaled). The eps run is within "
+        "its rounding bound a_eps of the exact step (trajectory_rounding_bound, T = 1); the prediction errs by "
+        "(a0 + phi b_0 + phi min(L, Delta) (rel(x) + 5u)) / (1 - a0) + polar_rounding, with b_0 the eps = 0 "
+        "step's rounding bound (>= its direction's error), rel(x) = ((d r + 6) u + 2 (d + r + 5) u ||G|| / ||g||) / 2 "
+        "+ 3u the relative error of x (sqrt(v^) read from the float run) and a0 the start's distance to "
+        "St(d, r); a direction recovered by the inverse retraction adds its error bound plus its sensitivity "
+        "times b_0. Bound a_eps + prediction error.",
     )
     examined = 0
     plan = shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)
+    variant = get_variant(optimizer)
     for d, r, count, chunk in plan_chunks(plan):
         rng, W0, gradients = _draw(seed, d, r, count, 1, "eps", chunk)
         c = 10.0 ** rng.uniform(*LOG10_C_RANGE_EPS, size=count)
-        W_zero, _, norms = record_trajectory(W0, gradients, config_zero)
-        if optimizer != "stiefel_adam":
-            W_zero, _ = run_trajectory(optimizer, W0, gradients, config_zero)
-        W_eps, _ = run_trajectory(optimizer, W0, c[None, :, None, None] * gradients, config_eps)
-        residual = frame_distance(W_eps[0], W_zero[0])
+        norms = first_step_norms(W0, gradients[0], config_zero)
+        with np.errstate(all="ignore"):
+            zero = step_direction(variant, W0, gradients[0], variant.init(W0), config_zero)
+            eps_W, _ = variant.step(W0, c[:, None, None] * gradients[0], variant.init(W0), config_eps)
         a0 = initial_distance_to_manifold(W0)
-        rounding = (trajectory_rounding_bound(norms, d, r, config_zero, initial_distance=a0)["W"][0]
-                    + trajectory_rounding_bound(norms, d, r, config_eps, input_relative_error=u, initial_distance=a0)["W"][0])
-        deviation = eps_deviation_bound(norms["xi_norm"][0], norms["v_hat"][0], c, EPS, CONFIG.trust_radius)
-        bound = deviation + rounding
+        bound_zero = trajectory_rounding_bound(norms, d, r, config_zero, initial_distance=a0)["W"][0]
+        bound_eps = trajectory_rounding_bound(norms, d, r, config_eps, input_relative_error=u, initial_distance=a0)["W"][0]
+        s = np.sqrt(norms["v_hat"][0])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(s > 0, EPS / (c * np.where(s > 0, s, 1.0)), 0.0)
+            # g = 0 (T_W = {0} at d = r = 1): both steps are exactly zero (xi = 0 where v^ = 0)
+            moving = norms["g_norm"][0] > 0
+            G_over_g = np.where(moving, norms["G_norm"][0] / np.where(moving, norms["g_norm"][0], 1.0), 0.0)
+        L = CONFIG.lr * math.sqrt(d * r)
+        phi = eps_prediction_factor(L, CONFIG.trust_radius, x)
+        predicted = polar_retract(W0, phi[:, None, None] * zero.xi, "svd", validate=False)
+        residual = frame_distance(eps_W, predicted)
+        relative_x = ((d * r + 6) * u + 2 * (d + r + 5) * u * G_over_g) / 2 + 3 * u
+        direction_error = bound_zero + zero.error_bound
+        if zero.inverse is not None:
+            direction_error = direction_error + zero.inverse.sensitivity * bound_zero
+        step_length = np.where(moving, min(L, CONFIG.trust_radius), 0.0)
+        prediction_error = ((a0 + phi * direction_error + phi * step_length * (relative_x + 5 * u)) / (1 - a0)
+                            + polar_rounding(d, r, CONFIG.trust_radius))
+        bound = bound_eps + prediction_error
         index = int(np.argmax(np.where(np.isnan(residual), np.inf, residual) / bound))
         check.add(residual, bound, shape=(d, r), key=(CLAIM_ID, "eps", d, r, chunk), seed=seed,
-                  extra={"c": float(c[index])})
+                  extra={"c": float(c[index]), "x": float(x[index])})
         if figure is not None and len(figure["c"]) < 400:
             take = slice(0, max(1, 400 // len(plan)))
             figure["c"] += c[take].tolist()
-            figure["deviation"] += np.nan_to_num(residual[take], nan=-1.0).tolist()
+            figure["deviation"] += np.nan_to_num(frame_distance(eps_W, zero.W_new)[take], nan=-1.0).tolist()
+            figure["predicted"] += frame_distance(predicted, zero.W_new)[take].tolist()
+            figure["residual"] += np.nan_to_num(residual[take], nan=-1.0).tolist()
             figure["bound"] += bound[take].tolist()
-            s_hat = np.sqrt(norms["v_hat"][0][take])
-            figure["x"] += np.where(s_hat > 0, EPS / (c[take] * np.where(s_hat > 0, s_hat, 1.0)), 0.0).tolist()
+            figure["x"] += x[take].tolist()
         examined += count
     return check, examined
 
@@ -737,21 +865,21 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     frames = profile.frames
     figure_trajectory = {"c": [], "residual": [], "bound": []}
     figure_decay = {"c": [], "residual": [], "bound": []}
-    figure_eps = {"c": [], "deviation": [], "bound": [], "x": []}
-    scale_check, n_scale, vacuous_scale, _ = trajectory_check(
+    figure_eps = {"c": [], "deviation": [], "predicted": [], "residual": [], "bound": [], "x": []}
+    scale_check, n_scale, vacuous_scale, _, scale_moments = trajectory_check(
         seed, profile, optimizer, weight_decay=0.0, frames=frames * 2 // 5, label="trajectory_scale_invariance",
         log10_c_range=LOG10_C_RANGE, figure=figure_trajectory)
-    decay_check, n_decay, vacuous_decay, decay_bitwise = trajectory_check(
+    decay_check, n_decay, vacuous_decay, decay_bitwise, decay_moments = trajectory_check(
         seed, profile, optimizer, weight_decay=WEIGHT_DECAY, frames=frames // 5, label="trajectory_scale_invariance_decay",
         log10_c_range=LOG10_C_RANGE_DECAY, figure=figure_decay, large=MEDIUM_SHAPES)
-    power_check, n_power = bitwise_check(seed, profile, optimizer, frames=frames // 5)
+    power_check, n_power, power_moments = bitwise_check(seed, profile, optimizer, frames=frames // 5)
     epsilon_check, n_eps = eps_check(seed, profile, optimizer, frames=frames // 5, figure=figure_eps)
-    checks = [scale_check, decay_check, power_check, epsilon_check]
+    checks = [scale_check, decay_check, power_check, epsilon_check] + scale_moments + decay_moments + [power_moments]
 
     controls = []
     control_profile = Profile(profile.name, max(profile.frames // 20, 64), profile.steps, profile.long_run_steps,
                               profile.mp_dps, profile.mp_samples)
-    sgd_check, _, _, _ = trajectory_check(
+    sgd_check, _, _, _, _ = trajectory_check(
         seed, control_profile, "fixed_step_sgd", weight_decay=0.0, frames=control_profile.frames,
         label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, large=())
     controls.append(ControlResult.from_checks(
@@ -793,7 +921,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         frames=n_scale + n_decay + n_power + n_eps,
         exact=exact_results,
         extra={
-            "optimizer": optimizer,
+            "optimizer": variant_name(optimizer),
             "config": {"lr": CONFIG.lr, "betas": list(CONFIG.betas), "trust_radius": CONFIG.trust_radius,
                        "weight_decay_checked": WEIGHT_DECAY, "eps_checked": EPS},
             "domain": {key: value for key, value in scan.items() if key not in ("log2_c", "residual", "status")},
@@ -806,8 +934,9 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
                                                   "||W_T(c G) - W_T(G)||, eps = 0, lambda = 0", "c"),
             "trajectory_deviation_vs_c_decay": _against(figure_decay, "c", ["residual", "bound"],
                                                         f"||W_T(c G) - W_T(G)||, eps = 0, lambda = {WEIGHT_DECAY:g}", "c"),
-            "eps_deviation": _against(figure_eps, "x", ["deviation", "bound"],
-                                      f"one step with eps = {EPS:g} against eps = 0", "x = eps / (c sqrt(v^))"),
+            "eps_deviation": _against(figure_eps, "x", ["deviation", "predicted", "residual", "bound"],
+                                      f"one step with eps = {EPS:g}: deviation from the eps = 0 step, its "
+                                      "prediction, and the distance to the predicted frame", "x = eps / (c sqrt(v^))"),
             "domain_scan": {
                 "x": scan["log2_c"],
                 "y": scan["residual"],

@@ -34,16 +34,19 @@ How it is checked
   (1024, 128) frames run the right action. Signed permutations (exact products, applied by
   indexing) get the same trajectory check with no input rounding.
 * Bitwise tier (ulps, bound 0.5): sign flips D = diag(+-1), the signed permutations that keep
-  the order of every sum, on the stages that are exact in float64: the projection and the second
-  moment of the step under test. (The direction -lr m^/sqrt(v^) and its clipping are elementwise
-  sign-symmetric by IEEE arithmetic itself, so a check of them could not fail and is not made.)
-  Every product D_ii W_ij D_ii G_ik is
-  the same number, every sum is taken in the same order, and rounding to nearest is symmetric, so
-  these stages are bit-identical. They are NOT bitwise for general signed permutations (BLAS sums
-  W^T G in the permuted order, with fused multiply-adds even d = 2 differs), and the full step is
-  not bitwise even for sign flips (LAPACK's SVD takes sign-dependent branches: Householder vector
-  signs, the bidiagonal's signs). Those are certified with the float64 bound, and the fraction of
-  bit-identical frames is reported in `extra["bitwise_fractions"]`.
+  the order of every sum, through the step under test from a non-fresh state:
+  step(D W1, D G2, (D m1, v1, t1)) against D step(W1, G2, (m1, v1, t1)) (and W D on the right).
+  Every product D_ii W_ij D_ii G_ik is the same number, every sum is taken in the same order, and
+  rounding to nearest is symmetric, so every stage before the retraction is bit-identical: the
+  step's own direction xi (read from its hook, propositions.kit.directions) and its second moment
+  v+. They are NOT bitwise for general signed permutations (BLAS sums W^T G in the permuted order,
+  with fused multiply-adds even d = 2 differs), and W+ is not bitwise even for sign flips
+  (LAPACK's SVD takes sign-dependent branches: Householder vector signs, the bidiagonal's signs).
+  Those are certified with the float64 bound, and the fraction of bit-identical frames is reported
+  in `extra["bitwise_fractions"]`.
+* Components: docs/algorithm.md#pitfalls requires det -1 among the draws of O(d). Every shape of the Haar
+  checks holds both components (haar_with_both_components); where the sampler provides none with
+  det -1 the certificate is inconclusive and names the shapes.
 
 What would make it fail
 -----------------------
@@ -60,11 +63,13 @@ import math
 import numpy as np
 import sympy as sp
 
+import reference_impl as ri
 from reference_impl import exact
-from reference_impl.adam import StiefelAdamConfig
-from reference_impl.controls import get_variant
-from reference_impl.manifold import project_tangent, random_orthogonal, random_point, random_signed_permutation
+from reference_impl.adam import StiefelAdamConfig, StiefelAdamState
+from reference_impl.controls import get_variant, riemannian_gradient
+from reference_impl.manifold import random_point, random_signed_permutation
 
+from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
     Claim,
@@ -133,6 +138,50 @@ def signed_permutation_action(P: np.ndarray, side: str):
     return act
 
 
+# Draws of reference_impl.random_orthogonal made at most, per shape, to find a missing component.
+COMPONENT_DRAWS = 64
+
+
+def haar_with_both_components(n: int, rng: np.random.Generator, count: int,
+                              wanted=(-1.0, 1.0)) -> tuple[np.ndarray, int]:
+    """count Haar matrices of O(n) from reference_impl.random_orthogonal, holding the components in
+    `wanted` (determinants, in order of priority; as many as count allows).
+
+    docs/algorithm.md#pitfalls: St(d, d) = O(d) has two components and a certificate that samples O(d) must
+    include det -1. With few draws per shape (2 at the largest frames, one per chunk) a Haar sample
+    misses a component with probability 2^(1 - count), so where the draws lack a wanted component
+    the sampler is asked again, one matrix at a time from the same stream (at most COMPONENT_DRAWS
+    times), and the first draw of that component replaces a draw of the other. The sample is then
+    Haar conditioned on holding the wanted components. A sampler that never returns det -1 still
+    fails to provide it, and the certificate says so (`component_coverage`).
+    Returns (matrices (count, n, n), number of extra draws made).
+    """
+    sampler = ri.random_orthogonal
+    O = sampler(n, rng, (count,))
+    extra_draws = 0
+    for position, determinant in enumerate(list(wanted)[:count]):
+        signs = np.linalg.slogdet(O)[0]
+        if np.any(signs == determinant):
+            continue
+        for _ in range(COMPONENT_DRAWS):
+            candidate = sampler(n, rng, (1,))
+            extra_draws += 1
+            if np.linalg.slogdet(candidate)[0][0] == determinant:
+                O = O.copy()
+                O[count - 1 - position] = candidate[0]
+                break
+    return O, extra_draws
+
+
+def component_coverage(haar_extra: dict) -> list[str]:
+    """Shapes of the Haar checks whose draws hold no det -1 matrix (or, with >= 2 draws, no det +1)."""
+    missing = []
+    for shape, (negative, positive, _) in haar_extra.get("by_shape", {}).items():
+        if negative == 0 or (positive == 0 and negative + positive >= 2):
+            missing.append(f"{shape}: {negative} draws with det -1, {positive} with det +1")
+    return missing
+
+
 def _draw(seed, d, r, count, steps, label, chunk=0):
     rng = rng_for(seed, CLAIM_ID, label, d, r, chunk)
     W0 = random_point(d, r, rng, (count,))
@@ -176,12 +225,15 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
     """
     checks = _checks(label, side)
     examined = 0
+    components_seen: dict = {}
     config = CONFIG
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)):
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
         n = d if side == "left" else r
         if transform == "haar":
-            O = random_orthogonal(n, rng, (count,))
+            seen = components_seen.setdefault((d, r), set())
+            O, resampled = haar_with_both_components(n, rng, count, [c for c in (-1.0, 1.0) if c not in seen])
+            seen.update(np.linalg.slogdet(O)[0].tolist())
             rounding = product_rounding(n)
 
             def act(A):
@@ -194,6 +246,10 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
             negative = int(np.sum(np.linalg.slogdet(O)[0] < 0))
             extra["det_minus_one"] = extra.get("det_minus_one", 0) + negative
             extra["det_plus_one"] = extra.get("det_plus_one", 0) + count - negative
+            per_shape = extra.setdefault("by_shape", {}).setdefault(f"{label} ({d}, {r}) O({n})", [0, 0, 0])
+            per_shape[0] += negative
+            per_shape[1] += count - negative
+            per_shape[2] += resampled
             if d == r:
                 extra["square_frames"] = extra.get("square_frames", 0) + count
 
@@ -230,53 +286,85 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
     return checks, examined
 
 
-def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer: str) -> tuple[list, int, dict]:
-    """Bitwise tier for D = diag(+-1) on both sides, one step, small and medium frames.
+def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tuple[list, int, dict]:
+    """Sign flips D = diag(+-1) on both sides, through the step under test, from a non-fresh state.
 
-    Stages compared (ulps, bound 0.5): P_{DW}(DG) vs D P_W(G); the second moment v+ of the step
-    under test. Right: the same with W D_r. Also measures (reported, not certified) how often the full step W+ and the
-    step under a general signed permutation come out bit-identical.
+    Each frame takes one step from a fresh state, (W1, (m1, v1, t1)) = step(W0, G1, init); then the
+    second step is taken from (W1, G2, (m1, v1, t1)) and from its flip (D W1, D G2, (D m1, v1, t1))
+    (right: W1 D, G2 D, m1 D). Every product D_ii W_ij D_ii G_ik is the same number, every sum is
+    taken in the same order and rounding to nearest is symmetric, so every stage before the
+    retraction is bit-identical: the step's own direction xi (from its hook: `direction`, bound
+    0.5 ulp) and its second moment v+ (`second_moment`, 0.5 ulp) and t+. LAPACK's SVD takes
+    sign-dependent branches, so W+ and m+ are not certified bitwise here (their bit-identical
+    fraction is reported; the signed-permutation trajectories hold them to the float64 bound). A
+    variant without a hook has its xi recovered from W+ by the inverse retraction, which is not
+    bitwise: its check then holds ||xi(flipped) - D xi|| to both inverses' error bounds plus the
+    inverse's sensitivity times ||W+(flipped) - D W+||. Also measures how often a general signed
+    permutation leaves the full step and the projection bit-identical.
     """
     config = CONFIG
-    checks = {
-        "projection": NumericalCheck(
-            "sign_flip_projection_bitwise", "ulps between P_{DW}(DG) and D P_W(G), and P_{W D}(G D) and P_W(G) D",
-            "exact: D_ii W_ij * D_ii G_ik = W_ij G_ik, sums in the same order, sign-symmetric rounding; bound 0.5 ulp"),
-        "second_moment": NumericalCheck(
-            "sign_flip_second_moment_bitwise", "ulps between v+ after one step from (DW, DG) (or (W D, G D)) and from (W, G)",
-            "exact: the squares g_ij^2 are the same numbers summed in the same order; bound 0.5 ulp"),
-    }
+    variant = get_variant(optimizer)
+    hooked = variant.step_with_direction is not None
+    direction_check = NumericalCheck(
+        "sign_flip_direction_bitwise" if hooked else "sign_flip_direction",
+        "ulps between the step's own xi from (D W, D G, (D m, v, t)) and D xi (and W D alike), second step "
+        "of a run" if hooked else
+        "||xi(D W, D G, (D m, v, t)) - D xi|| for xi recovered from W+ by the inverse polar retraction",
+        "exact: the projection, the moments and the scale-free direction see the same products summed in the "
+        "same order, and rounding to nearest is sign-symmetric; bound 0.5 ulp" if hooked else
+        "the two inverses' a posteriori error bounds plus 2 * sensitivity * ||W+(flipped) - D W+|| "
+        "(propositions.kit.directions)",
+    )
+    second_moment = NumericalCheck(
+        "sign_flip_second_moment_bitwise", "ulps between v+ of the flipped second step and v+ (t+ must be equal)",
+        "exact: the squares g_ij^2 are the same numbers summed in the same order; bound 0.5 ulp")
     counts = {key: [0, 0] for key in ("full_step_sign_flip_left", "full_step_sign_flip_right",
+                                      "first_moment_sign_flip_left", "first_moment_sign_flip_right",
                                       "full_step_signed_permutation_left", "full_step_signed_permutation_right",
                                       "projection_signed_permutation_left", "projection_signed_permutation_right")}
     examined = 0
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
-        rng, W0, gradients = _draw(seed, d, r, count, 1, "bitwise", chunk)
-        G = gradients[0]
+        rng, W0, gradients = _draw(seed, d, r, count, 2, "bitwise", chunk)
         signs_left = rng.choice([-1.0, 1.0], size=(count, d, 1))
         signs_right = rng.choice([-1.0, 1.0], size=(count, 1, r))
         P_left = random_signed_permutation(d, rng, (count,))
         P_right = random_signed_permutation(r, rng, (count,))
-        g = project_tangent(W0, G, validate=False)
-        W1, state1 = run_trajectory(optimizer, W0, G[None], config)
+        W1, state1 = variant.step(W0, gradients[0], variant.init(W0), config)
+        G = gradients[1]
+        base = step_direction(variant, W1, G, state1, config)
+        key_base = (CLAIM_ID, "bitwise", d, r, chunk)
         for side, flip in (("left", lambda A: signs_left * A), ("right", lambda A: A * signs_right)):
-            g_flipped = project_tangent(flip(W0), flip(G), validate=False)
-            checks["projection"].add(ulps_apart(g_flipped, flip(g)), 0.5, shape=(d, r), key=(CLAIM_ID, "bitwise", side, d, r, chunk), seed=seed)
-            W1_flipped, state_flipped = run_trajectory(optimizer, flip(W0), flip(G)[None], config)
-            v_ulps = ulps_apart(state_flipped[0].v, state1[0].v)
-            checks["second_moment"].add(v_ulps, 0.5, shape=(d, r), key=(CLAIM_ID, "bitwise", side, d, r, chunk), seed=seed)
-            counts[f"full_step_sign_flip_{side}"][0] += int(np.sum(np.all(W1_flipped[0] == flip(W1[0]), axis=(-2, -1))))
+            state_flipped = StiefelAdamState(m=flip(state1.m), v=state1.v, t=state1.t)
+            moved = step_direction(variant, flip(W1), flip(G), state_flipped, config)
+            key = key_base + (side,)
+            if hooked:
+                direction_check.add(ulps_apart(moved.xi, flip(base.xi)), 0.5, shape=(d, r), key=key, seed=seed)
+            else:
+                W_gap = np.sqrt(np.sum((moved.W_new - flip(base.W_new)) ** 2, axis=(-2, -1)))
+                sensitivity = np.maximum(base.inverse.sensitivity, moved.inverse.sensitivity)
+                residual = np.sqrt(np.sum((moved.xi - flip(base.xi)) ** 2, axis=(-2, -1)))
+                bound = base.error_bound + moved.error_bound + 2 * sensitivity * W_gap
+                direction_check.add(residual, np.where(bound > 0, bound, u), shape=(d, r), key=key, seed=seed)
+            v_ulps = ulps_apart(np.asarray(moved.state_new.v), np.asarray(base.state_new.v))
+            if moved.state_new.t != base.state_new.t:
+                v_ulps = np.full(count, np.inf)
+            second_moment.add(v_ulps, 0.5, shape=(d, r), key=key, seed=seed)
+            counts[f"full_step_sign_flip_{side}"][0] += int(np.sum(np.all(moved.W_new == flip(base.W_new), axis=(-2, -1))))
             counts[f"full_step_sign_flip_{side}"][1] += count
+            same_m = np.all(np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m)), axis=(-2, -1))
+            counts[f"first_moment_sign_flip_{side}"][0] += int(np.sum(same_m))
+            counts[f"first_moment_sign_flip_{side}"][1] += count
+        g = riemannian_gradient(W0, gradients[0])
         for side, permute in (("left", lambda A: P_left @ A), ("right", lambda A: A @ P_right)):
-            W1_permuted, _ = run_trajectory(optimizer, permute(W0), permute(G)[None], config)
-            counts[f"full_step_signed_permutation_{side}"][0] += int(np.sum(np.all(W1_permuted[0] == permute(W1[0]), axis=(-2, -1))))
+            W1_permuted, _ = variant.step(permute(W0), permute(gradients[0]), variant.init(permute(W0)), config)
+            counts[f"full_step_signed_permutation_{side}"][0] += int(np.sum(np.all(W1_permuted == permute(W1), axis=(-2, -1))))
             counts[f"full_step_signed_permutation_{side}"][1] += count
-            g_permuted = project_tangent(permute(W0), permute(G), validate=False)
+            g_permuted = riemannian_gradient(permute(W0), permute(gradients[0]))
             counts[f"projection_signed_permutation_{side}"][0] += int(np.sum(np.all(g_permuted == permute(g), axis=(-2, -1))))
             counts[f"projection_signed_permutation_{side}"][1] += count
         examined += count
     fractions = {key: {"bitwise": hit, "frames": total, "fraction": hit / max(total, 1)} for key, (hit, total) in counts.items()}
-    return list(checks.values()), examined, fractions
+    return [direction_check, second_moment], examined, fractions
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,6 +516,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         control_right, _ = action_check(seed, profile, name, "right", control_frames, (), "right_haar")
         controls.append(ControlResult.from_checks(name, description, [control_left["W"], control_right["W"]]))
 
+    missing_components = component_coverage(haar_extra)
     notes = [
         "Signed permutations do not make the float64 step bitwise for this reference: BLAS accumulates "
         "W^T G over d (left action) and W S over r (right action) in the permuted order, with fused "
@@ -436,15 +525,22 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         f"full steps: {fractions['full_step_signed_permutation_left']['fraction']:.3f} (left), "
         f"{fractions['full_step_signed_permutation_right']['fraction']:.3f} (right). The signed-permutation "
         "trajectories are certified with the float64 bound instead (check left_signed_permutation_*).",
-        "Sign flips D = diag(+-1) keep every product and every summation order: the projection and the second "
-        "moment are certified bit-identical. The full step is not "
+        "Sign flips D = diag(+-1) keep every product and every summation order: through the step under test, "
+        "from a non-fresh state (D m, v, t), its own direction xi and its second moment are certified "
+        "bit-identical. W+ and m+ are not "
         "bitwise even then, because LAPACK's SVD takes sign-dependent branches; measured bit-identical full "
         f"steps: {fractions['full_step_sign_flip_left']['fraction']:.3f} (left), "
         f"{fractions['full_step_sign_flip_right']['fraction']:.3f} (right).",
-        f"Haar Q on O(d): {haar_extra.get('det_minus_one', 0)} draws with det -1 and "
-        f"{haar_extra.get('det_plus_one', 0)} with det +1; {haar_extra.get('square_frames', 0)} frames with d = r "
+        f"Haar draws on O(d) and O(r): {haar_extra.get('det_minus_one', 0)} with det -1 and "
+        f"{haar_extra.get('det_plus_one', 0)} with det +1, both components at every shape "
+        f"({len(haar_extra.get('by_shape', {}))} shapes, {sum(v[2] for v in haar_extra.get('by_shape', {}).values())} "
+        f"extra draws to find a missing component); {haar_extra.get('square_frames', 0)} frames with d = r "
         "(St(d, d) = O(d)).",
     ]
+    inconclusive = []
+    if missing_components:
+        inconclusive.append("the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
+                            + "; ".join(missing_components))
     return ClaimResult(
         symbolic=symbolic,
         checks=checks,
@@ -452,7 +548,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         frames=n_left + n_right + n_perm + n_bitwise,
         exact=exact_results,
         extra={
-            "optimizer": optimizer,
+            "optimizer": variant_name(optimizer),
             "config": {"lr": CONFIG.lr, "betas": list(CONFIG.betas), "eps": CONFIG.eps,
                        "trust_radius": CONFIG.trust_radius, "weight_decay": CONFIG.weight_decay},
             "haar_draws": haar_extra,
@@ -463,6 +559,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "frame_ratio_by_shape": ratio_by_shape,
         },
         notes=notes,
+        inconclusive=inconclusive,
     )
 
 

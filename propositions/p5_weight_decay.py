@@ -173,6 +173,14 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
       (gamma_{dr}/2 + 3u) ||xi|| per step.
       The polar factor moves by at most POLAR_LIPSCHITZ ||dxi|| / sigma_min with sigma_min(W + xi)
       >= 1 - 2 phi for tangent xi (P3), and each of the two retractions rounds by polar_rounding.
+
+    d = r = 1 (the analysis above divides by sqrt(v^), which is 0 there): St(1, 1) = {-1, +1} and
+    T_W = {0}. A float frame w has |w^2 - 1| <= phi, so |w| >= 1 - phi. Whatever either step's xi
+    is (rounding noise of P_W, amplified by the scale-free step), the trust region keeps |xi| <= Delta,
+    and for Delta < 1 - phi the polar factor of w + xi is sign(w + xi) = sign(w) in both runs: the
+    exact results are equal. The 1 x 1 SVD returns |a| and the signs exactly; the bound allows each
+    retraction its general rounding, 2 polar_rounding(1, 1, 1), finite and > 0. (For Delta >= 1 - phi
+    the general bound applies, infinite where v^ = 0.)
     """
     d, r = W.shape[-2], W.shape[-1]
     beta1, beta2 = config.betas
@@ -204,6 +212,8 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
     step_norm = np.minimum(xi_norm, config.trust_radius)
     cond = np.sqrt(1.0 + step_norm**2) / (1.0 - 2.0 * phi)
     bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_rounding(d, r, cond)
+    if d == 1 and r == 1 and config.trust_radius < 1.0 - phi:
+        return np.full(np.shape(bound), 2.0 * float(polar_rounding(1, 1, 1.0)))
     # A zero mean square (G = 0) makes the analysis vacuous; no frame of the plan has G = 0, and an
     # infinite bound would show in the statistics rather than pass silently as a small number.
     return np.where(np.isfinite(bound), bound, np.inf)

@@ -15,6 +15,7 @@ from .adam import (
     run_trajectory,
     scale_free_direction,
     step,
+    step_with_direction,
 )
 from .controls import CONTROL_NAMES, VARIANTS, Variant, get_variant, riemannian_gradient
 from .manifold import (
@@ -43,6 +44,7 @@ __all__ = [
     "StiefelAdamState",
     "init",
     "step",
+    "step_with_direction",
     "run_trajectory",
     "scale_free_direction",
     "clip_to_trust_region",

@@ -123,22 +123,55 @@ def clip_to_trust_region(xi: np.ndarray, trust_radius: float) -> np.ndarray:
     return xi * factor[..., None, None]
 
 
-def step(W: np.ndarray, G: np.ndarray, state: StiefelAdamState, config: StiefelAdamConfig):
-    """One StiefelAdam step (docs/algorithm.md). Returns (W_new, state_new); inputs unchanged.
+def step_with_direction(W: np.ndarray, G: np.ndarray, state: StiefelAdamState, config: StiefelAdamConfig):
+    """One StiefelAdam step that also returns its direction: (W_new, state_new, xi).
 
-    W: (..., d, r) float64 frames; G: Euclidean gradient, same shape; state from `init`.
+    xi (..., d, r) is the tangent vector the step retracted, after the trust region: W_new =
+    R_W(xi). `step` is this function with xi dropped, so the direction a claim reads here is the one
+    the step applied, never a second computation that could disagree with it.
     """
     check_step_inputs(W, G, state, config)
-    return _step(W, G, state, config)
+    return _step_with_direction(W, G, state, config)
 
 
-def _step(W, G, state, config):
+def _step_with_direction(W, G, state, config):
     G_decayed = G + config.weight_decay * W  # 1
     g = project_tangent(W, G_decayed, validate=False)  # 2
     m, v, t, xi = moments_and_direction(g, state, config)  # 3-7
     W_new = polar_retract(W, xi, "svd", validate=False)  # 8
     m_new = project_tangent(W_new, m, validate=False)
-    return W_new, StiefelAdamState(m=m_new, v=v, t=t)
+    return W_new, StiefelAdamState(m=m_new, v=v, t=t), xi
+
+
+def without_direction(step_with_direction):
+    """The step (W, G, state, config) -> (W_new, state_new) of a step that also returns its xi.
+
+    The returned function keeps the hook as its attribute `direction_hook`, so that a Variant built
+    from it can tell that the two are one function.
+    """
+
+    def step(W, G, state, config):
+        W_new, state_new, _ = step_with_direction(W, G, state, config)
+        return W_new, state_new
+
+    step.direction_hook = step_with_direction
+    step.__name__ = getattr(step_with_direction, "__name__", "step").replace("_with_direction", "") or "step"
+    step.__doc__ = step_with_direction.__doc__
+    return step
+
+
+def step(W: np.ndarray, G: np.ndarray, state: StiefelAdamState, config: StiefelAdamConfig):
+    """One StiefelAdam step (docs/algorithm.md). Returns (W_new, state_new); inputs unchanged.
+
+    W: (..., d, r) float64 frames; G: Euclidean gradient, same shape; state from `init`.
+    It is `step_with_direction` with the direction dropped.
+    """
+    W_new, state_new, _ = step_with_direction(W, G, state, config)
+    return W_new, state_new
+
+
+step.direction_hook = step_with_direction
+_step = without_direction(_step_with_direction)
 
 
 def moments_and_direction(g, state, config, elementwise=False):

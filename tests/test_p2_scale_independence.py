@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 import reference_impl as ri
+from reference_impl.adam import clip_to_trust_region, moments_and_direction
 from propositions import get_claim
 from propositions._common import Profile
 from propositions import p2_scale_independence as p2
@@ -164,3 +165,88 @@ def test_vacuous_decay_bounds_make_the_run_inconclusive(monkeypatch):
     result = p2.run(2, get_profile("quick"))
     assert result.extra["vacuous_bounds"] > 0
     assert result.verdict == "inconclusive" and "vacuous" in result.inconclusive[0]
+
+
+# Broken steps built here: plausible mistakes that the earlier checks (W_t only; an eps bound that
+# allowed any deviation up to min(||xi||, Delta) x / (1 + x)) let through.
+
+
+def _moments(W, G, state, config):
+    g = ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+    return moments_and_direction(g, state, config)
+
+
+def _normalized_eps_step(W, G, state, config):
+    """eps added to the normalised step, xi = -lr (m^ / sqrt(v^)) / (1 + eps): scale-free, so with
+    eps dominating (c sqrt(v^) << eps) it takes a full step where the claim predicts a tiny one."""
+    plain = ri.StiefelAdamConfig(lr=config.lr, betas=config.betas, eps=0.0, trust_radius=config.trust_radius,
+                                 weight_decay=config.weight_decay)
+    m, v, t, xi = _moments(W, G, state, plain)
+    xi = xi / (1.0 + config.eps)
+    W_new = ri.polar_retract(W, xi, validate=False)
+    return W_new, ri.StiefelAdamState(m=ri.project_tangent(W_new, m, validate=False), v=v, t=t)
+
+
+def _eps_inside_sqrt_step(W, G, state, config):
+    """xi = -lr m^ / sqrt(v^ + eps): moves less than the claim predicts where c sqrt(v^) ~ sqrt(eps)."""
+    beta1, beta2 = config.betas
+    g = ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+    d, r = W.shape[-2:]
+    m = beta1 * state.m + (1 - beta1) * g
+    v = beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r)
+    t = state.t + 1
+    m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+    xi = np.where((v_hat > 0)[..., None, None], -config.lr * m_hat / np.sqrt(v_hat + config.eps)[..., None, None], 0.0)
+    xi = clip_to_trust_region(xi, config.trust_radius)
+    W_new = ri.polar_retract(W, xi, validate=False)
+    return W_new, ri.StiefelAdamState(m=ri.project_tangent(W_new, m, validate=False), v=v, t=t)
+
+
+def _normalized_moment_step(W, G, state, config):
+    """Stores the first moment in units of sqrt(v) (m / sqrt(v)) and restores it on the next step:
+    every W_t is right, the stored m is not c m (it does not scale at all)."""
+    v_previous = np.asarray(state.v)
+    scale_in = np.where(v_previous > 0, np.sqrt(v_previous), 1.0)[..., None, None]
+    restored = ri.StiefelAdamState(m=state.m * scale_in, v=state.v, t=state.t)
+    m, v, t, xi = _moments(W, G, restored, config)
+    W_new = ri.polar_retract(W, xi, validate=False)
+    scale_out = np.where(v > 0, np.sqrt(v), 1.0)[..., None, None]
+    return W_new, ri.StiefelAdamState(m=ri.project_tangent(W_new, m, validate=False) / scale_out, v=v, t=t)
+
+
+def test_eps_check_is_two_sided_and_tight_where_eps_dominates():
+    check, frames = p2.eps_check(0, SMALL, "stiefel_adam", frames=200)
+    assert check.passed and frames >= 200
+    # rounding-level bounds, not ~ ||xi||: the largest bound is far below the step length
+    assert check.to_dict()["bound"]["max"] < 1e-9
+
+
+def test_eps_added_to_the_normalised_step_fails_the_eps_check():
+    variant = ri.Variant("normalized_eps", "eps on the normalised step", ("P2",), ri.init, _normalized_eps_step)
+    check, _ = p2.eps_check(1, SMALL, variant, frames=200)
+    assert check.max_ratio > 1e6
+
+
+def test_eps_inside_the_square_root_fails_the_eps_check():
+    variant = ri.Variant("eps_in_sqrt", "eps inside the square root", ("P2",), ri.init, _eps_inside_sqrt_step)
+    check, _ = p2.eps_check(1, SMALL, variant, frames=200)
+    assert check.max_ratio > 1e6
+
+
+def test_a_first_moment_that_does_not_scale_fails_though_every_frame_is_right():
+    variant = ri.Variant("normalized_moment", "m stored as m / sqrt(v)", ("P2",), ri.init, _normalized_moment_step)
+    result = p2.run(0, SMALL, variant)
+    by_name = {c.name: c for c in result.checks}
+    assert result.verdict == "fail"
+    assert by_name["trajectory_scale_invariance"].passed
+    assert by_name["trajectory_scale_invariance_first_moment"].max_ratio > 1e6
+    assert by_name["trajectory_scale_invariance_second_moment"].passed
+    assert not by_name["power_of_two_moments_bitwise"].passed
+
+
+def test_moment_checks_pass_for_the_real_step(real_run):
+    by_name = {c.name: c for c in real_run.checks}
+    for name in ("trajectory_scale_invariance_first_moment", "trajectory_scale_invariance_second_moment",
+                 "trajectory_scale_invariance_decay_first_moment", "trajectory_scale_invariance_decay_second_moment"):
+        assert by_name[name].passed and by_name[name].samples > 0
+    assert by_name["power_of_two_moments_bitwise"].passed and by_name["power_of_two_moments_bitwise"].max_ratio == 0

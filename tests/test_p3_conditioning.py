@@ -14,6 +14,7 @@ from hypothesis import given, settings
 import reference_impl as ri
 from propositions import p3_conditioning as p3
 from propositions._common import DETECTION_FACTOR, Profile, rng_for
+from reference_impl.adam import clip_to_trust_region, moments_and_direction
 
 from strategies import seeds
 
@@ -35,7 +36,7 @@ def test_elementwise_second_moment_fails_by_orders_of_magnitude():
     by_name = {c.name: c for c in result.checks}
     tangency = by_name["step_stays_tangent[elementwise_second_moment]"]
     assert not tangency.passed and tangency.max_ratio > 1e6 * DETECTION_FACTOR
-    assert not by_name["preconditioner_condition_number[elementwise_second_moment]"].passed
+    assert not by_name["preconditioner_spread[elementwise_second_moment]"].passed
     # the reconstruction of the step's xi is still right: the control is caught for what it does
     assert by_name["step_reconstruction[elementwise_second_moment]"].passed
 
@@ -71,16 +72,98 @@ def test_random_tangents_stay_below_bound_in_figure():
     assert len(figure["delta"]) == len(figure["bound"]) == len(figure["max_cond_random"])
 
 
-def test_step_direction_of_real_step_is_scalar_and_tangent():
-    rng = rng_for(0, "test", "step-direction")
-    W = ri.random_point(6, 3, rng, (4,))
-    G = rng.standard_normal(W.shape) * 1e20
-    W_new, xi, preconditioner, g = p3.step_direction(W, G, "stiefel_adam", p3.STEP_CONFIG)
-    flat = preconditioner.reshape(4, -1)
-    assert np.all(flat.max(axis=-1) == flat.min(axis=-1))
-    assert np.max(np.linalg.norm(ri.polar_retract(W, xi) - W_new, axis=(-2, -1))) < 1e-14
-    WtXi = np.swapaxes(W, -1, -2) @ xi
-    assert np.max(np.abs(WtXi + np.swapaxes(WtXi, -1, -2))) < 1e-15
+def test_step_checks_read_the_steps_own_direction():
+    checks, frames, sources = p3.step_checks(0, SMALL, "stiefel_adam", frames=100, large=())
+    assert sources == ["hook"] and frames > 0
+    by_name = {c.name: c for c in checks}
+    assert all(c.passed for c in checks)
+    # both steps (t = 1 fresh, t = 2 from the returned state) are recorded
+    assert by_name["preconditioner_spread[stiefel_adam]"].samples > frames
+    # the spread is a rounding-level statement, not a loose one
+    assert by_name["preconditioner_spread[stiefel_adam]"].to_dict()["bound"]["max"] < 1e-9
+
+
+# Broken steps built here, each a plausible mistake the earlier checks (which rebuilt xi from the
+# state, at t = 1 only) let through or caught only by accident.
+
+
+def _moments(W, G, state, config):
+    g = ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+    return moments_and_direction(g, state, config)
+
+
+def _no_transport_step(W, G, state, config):
+    """The first moment is stored as it is, not transported to the new frame (m+ = m)."""
+    m, v, t, xi = _moments(W, G, state, config)
+    return ri.polar_retract(W, xi, validate=False), ri.StiefelAdamState(m=m, v=v, t=t)
+
+
+def _per_column_step(W, G, state, config):
+    """xi divides each column of m^ by that column's root mean square (a per-column preconditioner),
+    while the stored v is the SPEC's scalar."""
+    m, v, t, _ = _moments(W, G, state, config)
+    beta1, beta2 = config.betas
+    m_hat = m / (1 - beta1**t)
+    column_ms = np.mean(m_hat * m_hat, axis=-2, keepdims=True)
+    share = column_ms / np.mean(m_hat * m_hat, axis=(-2, -1), keepdims=True)
+    v_hat = (v / (1 - beta2**t))[..., None, None] * share
+    xi = clip_to_trust_region(-config.lr * m_hat / (np.sqrt(v_hat) + config.eps), config.trust_radius)
+    W_new = ri.polar_retract(W, xi, validate=False)
+    return W_new, ri.StiefelAdamState(m=ri.project_tangent(W_new, m, validate=False), v=v, t=t)
+
+
+def _qr_with_hook(W, G, state, config):
+    """Reports the right xi but retracts with QR: W_new is not polar(W + xi)."""
+    m, v, t, xi = _moments(W, G, state, config)
+    W_new = ri.haar_from_gaussian(W + xi)
+    return W_new, ri.StiefelAdamState(m=ri.project_tangent(W_new, m, validate=False), v=v, t=t), xi
+
+
+def test_untransported_first_moment_fails():
+    """Invisible in the direction of a step from a fresh state (m^ = g there): the stored m is off
+    T_{W+}. (The step's xi then inherits the input's defect, which its tangency bound carries;
+    the state check is the one that names the stage.)"""
+    variant = ri.Variant("no_transport", "m+ = m, not P_{W+}(m)", ("P3",), ri.init, _no_transport_step)
+    result = p3.CLAIM.run(3, SMALL, variant)
+    assert result.verdict == "fail"
+    by_name = {c.name: c for c in result.checks}
+    assert by_name["state_stays_tangent[no_transport]"].max_ratio > 1e6
+    assert result.extra["direction_source"] == ["inverse"]
+
+
+def test_per_column_preconditioner_fails_on_the_spread():
+    variant = ri.Variant("per_column", "per-column preconditioner, scalar v stored", ("P3",), ri.init, _per_column_step)
+    checks, _, sources = p3.step_checks(1, SMALL, variant, frames=100, large=())
+    by_name = {c.name: c for c in checks}
+    assert sources == ["inverse"]
+    assert by_name["preconditioner_spread[per_column]"].max_ratio > 1e6
+    assert by_name["direction_matches_state[per_column]"].max_ratio > 1e3
+    # the direction recovered from W_new is the one retracted: only the preconditioner is wrong
+    assert by_name["step_reconstruction[per_column]"].passed
+
+
+def test_step_whose_reported_xi_was_not_retracted_fails_reconstruction():
+    variant = ri.Variant("qr_hooked", "reports xi, retracts by QR", ("P3",), ri.init, step_with_direction=_qr_with_hook)
+    checks, _, sources = p3.step_checks(2, SMALL, variant, frames=100, large=())
+    by_name = {c.name: c for c in checks}
+    assert sources == ["hook"]
+    assert by_name["step_reconstruction[qr_hooked]"].max_ratio > 1e6
+    assert by_name["preconditioner_spread[qr_hooked]"].passed
+
+
+def test_entrywise_projection_error_covers_a_high_precision_projection():
+    from reference_impl.highprec import project_tangent_mp
+
+    rng = rng_for(0, "test", "entrywise")
+    W = ri.random_point(7, 3, rng, (3,))
+    G = rng.standard_normal(W.shape) * 10.0 ** rng.uniform(-5, 5, size=(3, 1, 1))
+    computed = ri.project_tangent(W, G)
+    bound = p3.entrywise_projection_error(W, G)
+    for k in range(3):
+        exact = project_tangent_mp(W[k], G[k], dps=40)
+        error = np.array([[abs(float(exact[i, j] - computed[k, i, j])) for j in range(3)] for i in range(7)])
+        assert np.all(error <= bound[k])
+        assert np.any(error > 0)
 
 
 def test_polar_error_bound_scales_with_cond_and_covers_highprec():

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 
 import reference_impl as ri
+from reference_impl.adam import moments_and_direction
 from propositions import get_claim
 from propositions._common import Profile
 from propositions import p4_equivariance as p4
@@ -93,12 +94,66 @@ def test_product_rounding_bounds_a_haar_product():
 
 def test_sign_flips_are_bitwise_on_the_certified_stages_and_permutations_are_not():
     checks, frames, fractions = p4.sign_flip_bitwise(0, 200, SMALL, "stiefel_adam")
+    assert [c.name for c in checks] == ["sign_flip_direction_bitwise", "sign_flip_second_moment_bitwise"]
     assert frames >= 200 and all(c.passed and c.max_ratio == 0 for c in checks)
     # the honest part: a general signed permutation changes the summation order of W^T G
     assert fractions["projection_signed_permutation_left"]["fraction"] < 1.0
+
+
+def _directed_rounding_step(W, G, state, config):
+    """StiefelAdam whose update is stored with rounding toward -inf (one ulp off, sign-dependent)."""
+    g = ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+    m, v, t, xi = moments_and_direction(g, state, config)
+    xi = np.nextafter(xi, -np.inf)
+    W_new = ri.polar_retract(W, xi, validate=False)
+    return W_new, ri.StiefelAdamState(m=ri.project_tangent(W_new, m, validate=False), v=v, t=t), xi
+
+
+def test_a_sign_dependent_step_fails_the_bitwise_tier_through_the_step():
+    """One ulp of sign-dependent rounding is far below the float64 bounds of the Haar and permutation
+    checks; the projection called on its own is exact. Only the step's own xi shows it."""
+    variant = ri.Variant("directed_rounding", "update rounded toward -inf", ("P4",), ri.init,
+                         step_with_direction=_directed_rounding_step)
+    result = p4.CLAIM.run(0, SMALL, variant)
+    by_name = {c.name: c for c in result.checks}
+    assert result.verdict == "fail"
+    assert not by_name["sign_flip_direction_bitwise"].passed
+    assert by_name["sign_flip_second_moment_bitwise"].passed
+    assert all(c.passed for name, c in by_name.items() if not name.startswith("sign_flip"))
+
+
+def test_a_sampler_without_det_minus_one_makes_the_certificate_inconclusive(monkeypatch):
+    original = ri.random_orthogonal
+
+    def rotations_only(n, rng, batch=()):
+        Q = original(n, rng, batch)
+        flip = np.where(np.linalg.slogdet(Q)[0] < 0, -1.0, 1.0)
+        Q = Q.copy()
+        Q[..., :, 0] *= flip[..., None]
+        return Q
+
+    monkeypatch.setattr(ri, "random_orthogonal", rotations_only)
+    result = p4.CLAIM.run(0, SMALL)
+    assert result.verdict == "inconclusive"
+    assert any("det -1" in reason for reason in result.inconclusive)
+    assert result.extra["haar_draws"]["det_minus_one"] == 0
+
+
+def test_every_haar_shape_holds_both_components(real_run):
+    by_shape = real_run.extra["haar_draws"]["by_shape"]
+    assert by_shape and all(negative > 0 and (positive > 0 or negative < 2) for negative, positive, _ in by_shape.values())
+    assert p4.component_coverage(real_run.extra["haar_draws"]) == []
 
 
 def test_exact_tier_covers_both_determinants():
     exact = p4.exact_part(0)
     assert all(e["passed"] for e in exact)
     assert "-1" in exact[0]["description"]
+
+
+def test_sign_flips_of_a_step_without_hook_are_held_to_the_inverse_bound():
+    plain = ri.Variant("plain", "the real step without its hook", (), ri.init, ri.step)
+    checks, frames, _ = p4.sign_flip_bitwise(0, 100, SMALL, plain)
+    by_name = {c.name: c for c in checks}
+    assert by_name["sign_flip_direction"].passed and by_name["sign_flip_direction"].samples == 2 * frames
+    assert by_name["sign_flip_second_moment_bitwise"].passed

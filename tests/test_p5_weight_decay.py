@@ -146,6 +146,28 @@ def test_step_difference_bound_holds_for_the_real_step_and_not_for_unprojected_d
     assert np.all(np.linalg.norm(moved, axis=(-2, -1)) > 1e6 * bound)
 
 
+def test_step_difference_bound_is_finite_on_one_by_one_frames():
+    """St(1, 1) = {-1, +1}: P_W(G) = 0 exactly, v^ = 0, and the general analysis divides by sqrt(v^).
+    The bound is the retractions' rounding there: finite, and Euclidean AdamW (which moves a 1 x 1
+    frame by lr lambda W, unseen under an infinite bound) misses it."""
+    rng = rng_for(2, "test", "one-by-one")
+    W = ri.random_point(1, 1, rng, batch=(40,))
+    G = 10.0 ** rng.uniform(-3, 3, size=(40, 1, 1)) * rng.standard_normal(W.shape)
+    lam = 10.0
+    config, config_free = ri.StiefelAdamConfig(lr=1e-2, weight_decay=lam), ri.StiefelAdamConfig(lr=1e-2)
+    state = ri.init(W)
+    bound = p5.step_difference_bound(W, G, state, config, lam)
+    assert np.all(np.isfinite(bound)) and np.all(bound > 0) and np.all(bound < 1e-13)
+    difference = np.linalg.norm(ri.step(W, G, state, config)[0] - ri.step(W, G, state, config_free)[0], axis=(-2, -1))
+    assert np.all(difference <= bound)
+    adamw = ri.get_variant("euclidean_adamw")
+    moved = adamw.step(W, G, adamw.init(W), config)[0] - adamw.step(W, G, adamw.init(W), config_free)[0]
+    assert np.all(np.linalg.norm(moved, axis=(-2, -1)) > 1e6 * bound)
+    # without a trust region below 1 the sign of a 1 x 1 frame is not protected: the general bound
+    unbounded = ri.StiefelAdamConfig(lr=1e-2, weight_decay=lam, trust_radius=math.inf)
+    assert np.all(np.isinf(p5.step_difference_bound(W, G, state, unbounded, lam)))
+
+
 def test_symbolic_and_exact_tiers():
     symbolic = p5.symbolic_derivation()
     assert symbolic.status == "proved"
