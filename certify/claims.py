@@ -65,7 +65,7 @@ def cuda_available() -> bool:
 def lookup_claim(claim_id: str):
     """The registry entry (propositions._common.Claim) of a normalised id; raises what the import raises."""
     if claim_id == CROSSCHECK_ID:
-        return importlib.import_module("torch_impl.crosscheck").CLAIM
+        return importlib.import_module("propositions.crosscheck").CLAIM
     from propositions import get_claim
 
     return get_claim(claim_id)
@@ -74,7 +74,7 @@ def lookup_claim(claim_id: str):
 def torch_environment(device: str) -> dict | None:
     """torch_impl.crosscheck.torch_environment(device) (torch version, device name), or None."""
     try:
-        return dict(importlib.import_module("torch_impl.crosscheck").torch_environment(device))
+        return dict(importlib.import_module("propositions.crosscheck").torch_environment(device))
     except Exception as error:
         return {"error": f"{type(error).__name__}: {error}"}
 

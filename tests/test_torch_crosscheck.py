@@ -1,14 +1,26 @@
-"""torch_impl.crosscheck: the claim passes on a small profile, its controls are detected, a broken
+"""propositions.crosscheck: the claim passes on a small profile, its controls are detected, a broken
 kernel fails it, and its result is JSON-able with the long-run figure in the renderer's format."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from propositions._common import Claim, Profile  # noqa: E402
-from torch_impl import crosscheck  # noqa: E402
+from propositions import crosscheck  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _modules_after(statement: str) -> set:
+    """Top-level packages in sys.modules after running `statement` in a fresh interpreter."""
+    code = f"import sys; {statement}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
@@ -86,3 +98,21 @@ def test_bad_arguments_raise():
 def test_torch_environment_reports_versions():
     env = crosscheck.torch_environment("cpu")
     assert env["torch"] == torch.__version__ and env["device"] == "cpu" and "cuda" in env
+
+
+def test_torch_impl_does_not_import_the_certification_layer():
+    loaded = _modules_after("import torch_impl; torch_impl.StiefelAdam")
+    assert "torch" in loaded and "reference_impl" in loaded
+    assert "propositions" not in loaded and "certify" not in loaded
+
+
+def test_the_claim_module_imports_without_torch():
+    # the registry entry and its bounds need no torch; torch is imported when the claim runs
+    loaded = _modules_after("import propositions.crosscheck as c; c.CLAIM.id; c.feasibility_bound")
+    assert "propositions" in loaded and "torch" not in loaded
+
+
+def test_thread_sensitivity_reports_the_comparison():
+    threads = crosscheck.thread_sensitivity(0, "float32")
+    assert threads["threads"] == [1, 2] and threads["samples"] == 2 * sum(batch for batch, _, _ in crosscheck.THREAD_SAMPLE_SHAPES)
+    assert threads["identical"] == (threads["max_relative_difference"] == 0.0)

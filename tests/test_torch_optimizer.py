@@ -1,5 +1,5 @@
 """torch_impl.StiefelAdam and its functional step: agreement with reference_impl.step (float64, to
-the bound of torch_impl.crosscheck.step_error_bound), the torch.optim contract (groups, closure,
+the bound of propositions.crosscheck.step_error_bound), the torch.optim contract (groups, closure,
 state_dict resume bit for bit), bad use, non-finite gradients, low-precision feasibility."""
 
 import copy
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import reference_impl as ref  # noqa: E402
 from propositions._common import rng_for  # noqa: E402
 from torch_impl import StiefelAdam, feasibility, functional, manifold_tolerance, stiefel_init_  # noqa: E402
-from torch_impl.crosscheck import (  # noqa: E402
+from propositions.crosscheck import (  # noqa: E402
     CONFIGS,
     _iterations,
     _unit_roundoffs,

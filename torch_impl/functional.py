@@ -150,8 +150,6 @@ def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, 
     method "auto" picks Newton-Schulz when trust_radius <= 1 (the step must then satisfy
     ||xi||_F <= trust_radius, as the optimizer guarantees) and eigh otherwise.
     """
-    if callable(method):
-        return method(W, xi)
     if resolve_retraction(method, trust_radius) == "newton_schulz":
         # outside the trust region the spectrum of the Gram matrix leaves the iteration's basin
         # and the result is not a frame: refuse rather than return it
@@ -161,10 +159,14 @@ def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, 
                 f"xi must satisfy ||xi||_F <= trust_radius = {trust_radius:g} for the Newton-Schulz "
                 f"retraction, got {largest:.3g}; pass method='eigh' for longer steps"
             )
-    return _polar_of(W + xi, trust_radius, method)
+    return polar_factor(W + xi, trust_radius, method)
 
 
-def _polar_of(A: torch.Tensor, trust_radius: float, method: str) -> torch.Tensor:
+def polar_factor(A: torch.Tensor, trust_radius: float = 0.5, method: str = "auto") -> torch.Tensor:
+    """polar(A) = A (A^T A)^(-1/2) for A = W + xi with ||xi||_F <= trust_radius, shape (..., d, r).
+
+    Unchecked: the caller guarantees the trust region when the method resolves to Newton-Schulz.
+    """
     shape = A.shape
     A = _as_batch3(A)
     S = torch.bmm(A.mT, A)
@@ -190,6 +192,45 @@ def feasibility(W: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(gram - _identity_like(gram))
 
 
+def riemannian_gradient(W: torch.Tensor, G: torch.Tensor, weight_decay: float = 0.0) -> torch.Tensor:
+    """Stages 1-2: g = P_W(G + lambda W), shapes (..., d, r) in one compute dtype."""
+    if weight_decay != 0:
+        G = torch.add(G, W, alpha=weight_decay)
+    return project_tangent(W, G)
+
+
+def first_moment(m: torch.Tensor, g: torch.Tensor, beta1: float) -> torch.Tensor:
+    """Stage 3: beta1 m + (1 - beta1) g, both coefficients rounded from float64.
+
+    torch.lerp would round beta1 to the compute dtype and form 1 - beta1 there, a relative error
+    u beta / (1 - beta) in the update (1000 u, i.e. 6e-5 in float32, for beta = 0.999).
+    """
+    return torch.add(m * beta1, g, alpha=1 - beta1) if beta1 != 0 else g
+
+
+def second_moment(v: torch.Tensor, g: torch.Tensor, beta2: float) -> torch.Tensor:
+    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame; v has shape g.shape[:-2]."""
+    d, r = g.shape[-2], g.shape[-1]
+    return torch.add(v * beta2, torch.sum(g * g, dim=(-2, -1)), alpha=(1 - beta2) / (d * r))
+
+
+def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> torch.Tensor:
+    """Stages 5-7: the per-frame scalar c with xi = c m (shape m.shape[:-2]).
+
+    c = -lr / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps), capped so that ||c m||_F <= Delta;
+    v^ = 0 means g = 0 since the start (so m = 0) and gives c = 0, never 0/0 (SPEC.md section 8).
+    """
+    bias_correction1 = 1 - beta1**step_count
+    bias_correction2 = 1 - beta2**step_count
+    root_v_hat = torch.sqrt(v / bias_correction2)
+    coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
+    if not math.isinf(trust_radius):
+        # Frobenius norm, a rotation-invariant cap: keeps the step O(d) x O(r) equivariant
+        norm = torch.linalg.vector_norm(m, dim=(-2, -1)) * coefficient.abs()
+        coefficient = coefficient * torch.where(norm > trust_radius, trust_radius / norm, 1.0)
+    return coefficient
+
+
 @torch.no_grad()
 def stiefel_adam_step(
     W: torch.Tensor,
@@ -205,7 +246,6 @@ def stiefel_adam_step(
     weight_decay: float = 0.0,
     *,
     retraction_method: str = "auto",
-    second_moment: str = "scalar",
 ):
     """One StiefelAdam step (SPEC.md section 2) for frames W (..., d, r). Pure: inputs unchanged.
 
@@ -214,59 +254,18 @@ def stiefel_adam_step(
     moment (...) (one scalar per frame), both in the state dtype (float64 for float64 W, float32
     otherwise); t: steps taken so far (the returned state has taken t + 1).
     Returns (W_new in W's dtype, m_new, v_new in the state dtype).
-
-    retraction_method: "auto", "newton_schulz", "eigh" (module docstring), or a callable
-    (W, xi) -> W_new in the compute dtype, for experiments with other retractions.
-    second_moment="elementwise" (v of shape (..., d, r)) is a deliberately broken stage, kept only
-    so that the cross-check can show that it detects it (torch_impl.crosscheck's controls).
+    retraction_method: "auto", "newton_schulz" or "eigh" (module docstring).
     """
     work = compute_dtype(W.dtype)
     batch_shape = W.shape[:-2]
-    d, r = W.shape[-2], W.shape[-1]
     W_c = _as_batch3(W.to(work))
     G_c = _as_batch3(G.to(work))
     m_c = _as_batch3(m.to(work))
-    v_c = v.to(work).reshape((-1,) + tuple(v.shape[len(batch_shape):]))
-    if weight_decay != 0:
-        G_c = torch.add(G_c, W_c, alpha=weight_decay)
-    g = project_tangent(W_c, G_c)
-    # beta m + (1 - beta) x with both coefficients rounded from float64: torch.lerp would round
-    # beta to the compute dtype and form 1 - beta there, a relative error u beta / (1 - beta) in the
-    # update (1000 u, i.e. 6e-5 in float32, for beta2 = 0.999)
-    m_c = torch.add(m_c * beta1, g, alpha=1 - beta1) if beta1 != 0 else g
-    step_count = t + 1
-    bias_correction1 = 1 - beta1**step_count
-    bias_correction2 = 1 - beta2**step_count
-    if second_moment == "elementwise":
-        v_c = torch.add(v_c * beta2, g * g, alpha=1 - beta2)
-        root_v_hat = torch.sqrt(v_c / bias_correction2)
-        xi = m_c * torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
-        norm = torch.linalg.vector_norm(xi, dim=(-2, -1))
-    else:
-        v_c = torch.add(v_c * beta2, torch.sum(g * g, dim=(-2, -1)), alpha=(1 - beta2) / (d * r))
-        root_v_hat = torch.sqrt(v_c / bias_correction2)
-        # the step is xi = coefficient * m per frame; v^ = 0 means g = 0 since the start (so m = 0)
-        # and gives coefficient 0, never 0/0 (SPEC.md section 8)
-        coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
-        norm = torch.linalg.vector_norm(m_c, dim=(-2, -1)) * coefficient.abs()
-    if not math.isinf(trust_radius):
-        # Frobenius norm, a rotation-invariant cap: keeps the step O(d) x O(r) equivariant
-        cap = torch.where(norm > trust_radius, trust_radius / norm, 1.0)
-        if second_moment == "elementwise":
-            xi = xi * cap[:, None, None]
-        else:
-            coefficient = coefficient * cap
-    if callable(retraction_method):
-        if second_moment != "elementwise":
-            xi = m_c * coefficient[:, None, None]
-        W_new = retraction_method(W_c, xi)
-    elif second_moment == "elementwise":
-        W_new = _polar_of(W_c + xi, trust_radius, retraction_method)
-    else:
-        W_new = _polar_of(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
+    v_c = v.to(work).reshape(-1)
+    g = riemannian_gradient(W_c, G_c, weight_decay)
+    m_c = first_moment(m_c, g, beta1)
+    v_c = second_moment(v_c, g, beta2)
+    coefficient = step_coefficient(m_c, v_c, t + 1, lr, beta1, beta2, eps, trust_radius)
+    W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
     m_new = project_tangent(W_new, m_c)
-    return (
-        W_new.reshape(W.shape).to(W.dtype),
-        m_new.reshape(W.shape),
-        v_c.reshape(batch_shape + tuple(v_c.shape[1:])),
-    )
+    return W_new.reshape(W.shape).to(W.dtype), m_new.reshape(W.shape), v_c.reshape(batch_shape)

@@ -32,7 +32,6 @@ import platform
 import time
 
 import numpy as np
-import torch
 
 import reference_impl as ref
 from propositions._common import (
@@ -50,12 +49,31 @@ from propositions._common import (
     ulps_apart,
 )
 
-from . import functional
-from .functional import stiefel_adam_step, unit_roundoff
+# torch is imported by the functions that use it, never at module level: `import propositions` and
+# the claim's registry entry work where torch is not installed.
 
 CLAIM_ID = "crosscheck"
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = ("float64", "float32", "bfloat16")
 U64 = 2.0**-53
+
+
+def _torch_dtype(dtype):
+    """torch dtype of a name in DTYPE_NAMES (a torch dtype passes through)."""
+    import torch
+
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def _unit_roundoff(dtype) -> float:
+    from torch_impl.functional import unit_roundoff
+
+    return unit_roundoff(_torch_dtype(dtype))
+
+
+def _compute_dtype(dtype):
+    from torch_impl.functional import compute_dtype
+
+    return compute_dtype(_torch_dtype(dtype))
 
 # Three configurations, alternating over shapes and chunks: "clip_decay" has weight decay and takes
 # first steps of length lr sqrt(d r) > Delta wherever d r > 100 (the trust region is active);
@@ -72,20 +90,67 @@ CONFIGS = {
 MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-def _muon_retraction(W: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+def _muon_polar(A):
+    import torch
+
     a, b, c = MUON_COEFFICIENTS
-    X = W + xi
-    X = X / torch.linalg.matrix_norm(X, keepdim=True)
+    X = A / torch.linalg.matrix_norm(A, keepdim=True)
     for _ in range(5):
         XtX = X.mT @ X
         X = X @ (a * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) + b * XtX + c * (XtX @ XtX))
     return X
 
 
+# The controls are built here from the public stages of torch_impl.functional (the production
+# kernel has no switch for them): each replaces one stage and keeps the others.
+
+
+def _stiefel_adam_kernel(W, G, m, v, t, config):
+    from torch_impl.functional import stiefel_adam_step
+
+    beta1, beta2 = config.betas
+    return stiefel_adam_step(W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay)
+
+
+def _elementwise_second_moment_kernel(W, G, m, v, t, config):
+    """Adam's elementwise v (shape (..., d, r)) and per-entry step in place of stages 4-7."""
+    import torch
+    from torch_impl import functional
+
+    beta1, beta2 = config.betas
+    work = functional.compute_dtype(W.dtype)
+    W_c, G_c, m_c, v_c = (x.to(work) for x in (W, G, m, v))
+    g = functional.riemannian_gradient(W_c, G_c, config.weight_decay)
+    m_c = functional.first_moment(m_c, g, beta1)
+    v_c = torch.add(v_c * beta2, g * g, alpha=1 - beta2)
+    root_v_hat = torch.sqrt(v_c / (1 - beta2 ** (t + 1)))
+    xi = m_c * torch.where(root_v_hat > 0, (-config.lr / (1 - beta1 ** (t + 1))) / (root_v_hat + config.eps), 0.0)
+    if not math.isinf(config.trust_radius):
+        norm = torch.linalg.vector_norm(xi, dim=(-2, -1), keepdim=True)
+        xi = xi * torch.where(norm > config.trust_radius, config.trust_radius / norm, 1.0)
+    W_new = functional.polar_factor(W_c + xi, config.trust_radius)
+    return W_new.to(W.dtype), functional.project_tangent(W_new, m_c), v_c
+
+
+def _muon_newton_schulz_kernel(W, G, m, v, t, config):
+    """The production stages 1-7, then Muon's band-pushing quintic in place of the polar factor."""
+    from torch_impl import functional
+
+    beta1, beta2 = config.betas
+    work = functional.compute_dtype(W.dtype)
+    W_c, G_c, m_c, v_c = (x.to(work) for x in (W, G, m, v))
+    g = functional.riemannian_gradient(W_c, G_c, config.weight_decay)
+    m_c = functional.first_moment(m_c, g, beta1)
+    v_c = functional.second_moment(v_c, g, beta2)
+    coefficient = functional.step_coefficient(m_c, v_c, t + 1, config.lr, beta1, beta2, config.eps, config.trust_radius)
+    W_new = _muon_polar(W_c + coefficient[..., None, None] * m_c)
+    return W_new.to(W.dtype), functional.project_tangent(W_new, m_c), v_c
+
+
 KERNEL_VARIANTS = {
-    "stiefel_adam": dict(),
-    "elementwise_second_moment": dict(second_moment="elementwise"),
-    "muon_newton_schulz": dict(retraction_method=_muon_retraction),
+    "stiefel_adam": _stiefel_adam_kernel,
+    "elementwise_second_moment": _elementwise_second_moment_kernel,
+    "muon_newton_schulz": _muon_newton_schulz_kernel,
 }
 CONTROL_DESCRIPTIONS = {
     "elementwise_second_moment": "the torch kernel with Adam's elementwise second moment in place of one scalar per frame",
@@ -211,34 +276,36 @@ def reference_quantities(W, G, state, config):
 # --------------------------------------------------------------------------------------------
 
 
-def _to_torch(x: np.ndarray, dtype: torch.dtype, device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
+def _to_torch(x: np.ndarray, dtype, device):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=_torch_dtype(dtype))
 
 
-def _to_numpy(x: torch.Tensor) -> np.ndarray:
+def _to_numpy(x) -> np.ndarray:
+    import torch
+
     return x.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
 def _kernel(W, G, m, v, t, config, variant="stiefel_adam"):
-    beta1, beta2 = config.betas
-    return stiefel_adam_step(
-        W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay,
-        **KERNEL_VARIANTS[variant],
-    )
+    return KERNEL_VARIANTS[variant](W, G, m, v, t, config)
 
 
-def _unit_roundoffs(dtype: torch.dtype) -> dict:
+def _unit_roundoffs(dtype) -> dict:
     """Input / compute / output roundoffs of a lock-step comparison against the float64 reference."""
-    if dtype == torch.float64:
+    if _unit_roundoff(dtype) == U64:
         # inputs are the reference's float64 arrays exactly; both sides round in float64
         return dict(u_W=0.0, u_G=0.0, u_m=0.0, u_v=0.0, u_c=2 * U64, u_out=0.0)
-    u_storage = unit_roundoff(dtype)
-    u_state = unit_roundoff(torch.float32)
+    u_storage = _unit_roundoff(dtype)
+    u_state = _unit_roundoff("float32")
     return dict(u_W=u_storage, u_G=u_storage, u_m=u_state, u_v=u_state, u_c=u_state + U64, u_out=u_storage)
 
 
 def _iterations(config, dtype) -> int:
-    work = functional.compute_dtype(dtype)
+    from torch_impl import functional
+
+    work = _compute_dtype(dtype)
     if functional.resolve_retraction("auto", config.trust_radius) == "newton_schulz":
         return functional.newton_schulz_iterations(config.trust_radius, work)
     # eigh: S = A^T A carries gamma_d ||A||^2, the symmetric eigensolver a backward error of
@@ -252,6 +319,9 @@ def _iterations(config, dtype) -> int:
 def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
     """Multi-step reference trajectories with the torch kernel compared at every step (see module
     doc). Fills checks["W"], checks["m"], checks["v"]; returns the number of frames."""
+    import torch
+    from torch_impl import functional
+
     frames_done = 0
     plan = shape_plan(profile, frames=frames)
     roundoffs = _unit_roundoffs(dtype)
@@ -317,6 +387,9 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
     scaled state (c m, c^2 v) against the unscaled one, each within `step_error_bound` of the exact
     step from its own inputs, the scaled inputs c G, c m, c^2 v carrying relative rounding u, u, 2u.
     """
+    import torch
+    from torch_impl import functional
+
     powers = (2.0**-20, 2.0**-3, 2.0**7, 2.0**30)
     others = (1e-3, 0.3, 3.0, 7.1e4)
     for d, r in P2_SHAPES:
@@ -359,6 +432,9 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
 
 def _torch_trajectory(W0, gradients, c, config, device, variant):
     """[(W_t, m_t, v_t) for t = 0..T] of the float64 torch kernel driven by c G_1, c G_2, ..."""
+    import torch
+    from torch_impl import functional
+
     W = _to_torch(W0, torch.float64, device)
     m = torch.zeros_like(W)
     v = torch.zeros(W.shape[:-2] + ((W.shape[-2], W.shape[-1]) if variant == "elementwise_second_moment" else ()),
@@ -376,6 +452,9 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
     Forming Q X rounds each entry by gamma_d (|Q||X|), a relative error <= d^1.5 u in the Frobenius
     norm (|| |Q| ||_2 <= sqrt(d)); the transformed run gets those input errors, the comparison adds
     the rounding of Q W+, and each side is within `step_error_bound` of the exact step."""
+    import torch
+    from torch_impl import functional
+
     config = CONFIGS["clip_decay"]
     for d, r in P4_SHAPES:
         key = (CLAIM_ID, "P4", d, r)
@@ -401,7 +480,7 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
             W, state = ref.step(W, G, state, config)
 
 
-def feasibility_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float = 0.5) -> float:
+def feasibility_bound(d: int, r: int, dtype, trust_radius: float = 0.5) -> float:
     """Bound on ||W^T W - I||_F of a frame (d, r) stored in dtype after any number of steps.
 
     W = fl_s(W*) + E with W* the exact polar factor of the last step's A: the retraction's own
@@ -409,8 +488,8 @@ def feasibility_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float = 
     ||W^T W - I|| <= 2 (e_ret + u_s sqrt(r)) + O(u^2), plus 32 d r u for evaluating the Gram matrix
     in float64. Nothing in it grows with the number of steps: the Gram-based retraction restarts
     from the actual W every step."""
-    u_c = unit_roundoff(functional.compute_dtype(dtype))
-    u_s = unit_roundoff(dtype)
+    u_c = _unit_roundoff(_compute_dtype(dtype))
+    u_s = _unit_roundoff(dtype)
     kappa = math.sqrt(1 + trust_radius**2)  # cond(W + xi) <= sqrt(1 + Delta^2), SPEC.md P3(b)
     k = _iterations(ref.StiefelAdamConfig(trust_radius=trust_radius), dtype)
     e_ret = 4 * (d + (4 * k + 2) * r) * math.sqrt(r) * u_c * kappa**3
@@ -424,8 +503,11 @@ def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
     does not accumulate: after any number of steps ||W^T W - I|| <= 2 (e_ret + u_s sqrt(r)) + its
     float64 evaluation (d r u), e_ret from `step_error_bound` and u_s the storage rounding of W.
     Returns (measured steps, worst residual at each, seconds)."""
+    import torch
+    from torch_impl import functional
+
     batch, d, r = shape
-    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    torch_dtype = _torch_dtype(dtype)
     config = CONFIGS["clip_decay"]
     rng = rng_for(seed, CLAIM_ID, "long_run", str(torch_dtype), d, r)
     W = _to_torch(ref.random_point(d, r, rng, (batch,)), torch_dtype, device)
@@ -455,6 +537,8 @@ def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
 
 def torch_environment(device: str = "cpu") -> dict:
     """torch version, its CUDA / cuDNN versions, the device name and thread count."""
+    import torch
+
     device = torch.device(device)
     env = {
         "torch": torch.__version__,
@@ -474,7 +558,7 @@ def torch_environment(device: str = "cpu") -> dict:
 def _new_checks(dtype_name: str) -> dict:
     storage = "exact float64 inputs" if dtype_name == "float64" else f"inputs rounded to {dtype_name} (state float32)"
     derivation = (
-        f"first-order error analysis of each stage (torch_impl.crosscheck.step_error_bound): {storage}, "
+        f"first-order error analysis of each stage (propositions.crosscheck.step_error_bound): {storage}, "
         "projection (d + r + 2) sqrt(r) u, second-moment sum d r u, polar perturbation 3/sigma_min, "
         "Gram retraction 4 (d + (4k + 2) r) sqrt(r) u kappa^3"
     )
@@ -485,67 +569,103 @@ def _new_checks(dtype_name: str) -> dict:
     }
 
 
-def _openblas_thread_controls():
-    """(get, set) for the OpenBLAS that numpy loaded, or None: best effort, via its exported
-    scipy_openblas_{get,set}_num_threads64_ (the names threadpoolctl uses)."""
-    try:
-        import ctypes
+class _one_thread:
+    """torch (intra-op) and the BLAS libraries (numpy's, via threadpoolctl) on one thread for the
+    duration of a block, restored after.
 
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and line.split()[-1].startswith("/")})
-        for path in paths:
-            lib = ctypes.CDLL(path)
-            if hasattr(lib, "scipy_openblas_get_num_threads64_"):
-                return lib.scipy_openblas_get_num_threads64_, lib.scipy_openblas_set_num_threads64_
-    except OSError:
-        pass
-    return None
-
-
-class _single_thread:
-    """torch and numpy's OpenBLAS on one thread for the duration of a block, restored after.
-
-    The cross-check's tensors are mostly small batches, for which a thread team on a loaded
-    two-core machine costs milliseconds per call in wake-ups (measured: 12 ms for a (6, 8, 8) torch
-    bmm with 2 threads against 10 us with 1; 1.3 s for numpy's SVD of (2, 1024, 128) against
-    0.06 s). Results do not depend on the thread count beyond rounding, which the bounds cover.
+    One thread pins the order of every reduction, so a certificate does not depend on how many
+    threads the machine offers (`thread_sensitivity` measures what two threads would change). It
+    is also the fast choice here: the cross-check's tensors are mostly small batches, for which a
+    thread team on a loaded two-core machine costs milliseconds per call in wake-ups.
     """
 
     def __enter__(self):
+        import torch
+        from threadpoolctl import threadpool_limits
+
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        self.openblas = _openblas_thread_controls()
-        if self.openblas is not None:
-            self.openblas_threads = self.openblas[0]()
-            self.openblas[1](1)
+        self.blas = threadpool_limits(limits=1, user_api="blas")
+        return self
 
     def __exit__(self, *exc):
+        import torch
+
+        self.blas.restore_original_limits()
         torch.set_num_threads(self.threads)
-        if self.openblas is not None:
-            self.openblas[1](self.openblas_threads)
         return False
 
 
+THREAD_SAMPLE_SHAPES = ((8, 64, 16), (4, 256, 32))
+
+
+def thread_sensitivity(seed: int, dtype, threads=(1, 2)) -> dict:
+    """Lock-step residuals ||W+_torch - W+_ref|| of a small sample computed with each torch thread
+    count in `threads` (CPU): whether they are bit-identical, and the largest relative difference.
+
+    The torch kernel's batched matmuls may split their reductions differently with more threads;
+    this measures whether the certificate's residuals depend on the thread count it pins."""
+    import torch
+
+    config = CONFIGS["clip_decay"]
+    residuals = {}
+    saved = torch.get_num_threads()
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            rows = []
+            for batch, d, r in THREAD_SAMPLE_SHAPES:
+                rng = rng_for(seed, CLAIM_ID, "threads", d, r)
+                W = ref.random_point(d, r, rng, (batch,))
+                state = ref.init(W)
+                for t in range(2):
+                    G = rng.standard_normal(W.shape)
+                    W_ref, state_ref = ref.step(W, G, state, config)
+                    W_t, _, _ = _kernel(_to_torch(W, dtype, "cpu"), _to_torch(G, dtype, "cpu"),
+                                        _to_torch(state.m, _compute_dtype(dtype), "cpu"),
+                                        _to_torch(state.v, _compute_dtype(dtype), "cpu"), state.t, config)
+                    rows.append(ref.frobenius(_to_numpy(W_t) - W_ref))
+                    W, state = W_ref, state_ref
+            residuals[count] = np.concatenate(rows)
+    finally:
+        torch.set_num_threads(saved)
+    first, *others = (residuals[c] for c in threads)
+    scale = np.maximum(first, np.finfo(np.float64).tiny)
+    return {
+        "threads": list(threads),
+        "identical": all(np.array_equal(first, other) for other in others),
+        "max_relative_difference": max((float(np.max(np.abs(other - first) / scale)) for other in others), default=0.0),
+        "samples": int(first.size),
+    }
+
+
 def run(seed: int = 0, profile="default", optimizer: str = "stiefel_adam", device: str = "cpu", dtype: str = "float64") -> ClaimResult:
-    """Cross-check the torch kernel (variant `optimizer`) on `device` in storage `dtype`."""
+    """Cross-check the torch kernel (variant `optimizer`) on `device` in storage `dtype`.
+
+    On CPU the whole run uses one torch thread and one BLAS thread (`_one_thread`), restored after."""
+    import torch
+
     if torch.device(device).type == "cpu":
-        with _single_thread():
+        with _one_thread():
             return _run(seed, profile, optimizer, device, dtype)
     return _run(seed, profile, optimizer, device, dtype)
 
 
 def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
+    import torch
+    from torch_impl import functional
+
     profile = get_profile(profile) if isinstance(profile, str) else profile
     if not isinstance(profile, Profile):
         raise ValueError(f"profile must be a Profile or one of quick/default/thorough, got {profile!r}")
     if optimizer not in KERNEL_VARIANTS:
         raise ValueError(f"optimizer must be one of {', '.join(KERNEL_VARIANTS)} for the cross-check, got {optimizer!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was requested but torch.cuda.is_available() is False")
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = _torch_dtype(dtype)
     timings = {}
     # The lock-step sample: a tenth of the profile's frame count (10^3 default), which keeps the
     # default run within a few seconds on two cores; the count is reported as `frames`.
@@ -621,11 +741,22 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
         f"retraction: {functional.resolve_retraction('auto', 0.5)} at trust_radius 0.5 "
         f"({functional.newton_schulz_iterations(0.5, functional.compute_dtype(torch_dtype))} quintic iterations in the compute dtype)",
     ]
+    threads = None
+    if device.type == "cpu":
+        # the run itself used one torch thread (and one BLAS thread); measure what two would change
+        start = time.perf_counter()
+        threads = thread_sensitivity(seed, torch_dtype)
+        timings["thread_sensitivity_s"] = time.perf_counter() - start
+        notes.append(
+            f"threads: run with 1 torch thread and 1 BLAS thread; the lock-step residuals of {threads['samples']} frames "
+            + ("are bit-identical with 2 torch threads" if threads["identical"] else
+               f"differ with 2 torch threads by at most {threads['max_relative_difference']:.1e} relative (rounding, within the bounds)")
+        )
     extra = {
         "device": str(device),
         "dtype": dtype,
         "compute_dtype": str(functional.compute_dtype(torch_dtype)).replace("torch.", ""),
-        "unit_roundoff_storage": unit_roundoff(torch_dtype),
+        "unit_roundoff_storage": functional.unit_roundoff(torch_dtype),
         "lockstep_frames": frames,
         "steps_per_trajectory": profile.steps,
         "configs": {name: {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius, "weight_decay": c.weight_decay} for name, c in CONFIGS.items()},
@@ -633,6 +764,7 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
         "long_run": long_runs,
         "timings_s": timings,
         "torch": torch_environment(str(device)),
+        "thread_sensitivity": threads,
     }
     return ClaimResult(
         symbolic=SymbolicResult(method="not applicable: an implementation cross-check"),
