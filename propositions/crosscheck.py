@@ -112,24 +112,35 @@ def _stiefel_adam_kernel(W, G, m, v, t, config):
     return stiefel_adam_step(W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay)
 
 
+def _stages_1_to_3(W, G, m, config):
+    """The production kernel's first stages (frames as a (B, d, r) batch in the compute dtype):
+    returns (W, G~, m tangent at W, W^T G~)."""
+    from torch_impl import functional
+
+    work = functional.compute_dtype(W.dtype)
+    d, r = W.shape[-2], W.shape[-1]
+    W_c, G_c, m_c = (x.to(work).reshape(-1, d, r) for x in (W, G, m))
+    G_decayed = functional.decayed_gradient(W_c, G_c, config.weight_decay)
+    m_new, WtG = functional.project_moment(W_c, G_decayed, m_c, config.betas[0])
+    return W_c, G_decayed, m_new, WtG
+
+
 def _elementwise_second_moment_kernel(W, G, m, v, t, config):
-    """Adam's elementwise v (shape (..., d, r)) and per-entry step in place of stages 4-7."""
+    """Adam's elementwise v (shape (B, d, r)) and per-entry step in place of stages 4-7."""
     import torch
     from torch_impl import functional
 
     beta1, beta2 = config.betas
-    work = functional.compute_dtype(W.dtype)
-    W_c, G_c, m_c, v_c = (x.to(work) for x in (W, G, m, v))
-    g = functional.riemannian_gradient(W_c, G_c, config.weight_decay)
-    m_c = functional.first_moment(m_c, g, beta1)
-    v_c = torch.add(v_c * beta2, g * g, alpha=1 - beta2)
+    W_c, G_decayed, m_new, _ = _stages_1_to_3(W, G, m, config)
+    g = functional.project_tangent(W_c, G_decayed)
+    v_c = torch.add(v.to(g.dtype).reshape(g.shape) * beta2, g * g, alpha=1 - beta2)
     root_v_hat = torch.sqrt(v_c / (1 - beta2 ** (t + 1)))
-    xi = m_c * torch.where(root_v_hat > 0, (-config.lr / (1 - beta1 ** (t + 1))) / (root_v_hat + config.eps), 0.0)
+    xi = m_new * torch.where(root_v_hat > 0, (-config.lr / (1 - beta1 ** (t + 1))) / (root_v_hat + config.eps), 0.0)
     if not math.isinf(config.trust_radius):
         norm = torch.linalg.vector_norm(xi, dim=(-2, -1), keepdim=True)
         xi = xi * torch.where(norm > config.trust_radius, config.trust_radius / norm, 1.0)
     W_new = functional.polar_factor(W_c + xi, config.trust_radius)
-    return W_new.to(W.dtype), functional.project_tangent(W_new, m_c), v_c
+    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape)
 
 
 def _muon_newton_schulz_kernel(W, G, m, v, t, config):
@@ -137,14 +148,14 @@ def _muon_newton_schulz_kernel(W, G, m, v, t, config):
     from torch_impl import functional
 
     beta1, beta2 = config.betas
-    work = functional.compute_dtype(W.dtype)
-    W_c, G_c, m_c, v_c = (x.to(work) for x in (W, G, m, v))
-    g = functional.riemannian_gradient(W_c, G_c, config.weight_decay)
-    m_c = functional.first_moment(m_c, g, beta1)
-    v_c = functional.second_moment(v_c, g, beta2)
-    coefficient = functional.step_coefficient(m_c, v_c, t + 1, config.lr, beta1, beta2, config.eps, config.trust_radius)
-    W_new = _muon_polar(W_c + coefficient[..., None, None] * m_c)
-    return W_new.to(W.dtype), functional.project_tangent(W_new, m_c), v_c
+    d, r = W.shape[-2], W.shape[-1]
+    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
+    drift = functional.frame_drift_bound(d, r, W.dtype, config.trust_radius)
+    g_squared = functional.gradient_norm_squared(W_c, G_decayed, WtG, drift)
+    v_c = functional.second_moment(v.to(W_c.dtype).reshape(-1), g_squared, beta2, d * r)
+    coefficient = functional.step_coefficient(m_new, v_c, t + 1, config.lr, beta1, beta2, config.eps, config.trust_radius)
+    W_new = _muon_polar(W_c + coefficient[:, None, None] * m_new)
+    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
 
 
 KERNEL_VARIANTS = {
@@ -337,6 +348,10 @@ def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
             state = ref.init(W)
             elementwise = variant == "elementwise_second_moment"
             v_torch_own = torch.zeros((size, d, r), dtype=state_dtype, device=device) if elementwise else None
+            # the kernel's own state holds the moment before its transport (functional.stiefel_adam_step):
+            # it gets the reference's, and transports it inside its projection as the reference did
+            moment_in = state.m
+            drift_bound = functional.frame_drift_bound(d, r, _torch_dtype(dtype), config.trust_radius)
             for t in range(_steps_for(profile, d, r)):
                 G = rng.standard_normal(W.shape)
                 if t == 0:
@@ -344,21 +359,49 @@ def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
                 q = reference_quantities(W, G, state, config)
                 W_ref, state_ref = ref.step(W, G, state, config)
                 v_in = v_torch_own if elementwise else _to_torch(state.v, state_dtype, device)
-                W_t, m_t, v_t = _kernel(
-                    _to_torch(W, dtype, device), _to_torch(G, dtype, device), _to_torch(state.m, state_dtype, device),
-                    v_in, state.t, config, variant,
-                )
+                W_in = _to_torch(W, dtype, device)
+                W_t, m_t, v_t = _kernel(W_in, _to_torch(G, dtype, device), _to_torch(moment_in, state_dtype, device),
+                                        v_in, state.t, config, variant)
                 if elementwise:
                     v_torch_own = v_t
-                bound = step_error_bound(d, r, config, q, iterations=_iterations(config, dtype), **roundoffs)
+                u_m = roundoffs["u_m"] + _transport_roundoff(d, r, roundoffs["u_c"], moment_in, state.m)
+                bound = step_error_bound(d, r, config, q, iterations=_iterations(config, dtype), **{**roundoffs, "u_m": u_m})
                 extra = {"step": t + 1, "config": config_name, "dtype": str(dtype).replace("torch.", "")}
                 checks["W"].add(ref.frobenius(_to_numpy(W_t) - W_ref), bound["W"], shape=(d, r), key=key, seed=seed, extra=extra)
-                checks["m"].add(ref.frobenius(_to_numpy(m_t) - state_ref.m), bound["m"], shape=(d, r), key=key, seed=seed, extra=extra)
+                m_transported = functional.transported_moment(W_t.to(m_t.dtype), m_t)
+                checks["m"].add(ref.frobenius(_to_numpy(m_transported) - state_ref.m), bound["m"], shape=(d, r), key=key, seed=seed, extra=extra)
                 if not elementwise:
                     checks["v"].add(np.abs(_to_numpy(v_t) - state_ref.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
+                if not math.isinf(drift_bound):
+                    checks["frames_in"].add(ref.frobenius(_gram_defect(_to_numpy(W_in))), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
+                moment_in = _reference_moment(W, G, state, config)
                 W, state = W_ref, state_ref
             frames_done += size
     return frames_done
+
+
+def _reference_moment(W, G, state, config):
+    """Stage 3's m of the reference step (before its transport): beta1 m + (1 - beta1) P_W(G~)."""
+    beta1 = config.betas[0]
+    return beta1 * state.m + (1 - beta1) * ref.project_tangent(W, G + config.weight_decay * W)
+
+
+def _gram_defect(W):
+    return np.swapaxes(W, -1, -2) @ W - np.eye(W.shape[-1])
+
+
+def _transport_roundoff(d, r, u_c, moment_in, moment):
+    """u_m for a kernel that transports its incoming moment itself (functional.project_moment).
+
+    Stage 8's m+ = P_W(m_pre) is rounded once by the reference and once more inside the kernel's
+    projection of beta1 m_pre + (1 - beta1) G~: (d + r + 2) sqrt(r) u_c ||m_pre|| (the projection
+    error of step_error_bound), which is the input error (u_m ||m||) of the step that uses
+    m = P_W(m_pre). This is the transport term that step_error_bound charges to m+ at the end
+    of a step (e_m_new), charged where the kernel performs it. Per frame; 0 where m = 0.
+    """
+    norm_in, norm = ref.frobenius(np.asarray(moment_in)), ref.frobenius(np.asarray(moment))
+    ratio = np.divide(norm_in, norm, out=np.zeros_like(norm), where=norm > 0)
+    return (d + r + 2) * math.sqrt(r) * u_c * ratio
 
 
 # Frames with d r >= 2^16 ((1024, 128)) take at most LARGE_FRAME_STEPS lock-step steps: the
@@ -416,15 +459,19 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
                     W_in, m_in, v_in = unscaled_run[t]
                     W_c, _, _ = _kernel(W_in, _to_torch(c * G, torch.float64, device), c * m_in, (c * c) * v_in, t, config, variant)
                     W_np = _to_numpy(W_in)
-                    state = ref.StiefelAdamState(m=_to_numpy(m_in), v=_to_numpy(v_in), t=t)
+                    # the kernel's state holds the moment before its transport; the exact step from
+                    # these inputs uses the transported one, and the kernel's transport rounds
+                    moment_in = _to_numpy(m_in)
+                    state = ref.StiefelAdamState(m=ref.project_tangent(W_np, moment_in), v=_to_numpy(v_in), t=t)
                     state_c = ref.StiefelAdamState(m=c * state.m, v=c * c * state.v, t=t)
+                    u_transport = _transport_roundoff(d, r, U64, moment_in, state.m)
                     k = _iterations(config, torch.float64)
                     # each run is within step_error_bound of the exact step from its own inputs; the
                     # scaled inputs carry relative rounding u (c G, c m) and 2u (c^2 v)
                     bound = step_error_bound(d, r, config, reference_quantities(W_np, G, state, config), u_W=0.0, u_G=0.0,
-                                             u_m=0.0, u_v=0.0, u_c=U64, u_out=0.0, iterations=k)["W"]
+                                             u_m=u_transport, u_v=0.0, u_c=U64, u_out=0.0, iterations=k)["W"]
                     bound = bound + step_error_bound(d, r, config, reference_quantities(W_np, c * G, state_c, config), u_W=0.0,
-                                                     u_G=U64, u_m=U64, u_v=2 * U64, u_c=U64, u_out=0.0, iterations=k)["W"]
+                                                     u_G=U64, u_m=U64 + u_transport, u_v=2 * U64, u_c=U64, u_out=0.0, iterations=k)["W"]
                     residual = ref.frobenius(_to_numpy(W_c) - _to_numpy(unscaled_run[t + 1][0]))
                     checks["P2_bounded"].add(residual, bound, shape=(d, r), key=key, seed=seed,
                                              extra={"c": c, "step": t + 1, "config": config_name})
@@ -472,7 +519,9 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
                 moved = [_to_torch(transform(x), torch.float64, device) for x in (W, G, state.m)]
                 W_moved, _, _ = _kernel(*moved, args[3], state.t, config, variant)
                 u_transform = n**1.5 * U64 * 1.01  # gamma_n sqrt(n), gamma_n = n u / (1 - n u)
-                bound = step_error_bound(d, r, config, q, u_W=u_transform, u_G=u_transform, u_m=u_transform, u_v=0.0,
+                # each side's kernel also projects the incoming moment (its deferred transport)
+                u_m = u_transform + _transport_roundoff(d, r, 2 * U64, state.m, state.m)
+                bound = step_error_bound(d, r, config, q, u_W=u_transform, u_G=u_transform, u_m=u_m, u_v=0.0,
                                          u_c=2 * U64, u_out=0.0, iterations=_iterations(config, torch.float64))["W"]
                 bound = bound + u_transform * math.sqrt(r)
                 residual = ref.frobenius(_to_numpy(W_moved) - transform(_to_numpy(W_plain)))
@@ -566,6 +615,12 @@ def _new_checks(dtype_name: str) -> dict:
         "W": NumericalCheck("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation),
         "m": NumericalCheck("first_moment", f"||m+_torch - m+_ref||_F per frame, {dtype_name}", derivation),
         "v": NumericalCheck("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation),
+        "frames_in": NumericalCheck(
+            "input_frames",
+            f"||W^T W - I||_F of the frames given to the torch kernel ({dtype_name}): the precondition of its r x r ||g||^2",
+            "torch_impl.functional.frame_drift_bound: Gram rounding d (r + Delta^2) u, Newton-Schulz (4k + 3) r u, "
+            "product A M 2 r^1.5 kappa u, storage 2 sqrt(r) u_s",
+        ),
     }
 
 

@@ -116,3 +116,20 @@ def test_thread_sensitivity_reports_the_comparison():
     threads = crosscheck.thread_sensitivity(0, "float32")
     assert threads["threads"] == [1, 2] and threads["samples"] == 2 * sum(batch for batch, _, _ in crosscheck.THREAD_SAMPLE_SHAPES)
     assert threads["identical"] == (threads["max_relative_difference"] == 0.0)
+
+
+def test_unguarded_gram_identity_for_the_gradient_norm_fails_the_crosscheck(monkeypatch):
+    """||G~||^2 - ||sym(W^T G~)||^2 without the accuracy test of gradient_norm_squared: the frames
+    that get G = 0 (G~ = lambda W, all normal) make the identity cancel, and the second moment
+    leaves its bound."""
+    from torch_impl import functional
+
+    def unguarded(W, G_decayed, WtG, drift):
+        sigma = 0.5 * (WtG + WtG.mT)
+        return torch.linalg.vector_norm(G_decayed, dim=(-2, -1)).square() - torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
+
+    monkeypatch.setattr(functional, "gradient_norm_squared", unguarded)
+    tiny = Profile("tiny", frames=60, steps=2, long_run_steps=20, mp_dps=0, mp_samples=0)
+    result = crosscheck.CLAIM.run(seed=2, profile=tiny)
+    assert result.verdict == "fail"
+    assert any(not c.passed for c in result.checks if c.name == "second_moment")

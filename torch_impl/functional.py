@@ -9,6 +9,13 @@
     7. if ||xi||_F > Delta: xi = xi Delta / ||xi||_F       per frame, Frobenius norm
     8. W+ = polar(W + xi);  m+ = P_{W+}(m)
 
+Products. The step's cost is its d x r^2 matrix products; it takes five: W^T m and W^T G~,
+W sym(.) for the projection of beta1 m + (1 - beta1) G~ (stage 8's transport of the previous
+step and stages 2-3 of this one share it: P_W is linear), the Gram matrix (W + xi)^T (W + xi) and
+(W + xi) S^(-1/2). ||g||^2 comes from r x r quantities (`gradient_norm_squared`) where that is as
+accurate as forming g, else g is formed (a sixth). The moment that the step returns is therefore
+stage 3's m, tangent at the old frame; `transported_moment` gives stage 8's m+.
+
 Every frame along the leading axes of W (..., d, r) is one independent problem: all stages are
 batched tensor operations, with no Python loop over frames. Storage dtypes float64, float32 and
 bfloat16 are accepted; float64 computes in float64, the others compute in float32 and keep the
@@ -192,26 +199,89 @@ def feasibility(W: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(gram - _identity_like(gram))
 
 
-def riemannian_gradient(W: torch.Tensor, G: torch.Tensor, weight_decay: float = 0.0) -> torch.Tensor:
-    """Stages 1-2: g = P_W(G + lambda W), shapes (..., d, r) in one compute dtype."""
-    if weight_decay != 0:
-        G = torch.add(G, W, alpha=weight_decay)
-    return project_tangent(W, G)
+def decayed_gradient(W: torch.Tensor, G: torch.Tensor, weight_decay: float = 0.0) -> torch.Tensor:
+    """Stage 1: G~ = G + lambda W, shapes (..., d, r) in one compute dtype."""
+    return torch.add(G, W, alpha=weight_decay) if weight_decay != 0 else G
 
 
-def first_moment(m: torch.Tensor, g: torch.Tensor, beta1: float) -> torch.Tensor:
-    """Stage 3: beta1 m + (1 - beta1) g, both coefficients rounded from float64.
+def _sym(K: torch.Tensor) -> torch.Tensor:
+    return torch.add(K, K.mT).mul_(0.5)
 
-    torch.lerp would round beta1 to the compute dtype and form 1 - beta1 there, a relative error
-    u beta / (1 - beta) in the update (1000 u, i.e. 6e-5 in float32, for beta = 0.999).
+
+def project_moment(W: torch.Tensor, G_decayed: torch.Tensor, m: torch.Tensor, beta1: float):
+    """Stages 2-3 with the previous step's transport: P_W(beta1 m + (1 - beta1) G~).
+
+    m is the moment that the previous step left (tangent at the previous frame, not yet
+    transported); P_W is linear, so beta1 P_W(m) + (1 - beta1) P_W(G~), the transported moment
+    plus the projected gradient, is one projection: W^T m and W^T G~ (two d x r^2 products, the
+    second kept for ||P_W G~||^2) and one W sym(.) product. beta1 and 1 - beta1 are each rounded
+    from float64 (torch.lerp would form 1 - beta1 in the compute dtype, a relative error
+    u beta / (1 - beta) in the update). Returns (m_new tangent at W, W^T G~), shapes (B, d, r),
+    (B, r, r) for batched W (B, d, r).
     """
-    return torch.add(m * beta1, g, alpha=1 - beta1) if beta1 != 0 else g
+    WtG = torch.bmm(W.mT, G_decayed)
+    if beta1 == 0:
+        return torch.baddbmm(G_decayed, W, _sym(WtG), alpha=-1.0), WtG
+    combined = _sym(torch.add(torch.bmm(W.mT, m).mul_(beta1), WtG, alpha=1 - beta1))
+    m_new = (m * beta1).add_(G_decayed, alpha=1 - beta1)
+    return m_new.baddbmm_(W, combined, alpha=-1.0), WtG
 
 
-def second_moment(v: torch.Tensor, g: torch.Tensor, beta2: float) -> torch.Tensor:
-    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame; v has shape g.shape[:-2]."""
-    d, r = g.shape[-2], g.shape[-1]
-    return torch.add(v * beta2, torch.sum(g * g, dim=(-2, -1)), alpha=(1 - beta2) / (d * r))
+def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, method: str = "auto") -> float:
+    """Bound on ||W^T W - I||_2 for a frame that this kernel returned (the precondition under
+    which `gradient_norm_squared` may use its r x r identity); inf for the eigh retraction.
+
+    W = fl_s(fl(A M)) with S = A^T A, M ~ S^(-1/2). fl(S) errs by gamma_d |A|^T |A|, of 2-norm
+    <= d u ||A||_F^2 <= d (r + Delta^2) u, and ||M||_2 <= 1 (S >= I up to drift), so
+    M fl(S) M - I moves by at most that; the Newton-Schulz iterate leaves |1 - x| <= u and its
+    r x r products (4 k + 3) r u; the product A M (length-r inner products) errs by
+    r u || |A| |M| ||_F <= r^1.5 kappa u, which moves W^T W by twice that; storing W in a dtype
+    of unit roundoff u_s adds 2 sqrt(r) u_s (||E||_F <= u_s ||W||_F). First order in u.
+    """
+    if resolve_retraction(method, trust_radius) != "newton_schulz":
+        return math.inf
+    work = compute_dtype(dtype)
+    u_c, u_s = unit_roundoff(work), unit_roundoff(dtype)
+    kappa = math.sqrt(1.0 + trust_radius**2)
+    k = newton_schulz_iterations(trust_radius, work)
+    return (d * (r + trust_radius**2) + 2 * r**1.5 * kappa + (4 * k + 3) * r + 1) * u_c + 2 * math.sqrt(r) * u_s
+
+
+def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.Tensor, drift: float) -> torch.Tensor:
+    """||P_W(G~)||^2 per frame, from r x r quantities where that is as accurate as forming P_W(G~).
+
+    With Sigma = sym(W^T G~) and D = W^T W - I, ||G~ - W Sigma||^2 = ||G~||^2 - ||Sigma||^2 +
+    <D, Sigma^2>, so the norm needs only ||G~||^2 (one pass) and the r x r Sigma. Its rounding
+    (u the compute dtype's, first order): ||G~||^2 sums d r squares, (d r + 3) u ||G~||^2 with the
+    norm's square root and squaring; fl(W^T G~) errs by gamma_d |W|^T |G~|, Frobenius norm
+    <= d sqrt(r) u ||G~||, and symmetrising by u ||Sigma||, which moves ||Sigma||^2 by
+    2 (d + 2) sqrt(r) u ||Sigma|| ||G~||; ||Sigma||^2 sums r^2 squares, (r^2 + 3) u ||Sigma||^2;
+    the difference rounds by u ||g||^2; and the drift term is at most `drift` ||Sigma||^2. The
+    identity cancels when G~ is mostly normal (||Sigma|| ~ ||G~||), so it is used only when this
+    total is at most the rounding that step_error_bound allows the explicit route
+    ||fl(G~ - W Sigma)||^2: d r u ||g||^2 + 2 (d + r + 2) sqrt(r) u ||g|| ||G~|| (the sum of squares
+    and the projection error). Otherwise (any frame of the batch) g = G~ - W Sigma is formed: one
+    more d x r^2 product. Shapes: W, G~ (B, d, r), WtG (B, r, r); returns (B,).
+    """
+    d, r = W.shape[-2], W.shape[-1]
+    u = unit_roundoff(W.dtype)
+    sigma = _sym(WtG)
+    gradient_sq = torch.linalg.vector_norm(G_decayed, dim=(-2, -1)).square()
+    sigma_sq = torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
+    identity = gradient_sq - sigma_sq
+    cross = torch.sqrt(sigma_sq * gradient_sq)
+    identity_error = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
+    identity_error = identity_error + drift * sigma_sq
+    explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * torch.sqrt(identity.clamp(min=0) * gradient_sq))
+    if bool(torch.all(identity_error <= explicit_error)):
+        return identity
+    g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
+    return torch.linalg.vector_norm(g, dim=(-2, -1)).square()
+
+
+def second_moment(v: torch.Tensor, g_squared: torch.Tensor, beta2: float, size: int) -> torch.Tensor:
+    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame (size = d r)."""
+    return torch.add(v * beta2, g_squared, alpha=(1 - beta2) / size)
 
 
 def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> torch.Tensor:
@@ -229,6 +299,12 @@ def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> t
         norm = torch.linalg.vector_norm(m, dim=(-2, -1)) * coefficient.abs()
         coefficient = coefficient * torch.where(norm > trust_radius, trust_radius / norm, 1.0)
     return coefficient
+
+
+def transported_moment(W: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Stage 8's m+ = P_{W+}(m) for a state (W+, m) that stiefel_adam_step returned: the moment
+    tangent at W+, as SPEC.md's state holds it (the step itself defers this projection)."""
+    return project_tangent(W, m)
 
 
 @torch.no_grad()
@@ -249,23 +325,26 @@ def stiefel_adam_step(
 ):
     """One StiefelAdam step (SPEC.md section 2) for frames W (..., d, r). Pure: inputs unchanged.
 
-    W: frames, float64 / float32 / bfloat16, on any device; G: Euclidean gradient, same shape
-    (any floating dtype, cast to the compute dtype); m: first moment (..., d, r) and v: second
-    moment (...) (one scalar per frame), both in the state dtype (float64 for float64 W, float32
-    otherwise); t: steps taken so far (the returned state has taken t + 1).
+    W: frames, float64 / float32 / bfloat16, on any device, with ||W^T W - I|| within
+    `frame_drift_bound` (as stiefel_init_ and this function leave them); G: Euclidean gradient,
+    same shape (any floating dtype, cast to the compute dtype); m: first moment (..., d, r) as the
+    previous call returned it (or 0), v: second moment (...) (one scalar per frame), both in the
+    state dtype (float64 for float64 W, float32 otherwise); t: steps taken so far.
     Returns (W_new in W's dtype, m_new, v_new in the state dtype).
-    retraction_method: "auto", "newton_schulz" or "eigh" (module docstring).
+
+    m_new is stage 3's moment, tangent at W, not yet transported to W_new: the transport
+    P_{W_new}(m_new) is done by the next call, inside its own projection (one projection of
+    beta1 m + (1 - beta1) G~ instead of two), and `transported_moment(W_new, m_new)` gives
+    SPEC.md's m+. retraction_method: "auto", "newton_schulz" or "eigh" (module docstring).
     """
     work = compute_dtype(W.dtype)
     batch_shape = W.shape[:-2]
+    d, r = W.shape[-2], W.shape[-1]
     W_c = _as_batch3(W.to(work))
-    G_c = _as_batch3(G.to(work))
-    m_c = _as_batch3(m.to(work))
-    v_c = v.to(work).reshape(-1)
-    g = riemannian_gradient(W_c, G_c, weight_decay)
-    m_c = first_moment(m_c, g, beta1)
-    v_c = second_moment(v_c, g, beta2)
+    G_c = decayed_gradient(W_c, _as_batch3(G.to(work)), weight_decay)
+    m_c, WtG = project_moment(W_c, G_c, _as_batch3(m.to(work)), beta1)
+    g_squared = gradient_norm_squared(W_c, G_c, WtG, frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method))
+    v_c = second_moment(v.to(work).reshape(-1), g_squared, beta2, d * r)
     coefficient = step_coefficient(m_c, v_c, t + 1, lr, beta1, beta2, eps, trust_radius)
     W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
-    m_new = project_tangent(W_new, m_c)
-    return W_new.reshape(W.shape).to(W.dtype), m_new.reshape(W.shape), v_c.reshape(batch_shape)
+    return W_new.reshape(W.shape).to(W.dtype), m_c.reshape(W.shape), v_c.reshape(batch_shape)

@@ -4,7 +4,10 @@ Each parameter of shape (..., d, r) is a batch of frames on St(d, r) (for exampl
 heads of a layer, shape (heads, d_model, d_head)). Its state is
 
     state["step"]       int, steps taken
-    state["exp_avg"]    m, shape (..., d, r), float64 for float64 parameters, float32 otherwise
+    state["exp_avg"]    m, shape (..., d, r), float64 for float64 parameters, float32 otherwise:
+                        the moment of the last step, tangent at the frame *before* that step (its
+                        transport to the current frame is done by the next step, inside its own
+                        projection; functional.transported_moment(p, m) gives SPEC.md's m)
     state["exp_avg_sq"] v, shape (...), one scalar per frame, same dtype as m
 
 and one `step` applies `torch_impl.functional.stiefel_adam_step` to the whole tensor.
