@@ -140,3 +140,27 @@ def test_drift_bound_is_infinite_for_the_eigh_retraction():
     assert math.isinf(functional.frame_drift_bound(64, 8, torch.float32, math.inf))
     assert math.isinf(functional.frame_drift_bound(64, 8, torch.float32, 0.5, "eigh"))
     assert np.isfinite(functional.frame_drift_bound(64, 8, torch.float32, 0.5))
+
+
+def test_sharper_drift_term_is_tried_before_forming_g():
+    """With a drift bound between what ||Sigma||_F^2 and ||Sigma^2||_F allow, the identity is kept
+    (no d x r^2 product); with a larger one, g is formed."""
+    d, r = 128, 16
+    W, rng = _frames(4, d, r, "sharp")
+    G = torch.from_numpy(rng.standard_normal(W.shape)).float()
+    WtG = W.mT @ G
+    u = functional.unit_roundoff(torch.float32)
+    sigma = 0.5 * (WtG + WtG.mT)
+    q_G = torch.linalg.vector_norm(G, dim=(-2, -1)).square()
+    q_S = torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
+    identity = q_G - q_S
+    rounding = u * ((d * r + 3) * q_G + 2 * (d + 2) * math.sqrt(r) * (q_S * q_G).sqrt() + (r * r + 3) * q_S + identity.abs())
+    explicit = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * (identity * q_G).sqrt())
+    coarse_limit = float(((explicit - rounding) / q_S).min())
+    sharp_limit = float(((explicit - rounding) / torch.linalg.vector_norm(sigma @ sigma, dim=(-2, -1))).min())
+    assert 0 < coarse_limit < sharp_limit
+    for drift, products in ((0.5 * coarse_limit, 0), (0.5 * (coarse_limit + sharp_limit), 0), (2 * sharp_limit, 1)):
+        counter = _CountProducts(d)
+        with counter:
+            functional.gradient_norm_squared(W, G, WtG, drift)
+        assert counter.count == products, drift

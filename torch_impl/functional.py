@@ -228,15 +228,16 @@ def project_moment(W: torch.Tensor, G_decayed: torch.Tensor, m: torch.Tensor, be
 
 
 def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, method: str = "auto") -> float:
-    """Bound on ||W^T W - I||_2 for a frame that this kernel returned (the precondition under
+    """Bound on ||W^T W - I||_F for a frame that this kernel returned (the precondition under
     which `gradient_norm_squared` may use its r x r identity); inf for the eigh retraction.
 
-    W = fl_s(fl(A M)) with S = A^T A, M ~ S^(-1/2). fl(S) errs by gamma_d |A|^T |A|, of 2-norm
-    <= d u ||A||_F^2 <= d (r + Delta^2) u, and ||M||_2 <= 1 (S >= I up to drift), so
-    M fl(S) M - I moves by at most that; the Newton-Schulz iterate leaves |1 - x| <= u and its
-    r x r products (4 k + 3) r u; the product A M (length-r inner products) errs by
-    r u || |A| |M| ||_F <= r^1.5 kappa u, which moves W^T W by twice that; storing W in a dtype
-    of unit roundoff u_s adds 2 sqrt(r) u_s (||E||_F <= u_s ||W||_F). First order in u.
+    W = fl_s(fl(A M)) with S = A^T A, M ~ S^(-1/2). fl(S) errs by gamma_d |A|^T |A|, of Frobenius
+    norm <= d u ||A||_F^2 <= d (r + Delta^2) u, and ||M||_2 <= 1 (S >= I up to drift), so
+    M fl(S) M - I moves by at most that; the Newton-Schulz iterate leaves |1 - x| <= u per
+    eigenvalue (sqrt(r) u) and its r x r products (4 k + 3) r^1.5 u (the count of e_ret in the
+    cross-check's step_error_bound, plus one); the product A M (length-r inner products) errs by
+    r u || |A| |M| ||_F <= r u ||A||_F <= r^1.5 kappa u, which moves W^T W by twice that; storing W
+    in a dtype of unit roundoff u_s adds 2 sqrt(r) u_s (||E||_F <= u_s ||W||_F). First order in u.
     """
     if resolve_retraction(method, trust_radius) != "newton_schulz":
         return math.inf
@@ -244,7 +245,7 @@ def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, m
     u_c, u_s = unit_roundoff(work), unit_roundoff(dtype)
     kappa = math.sqrt(1.0 + trust_radius**2)
     k = newton_schulz_iterations(trust_radius, work)
-    return (d * (r + trust_radius**2) + 2 * r**1.5 * kappa + (4 * k + 3) * r + 1) * u_c + 2 * math.sqrt(r) * u_s
+    return (d * (r + trust_radius**2) + (2 * kappa + 4 * k + 3) * r**1.5 + math.sqrt(r)) * u_c + 2 * math.sqrt(r) * u_s
 
 
 def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.Tensor, drift: float) -> torch.Tensor:
@@ -256,12 +257,15 @@ def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.T
     norm's square root and squaring; fl(W^T G~) errs by gamma_d |W|^T |G~|, Frobenius norm
     <= d sqrt(r) u ||G~||, and symmetrising by u ||Sigma||, which moves ||Sigma||^2 by
     2 (d + 2) sqrt(r) u ||Sigma|| ||G~||; ||Sigma||^2 sums r^2 squares, (r^2 + 3) u ||Sigma||^2;
-    the difference rounds by u ||g||^2; and the drift term is at most `drift` ||Sigma||^2. The
-    identity cancels when G~ is mostly normal (||Sigma|| ~ ||G~||), so it is used only when this
-    total is at most the rounding that step_error_bound allows the explicit route
+    the difference rounds by u ||g||^2; and the drift term is at most
+    ||D||_F ||Sigma^2||_F <= `drift` ||Sigma||_F^2 (`drift` bounds ||D||_F: `frame_drift_bound`).
+    The identity cancels when G~ is mostly normal (||Sigma|| ~ ||G~||), so it is used only when
+    this total is at most the rounding that step_error_bound allows the explicit route
     ||fl(G~ - W Sigma)||^2: d r u ||g||^2 + 2 (d + r + 2) sqrt(r) u ||g|| ||G~|| (the sum of squares
-    and the projection error). Otherwise (any frame of the batch) g = G~ - W Sigma is formed: one
-    more d x r^2 product. Shapes: W, G~ (B, d, r), WtG (B, r, r); returns (B,).
+    and the projection error). Where the coarse drift term ||Sigma||_F^2 is what fails, the sharper
+    ||Sigma^2||_F (one r x r product, r / d of a d x r^2 one) is tried; otherwise (any frame of the
+    batch) g = G~ - W Sigma is formed: one more d x r^2 product. Shapes: W, G~ (B, d, r),
+    WtG (B, r, r); returns (B,).
     """
     d, r = W.shape[-2], W.shape[-1]
     u = unit_roundoff(W.dtype)
@@ -270,11 +274,14 @@ def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.T
     sigma_sq = torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
     identity = gradient_sq - sigma_sq
     cross = torch.sqrt(sigma_sq * gradient_sq)
-    identity_error = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
-    identity_error = identity_error + drift * sigma_sq
+    rounding = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
     explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * torch.sqrt(identity.clamp(min=0) * gradient_sq))
-    if bool(torch.all(identity_error <= explicit_error)):
+    if bool(torch.all(rounding + drift * sigma_sq <= explicit_error)):
         return identity
+    if bool(torch.all(rounding < explicit_error)):
+        sigma_squared_sq = torch.linalg.vector_norm(torch.bmm(sigma, sigma), dim=(-2, -1))
+        if bool(torch.all(rounding + drift * sigma_squared_sq <= explicit_error)):
+            return identity
     g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
     return torch.linalg.vector_norm(g, dim=(-2, -1)).square()
 
