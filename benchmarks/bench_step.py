@@ -1,7 +1,8 @@
 """Time per optimizer step: torch_impl.StiefelAdam against geoopt and against its own roofline.
 
     python benchmarks/bench_step.py [--shapes 12,768,64 32,1024,128] [--dtype float32]
-                                    [--rounds 7] [--min-time 0.2] [--threads N] [--out table.md]
+                                    [--rounds 7] [--min-time 0.2] [--threads N] [--device cpu|cuda]
+                                    [--out table.md]
 
 For each (heads, d, r): one parameter of shape (heads, d, r) with a fixed random gradient, stepped by
 StiefelAdam, geoopt's RiemannianAdam on EuclideanStiefel (skipped with a message when geoopt is not
@@ -59,16 +60,16 @@ class ProductCounter(TorchDispatchMode):
         return result
 
 
-def make_parameter(shape, dtype, generator, manifold=None):
-    data = stiefel_init_(torch.empty(shape, dtype=torch.float64), generator=generator).to(dtype)
+def make_parameter(shape, dtype, generator, device, manifold=None):
+    data = stiefel_init_(torch.empty(shape, dtype=torch.float64), generator=generator).to(device=device, dtype=dtype)
     parameter = geoopt.ManifoldParameter(data, manifold=manifold) if manifold is not None else torch.nn.Parameter(data)
-    parameter.grad = torch.randn(shape, dtype=torch.float64, generator=generator).to(dtype)
+    parameter.grad = torch.randn(shape, dtype=torch.float64, generator=generator).to(device=device, dtype=dtype)
     return parameter
 
 
-def count_products(shape, dtype, generator) -> dict:
+def count_products(shape, dtype, generator, device) -> dict:
     """d x r^2 products of one StiefelAdam step (the second, so that the moment is not zero)."""
-    parameter = make_parameter(shape, dtype, generator)
+    parameter = make_parameter(shape, dtype, generator, device)
     optimizer = StiefelAdam([parameter], lr=1e-3)
     optimizer.step()
     counter = ProductCounter(shape[1], shape[2])
@@ -77,35 +78,39 @@ def count_products(shape, dtype, generator) -> dict:
     return counter.counts
 
 
-def _per_step(function, repetitions: int) -> float:
+def _per_step(function, repetitions: int, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     for _ in range(repetitions):
         function()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return (time.perf_counter() - start) / repetitions
 
 
-def bench_shape(shape, dtype, rounds: int, min_time: float, generator) -> dict:
+def bench_shape(shape, dtype, rounds: int, min_time: float, generator, device) -> dict:
     heads, d, r = shape
-    contenders = {"StiefelAdam": StiefelAdam([make_parameter(shape, dtype, generator)], lr=1e-3).step}
+    contenders = {"StiefelAdam": StiefelAdam([make_parameter(shape, dtype, generator, device)], lr=1e-3).step}
     if geoopt is not None:
         manifold = geoopt.EuclideanStiefel()
-        contenders["geoopt EuclideanStiefel"] = geoopt.optim.RiemannianAdam([make_parameter(shape, dtype, generator, manifold)], lr=1e-3).step
-    contenders["AdamW"] = torch.optim.AdamW([make_parameter(shape, dtype, generator)], lr=1e-3).step
+        contenders["geoopt EuclideanStiefel"] = geoopt.optim.RiemannianAdam([make_parameter(shape, dtype, generator, device, manifold)], lr=1e-3).step
+    contenders["AdamW"] = torch.optim.AdamW([make_parameter(shape, dtype, generator, device)], lr=1e-3).step
     compute = torch.float64 if dtype == torch.float64 else torch.float32
-    X = torch.randn((heads, d, r), dtype=compute, generator=generator)
-    M = torch.randn((heads, r, r), dtype=compute, generator=generator)
+    X = torch.randn((heads, d, r), dtype=compute, generator=generator).to(device)
+    M = torch.randn((heads, r, r), dtype=compute, generator=generator).to(device)
     contenders["matmul W^T X"] = lambda: torch.bmm(X.mT, X)
     contenders["matmul X M"] = lambda: torch.bmm(X, M)
     # warm up, and choose repetitions per round so that each entry runs about min_time
     repetitions = {}
     for name, function in contenders.items():
         function()
-        repetitions[name] = max(1, math.ceil(min_time / max(_per_step(function, 1), 1e-6)))
+        repetitions[name] = max(1, math.ceil(min_time / max(_per_step(function, 1, device), 1e-6)))
     times = {name: [] for name in contenders}
     names = list(contenders)
     for index in range(rounds):
         for name in names[index % len(names):] + names[: index % len(names)]:
-            times[name].append(_per_step(contenders[name], repetitions[name]))
+            times[name].append(_per_step(contenders[name], repetitions[name], device))
     return times
 
 
@@ -120,6 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (ratios are formed within a round)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per entry and round (at least one step)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     if args.threads:
@@ -127,9 +133,10 @@ def main(argv=None) -> int:
     if geoopt is None:
         print("geoopt is not installed: its RiemannianAdam baseline is skipped (pip install geoopt)", file=sys.stderr)
     dtype = DTYPES[args.dtype]
+    device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
     lines = [
-        f"StiefelAdam step, torch {torch.__version__}, CPU, {torch.get_num_threads()} threads, {args.dtype}, "
+        f"StiefelAdam step, torch {torch.__version__}, {device}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
         f"{args.rounds} interleaved rounds; ratios: median (min - max) over rounds",
         "",
         "| heads, d, r | products (W^T X + X M) | StiefelAdam ms | geoopt ms | geoopt / StiefelAdam | StiefelAdam / roofline | StiefelAdam / AdamW |",
@@ -137,8 +144,8 @@ def main(argv=None) -> int:
     ]
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
-        counts = count_products(shape, dtype, generator)
-        times = bench_shape(shape, dtype, args.rounds, args.min_time, generator)
+        counts = count_products(shape, dtype, generator, device)
+        times = bench_shape(shape, dtype, args.rounds, args.min_time, generator, device)
         ours = times["StiefelAdam"]
         roofline = [counts["WtX"] * a + counts["XM"] * b for a, b in zip(times["matmul W^T X"], times["matmul X M"])]
         geo = times.get("geoopt EuclideanStiefel")
