@@ -8,16 +8,25 @@ kernel itself keeps SPEC.md's P2 (gradient-scale independence, eps = 0) and P4 (
 equivariance), and its frames stay feasible over long runs with no growth in the number of steps.
 
 Why it should hold. Both compute the same eight stages of SPEC.md section 2; they differ only in
-rounding and in the retraction's algorithm (thin SVD in the reference, the Gram matrix with a
-quintic Newton-Schulz or eigh in torch), which agree exactly in exact arithmetic.
+rounding, in the retraction's algorithm (thin SVD in the reference, the Gram matrix with a
+quintic Newton-Schulz or eigh in torch), in where the transport of m happens (the torch kernel
+does stage 8's P_{W+}(m) inside the next step's projection of beta1 m + (1 - beta1) G~) and in
+how ||g||^2 is formed (from r x r quantities where that is as accurate), all of which agree
+exactly in exact arithmetic.
 
 How it is checked. Haar frames over the shape grid of propositions._common.shape_plan (r = 1,
 r = d, batches, up to (1024, 128)) run multi-step reference trajectories with random gradients under
 two configurations (one that clips at the trust region and decays weights, one with the defaults);
-at every step the torch kernel is fed the reference's input (W, G, m, v, t), rounded to the storage
-dtype, and its output is compared with the reference's output, frame by frame, against the bound of
-`step_error_bound` (first-order error analysis in its docstring). Some frames get G = 0 at their
-first step (the v^ = 0 branch). P2 and P4 are run on the torch kernel alone in float64.
+at every step the torch kernel is fed the reference's input (W, G, v, t, and m as its own state
+holds it: the reference's moment before the transport), rounded to the storage dtype, and its
+output (W+, v+, and m+ transported explicitly) is compared with the reference's output, frame by
+frame, against the bound of `step_error_bound` (first-order error analysis in its docstring; the
+transport's rounding is charged to the step that performs it, `_transport_roundoff`). The frames
+given to the kernel are held to `torch_impl.functional.frame_drift_bound`, the precondition of its
+r x r ||g||^2. Some frames get G = 0 at their first step (the v^ = 0 branch, and a gradient that
+is all normal, where the r x r ||g||^2 must give way). P2 and P4 are run on the torch kernel
+alone in float64. On CPU the run uses one torch and one BLAS thread, and reports whether two
+torch threads change the residuals.
 
 What would make it fail. Any stage computed differently: the controls replace the scalar second
 moment by Adam's elementwise one, or the polar retraction by Muon's tuned Newton-Schulz
