@@ -1,26 +1,35 @@
-"""Time per optimizer step: torch_impl.StiefelAdam against torch.optim.AdamW and geoopt.
+"""Time per optimizer step: torch_impl.StiefelAdam against geoopt and against its own roofline.
 
-For each (heads, d, r) and dtype, one parameter of shape (heads, d, r) (the W_Q of all heads of a
-layer) with a fixed random gradient; each optimizer's `step()` is timed alone (warm-up first, then
-the median over repetitions), and every ratio is between medians measured in the same run:
+    python benchmarks/bench_step.py [--shapes 12,768,64 32,1024,128] [--dtype float32]
+                                    [--rounds 7] [--min-time 0.2] [--threads N] [--device cpu|cuda]
+                                    [--out table.md]
 
-    python benchmarks/bench_step.py [--shapes 1,64,16 8,256,32 ...] [--dtypes float32 float64]
-                                    [--device cpu|cuda] [--min-time 1.0] [--out table.md]
+For each (heads, d, r): one parameter of shape (heads, d, r) with a fixed random gradient, stepped by
+StiefelAdam, geoopt's RiemannianAdam on EuclideanStiefel (skipped with a message when geoopt is not
+installed) and torch.optim.AdamW (Euclidean, no manifold: a floor). The implementations are
+interleaved: each round times every one of them (in an order rotated from round to round), so a
+change in the machine's load hits all of them alike, and every ratio is formed within a round. The
+table gives the median ratio over the rounds and its spread (min - max).
 
-Baselines: AdamW default, foreach=True and fused=True (Euclidean, no manifold: the floor of what a
-step on these parameters can cost), and geoopt's RiemannianAdam on EuclideanStiefel and
-CanonicalStiefel (skipped with a message when geoopt is not installed).
+Roofline. StiefelAdam's cost is its d x r^2 matrix products; the script counts them in one step
+(a dispatch-mode counter: batched matmuls with an operand of d rows), split into the two shapes
+that occur, W^T X (r x r result) and X M (d x r result), and times one batched matmul of each
+shape in every round. roofline = n_WtX t_WtX + n_XM t_XM; "x roofline" = step time / roofline,
+the overhead of everything else (elementwise passes, the r x r Newton-Schulz, the optimizer's
+checks and copies).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -31,97 +40,126 @@ try:
 except ImportError:  # optional baseline
     geoopt = None
 
-DEFAULT_SHAPES = ((1, 64, 16), (8, 256, 32), (12, 768, 64), (32, 1024, 128))
+DEFAULT_SHAPES = ((12, 768, 64), (32, 1024, 128))
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+MATMULS = (torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default, torch.ops.aten.baddbmm_.default)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class ProductCounter(TorchDispatchMode):
+    """Counts the d x r^2 products (batched matmuls with an operand of d rows) by result shape."""
+
+    def __init__(self, d: int, r: int):
+        super().__init__()
+        self.d, self.r = d, r
+        self.counts = {"WtX": 0, "XM": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func in MATMULS and any(torch.is_tensor(a) and a.dim() == 3 and self.d in a.shape[-2:] for a in args):
+            self.counts["XM" if result.shape[-2] == self.d else "WtX"] += 1
+        return result
 
 
-def time_step(optimizer, device, min_time: float, min_reps: int = 5, max_reps: int = 200) -> float:
-    """Median seconds of optimizer.step() after 3 warm-up steps."""
-    for _ in range(3):
-        optimizer.step()
-    _synchronize(device)
-    times = []
-    total = 0.0
-    while (total < min_time or len(times) < min_reps) and len(times) < max_reps:
-        start = time.perf_counter()
-        optimizer.step()
-        _synchronize(device)
-        elapsed = time.perf_counter() - start
-        times.append(elapsed)
-        total += elapsed
-    return statistics.median(times)
-
-
-def make_parameter(shape, dtype, device, generator, manifold=None):
-    data = stiefel_init_(torch.empty(shape, dtype=torch.float64, device=device), generator=generator).to(dtype)
-    if manifold is not None:
-        parameter = geoopt.ManifoldParameter(data, manifold=manifold)
-    else:
-        parameter = torch.nn.Parameter(data)
-    parameter.grad = torch.randn(shape, dtype=torch.float64, device=device, generator=generator).to(dtype)
+def make_parameter(shape, dtype, generator, device, manifold=None):
+    data = stiefel_init_(torch.empty(shape, dtype=torch.float64), generator=generator).to(device=device, dtype=dtype)
+    parameter = geoopt.ManifoldParameter(data, manifold=manifold) if manifold is not None else torch.nn.Parameter(data)
+    parameter.grad = torch.randn(shape, dtype=torch.float64, generator=generator).to(device=device, dtype=dtype)
     return parameter
 
 
-def optimizers_for(shape, dtype, device, generator):
-    """(name, optimizer) pairs; geoopt's are left out (with a message) if it is missing."""
-    out = []
-    out.append(("StiefelAdam", StiefelAdam([make_parameter(shape, dtype, device, generator)], lr=1e-3)))
-    out.append(("AdamW default", torch.optim.AdamW([make_parameter(shape, dtype, device, generator)], lr=1e-3)))
-    out.append(("AdamW foreach", torch.optim.AdamW([make_parameter(shape, dtype, device, generator)], lr=1e-3, foreach=True)))
-    if dtype != torch.bfloat16 or device.type == "cuda":
-        out.append(("AdamW fused", torch.optim.AdamW([make_parameter(shape, dtype, device, generator)], lr=1e-3, fused=True)))
+def count_products(shape, dtype, generator, device) -> dict:
+    """d x r^2 products of one StiefelAdam step (the second, so that the moment is not zero)."""
+    parameter = make_parameter(shape, dtype, generator, device)
+    optimizer = StiefelAdam([parameter], lr=1e-3)
+    optimizer.step()
+    counter = ProductCounter(shape[1], shape[2])
+    with counter:
+        optimizer.step()
+    return counter.counts
+
+
+def _per_step(function, repetitions: int, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repetitions):
+        function()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / repetitions
+
+
+def bench_shape(shape, dtype, rounds: int, min_time: float, generator, device) -> dict:
+    heads, d, r = shape
+    contenders = {"StiefelAdam": StiefelAdam([make_parameter(shape, dtype, generator, device)], lr=1e-3).step}
     if geoopt is not None:
-        for name, manifold in (("geoopt EuclideanStiefel", geoopt.EuclideanStiefel()), ("geoopt CanonicalStiefel", geoopt.CanonicalStiefel())):
-            out.append((name, geoopt.optim.RiemannianAdam([make_parameter(shape, dtype, device, generator, manifold)], lr=1e-3)))
-    return out
+        manifold = geoopt.EuclideanStiefel()
+        contenders["geoopt EuclideanStiefel"] = geoopt.optim.RiemannianAdam([make_parameter(shape, dtype, generator, device, manifold)], lr=1e-3).step
+    contenders["AdamW"] = torch.optim.AdamW([make_parameter(shape, dtype, generator, device)], lr=1e-3).step
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    X = torch.randn((heads, d, r), dtype=compute, generator=generator).to(device)
+    M = torch.randn((heads, r, r), dtype=compute, generator=generator).to(device)
+    contenders["matmul W^T X"] = lambda: torch.bmm(X.mT, X)
+    contenders["matmul X M"] = lambda: torch.bmm(X, M)
+    # warm up, and choose repetitions per round so that each entry runs about min_time
+    repetitions = {}
+    for name, function in contenders.items():
+        function()
+        repetitions[name] = max(1, math.ceil(min_time / max(_per_step(function, 1, device), 1e-6)))
+    times = {name: [] for name in contenders}
+    names = list(contenders)
+    for index in range(rounds):
+        for name in names[index % len(names):] + names[: index % len(names)]:
+            times[name].append(_per_step(contenders[name], repetitions[name], device))
+    return times
+
+
+def _summary(values) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f} - {max(values):.2f})"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in DEFAULT_SHAPES],
-                        help="heads,d,r triples")
-    parser.add_argument("--dtypes", nargs="*", default=["float32", "float64"], choices=list(DTYPES))
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--min-time", type=float, default=1.0, help="seconds of timed steps per entry (at least 5 steps)")
+    parser.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in DEFAULT_SHAPES], help="heads,d,r triples")
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (ratios are formed within a round)")
+    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per entry and round (at least one step)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes]
     if geoopt is None:
-        print("geoopt is not installed: its RiemannianAdam baselines are skipped (pip install geoopt)", file=sys.stderr)
-
+        print("geoopt is not installed: its RiemannianAdam baseline is skipped (pip install geoopt)", file=sys.stderr)
+    dtype = DTYPES[args.dtype]
+    device = torch.device(args.device)
+    generator = torch.Generator().manual_seed(0)
     lines = [
-        f"StiefelAdam step time, torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads; "
-        "median over repetitions, ratios from the same run",
+        f"StiefelAdam step, torch {torch.__version__}, {device}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
+        f"{args.rounds} interleaved rounds; ratios: median (min - max) over rounds",
         "",
-        "| heads, d, r | dtype | optimizer | ms / step | x AdamW default | geoopt EuclideanStiefel / this |",
-        "|---|---|---|---:|---:|---:|",
+        "| heads, d, r | products (W^T X + X M) | StiefelAdam ms | geoopt ms | geoopt / StiefelAdam | StiefelAdam / roofline | StiefelAdam / AdamW |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    generator = torch.Generator(device=device).manual_seed(0)
-    for shape in shapes:
-        for dtype_name in args.dtypes:
-            dtype = DTYPES[dtype_name]
-            medians = {}
-            for name, optimizer in optimizers_for(shape, dtype, device, generator):
-                try:
-                    medians[name] = time_step(optimizer, device, args.min_time)
-                except Exception as error:  # a baseline that does not support this dtype/shape
-                    print(f"{name} at {shape} {dtype_name}: {type(error).__name__}: {error}", file=sys.stderr)
-            adamw = medians.get("AdamW default")
-            geoopt_euclidean = medians.get("geoopt EuclideanStiefel")
-            for name, seconds in medians.items():
-                versus_adamw = f"{seconds / adamw:.2f}" if adamw else "-"
-                speedup = f"{geoopt_euclidean / seconds:.2f}" if geoopt_euclidean and name == "StiefelAdam" else ""
-                lines.append(f"| {shape} | {dtype_name} | {name} | {1e3 * seconds:.3f} | {versus_adamw} | {speedup} |")
-            print(lines[-len(medians):] and "\n".join(lines[-len(medians):]), flush=True)
+    for text in args.shapes:
+        shape = tuple(int(x) for x in text.split(","))
+        counts = count_products(shape, dtype, generator, device)
+        times = bench_shape(shape, dtype, args.rounds, args.min_time, generator, device)
+        ours = times["StiefelAdam"]
+        roofline = [counts["WtX"] * a + counts["XM"] * b for a, b in zip(times["matmul W^T X"], times["matmul X M"])]
+        geo = times.get("geoopt EuclideanStiefel")
+        row = [
+            str(shape),
+            f"{counts['WtX'] + counts['XM']} ({counts['WtX']} + {counts['XM']})",
+            f"{1e3 * statistics.median(ours):.2f}",
+            f"{1e3 * statistics.median(geo):.2f}" if geo else "-",
+            _summary([g / s for g, s in zip(geo, ours)]) if geo else "-",
+            _summary([s / f for s, f in zip(ours, roofline)]),
+            _summary([s / a for s, a in zip(ours, times["AdamW"])]),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+        print(lines[-1], flush=True)
     table = "\n".join(lines)
     print()
     print(table)

@@ -26,7 +26,7 @@ for dtype in float64 float32 bfloat16; do
   echo "== crosscheck on cuda, $dtype, profile $PROFILE"
   timeout 120 "$PYTHON" - "$dtype" "$PROFILE" "$OUT_DIR" <<'EOF' || status=1
 import json, sys, time
-from torch_impl.crosscheck import CLAIM
+from propositions.crosscheck import CLAIM
 dtype, profile, out = sys.argv[1], sys.argv[2], sys.argv[3]
 start = time.perf_counter()
 result = CLAIM.run(seed=0, profile=profile, device="cuda", dtype=dtype)
@@ -47,7 +47,9 @@ EOF
 done
 
 echo "== step benchmark on cuda, large shapes"
-timeout 120 "$PYTHON" benchmarks/bench_step.py --device cuda --shapes 12,768,64 32,1024,128 \
-  --dtypes float32 float64 --min-time 0.5 --out "$OUT_DIR/bench_cuda.md" || status=1
+for dtype in float32 float64; do
+  timeout 120 "$PYTHON" benchmarks/bench_step.py --device cuda --shapes 12,768,64 32,1024,128 \
+    --dtype "$dtype" --min-time 0.5 --out "$OUT_DIR/bench_cuda_$dtype.md" || status=1
+done
 
 exit $status

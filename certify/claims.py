@@ -97,9 +97,9 @@ def lookup_claim(claim_id: str):
 
 
 def torch_environment(device: str) -> dict | None:
-    """torch_impl.crosscheck.torch_environment(device) (torch version, device name), or None."""
+    """propositions.crosscheck.torch_environment(device) (torch version, device name), or None."""
     try:
-        return dict(importlib.import_module("torch_impl.crosscheck").torch_environment(device))
+        return dict(importlib.import_module("propositions.crosscheck").torch_environment(device))
     except Exception as error:
         return {"error": f"{type(error).__name__}: {error}"}
 

@@ -100,7 +100,7 @@ def _no_transport_step(W, G, state, config):
 
 def _per_column_step(W, G, state, config):
     """xi divides each column of m^ by that column's root mean square (a per-column preconditioner),
-    while the stored v is the SPEC's scalar."""
+    while the stored v is the algorithm's scalar."""
     m, v, t, _ = _moments(W, G, state, config)
     beta1, beta2 = config.betas
     m_hat = m / (1 - beta1**t)

@@ -1,14 +1,26 @@
-"""torch_impl.crosscheck: the claim passes on a small profile, its controls are detected, a broken
+"""propositions.crosscheck: the claim passes on a small profile, its controls are detected, a broken
 kernel fails it, and its result is JSON-able with the long-run figure in the renderer's format."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from propositions._common import Claim, Profile  # noqa: E402
-from torch_impl import crosscheck  # noqa: E402
+from propositions import crosscheck  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _modules_after(statement: str) -> set:
+    """Top-level packages in sys.modules after running `statement` in a fresh interpreter."""
+    code = f"import sys; {statement}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
@@ -86,3 +98,38 @@ def test_bad_arguments_raise():
 def test_torch_environment_reports_versions():
     env = crosscheck.torch_environment("cpu")
     assert env["torch"] == torch.__version__ and env["device"] == "cpu" and "cuda" in env
+
+
+def test_torch_impl_does_not_import_the_certification_layer():
+    loaded = _modules_after("import torch_impl; torch_impl.StiefelAdam")
+    assert "torch" in loaded and "reference_impl" in loaded
+    assert "propositions" not in loaded and "certify" not in loaded
+
+
+def test_the_claim_module_imports_without_torch():
+    # the registry entry and its bounds need no torch; torch is imported when the claim runs
+    loaded = _modules_after("import propositions.crosscheck as c; c.CLAIM.id; c.feasibility_bound")
+    assert "propositions" in loaded and "torch" not in loaded
+
+
+def test_thread_sensitivity_reports_the_comparison():
+    threads = crosscheck.thread_sensitivity(0, "float32")
+    assert threads["threads"] == [1, 2] and threads["samples"] == 2 * sum(batch for batch, _, _ in crosscheck.THREAD_SAMPLE_SHAPES)
+    assert threads["identical"] == (threads["max_relative_difference"] == 0.0)
+
+
+def test_unguarded_gram_identity_for_the_gradient_norm_fails_the_crosscheck(monkeypatch):
+    """||G~||^2 - ||sym(W^T G~)||^2 without the accuracy test of gradient_norm_squared: the frames
+    that get G = 0 (G~ = lambda W, all normal) make the identity cancel, and the second moment
+    leaves its bound."""
+    from torch_impl import functional
+
+    def unguarded(W, G_decayed, WtG, drift):
+        sigma = 0.5 * (WtG + WtG.mT)
+        return torch.linalg.vector_norm(G_decayed, dim=(-2, -1)).square() - torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
+
+    monkeypatch.setattr(functional, "gradient_norm_squared", unguarded)
+    tiny = Profile("tiny", frames=60, steps=2, long_run_steps=20, mp_dps=0, mp_samples=0)
+    result = crosscheck.CLAIM.run(seed=2, profile=tiny)
+    assert result.verdict == "fail"
+    assert any(not c.passed for c in result.checks if c.name == "second_moment")

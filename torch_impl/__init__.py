@@ -1,4 +1,4 @@
-"""PyTorch StiefelAdam, held to the float64 reference (reference_impl) by torch_impl.crosscheck.
+"""PyTorch StiefelAdam, held to the float64 reference (reference_impl) by the claim propositions.crosscheck.
 
 `StiefelAdam` is a torch.optim.Optimizer over parameters of shape (..., d, r) (batches of frames on
 St(d, r)); `stiefel_init_` puts a tensor on the manifold; `functional.stiefel_adam_step` is the
@@ -6,7 +6,7 @@ batched step that the optimizer calls (CPU and CUDA; float64, float32, bfloat16 
 """
 
 from . import functional
-from .functional import feasibility, polar_retract, project_tangent, stiefel_adam_step
+from .functional import feasibility, polar_factor, polar_retract, project_tangent, stiefel_adam_step
 from .optimizer import StiefelAdam, manifold_tolerance, stiefel_init_
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "functional",
     "stiefel_adam_step",
     "polar_retract",
+    "polar_factor",
     "project_tangent",
     "feasibility",
 ]

@@ -1,4 +1,4 @@
-"""The StiefelAdam step of SPEC.md section 2 as one batched PyTorch function (CPU and CUDA).
+"""The StiefelAdam step of docs/algorithm.md as one batched PyTorch function (CPU and CUDA).
 
     1. G~ = G + lambda W
     2. g  = P_W(G~) = G~ - W sym(W^T G~)
@@ -9,6 +9,13 @@
     7. if ||xi||_F > Delta: xi = xi Delta / ||xi||_F       per frame, Frobenius norm
     8. W+ = polar(W + xi);  m+ = P_{W+}(m)
 
+Products. The step's cost is its d x r^2 matrix products; it takes five: W^T m and W^T G~,
+W sym(.) for the projection of beta1 m + (1 - beta1) G~ (stage 8's transport of the previous
+step and stages 2-3 of this one share it: P_W is linear), the Gram matrix (W + xi)^T (W + xi) and
+(W + xi) S^(-1/2). ||g||^2 comes from r x r quantities (`gradient_norm_squared`) where that is as
+accurate as forming g, else g is formed (a sixth). The moment that the step returns is therefore
+stage 3's m, tangent at the old frame; `transported_moment` gives stage 8's m+.
+
 Every frame along the leading axes of W (..., d, r) is one independent problem: all stages are
 batched tensor operations, with no Python loop over frames. Storage dtypes float64, float32 and
 bfloat16 are accepted; float64 computes in float64, the others compute in float32 and keep the
@@ -18,7 +25,7 @@ The retraction
 --------------
 polar(A), A = W + xi (d x r), is computed from the *actual* r x r Gram matrix S = A^T A as
 A S^(-1/2), never from the shortcut (I + xi^T xi)^(-1/2): the shortcut assumes W^T W = I exactly and
-so lets storage rounding accumulate into drift (SPEC.md section 8), while A S^(-1/2) is orthonormal
+so lets storage rounding accumulate into drift (docs/algorithm.md#pitfalls), while A S^(-1/2) is orthonormal
 to rounding whatever W^T W was. A thin d x r SVD is avoided: it is the slowest batched factorisation
 on both CPU and GPU, and only the r x r matrix S^(-1/2) is needed.
 
@@ -29,7 +36,7 @@ S^(-1/2) is evaluated by one of two methods (``retraction_method``):
   the r x r factor M with X_k = A M_k (so X_k^T X_k = M_k S M_k): matmuls only, fast on GPUs where
   batched eigh is slow, and about twice as fast as eigh on CPU at r = 128. It converges only in a
   basin, and the trust region puts S there: for tangent xi with ||xi|| <= Delta,
-  S = I + xi^T xi, so every eigenvalue of S lies in [1, 1 + Delta^2] (SPEC.md P3(b)). With
+  S = I + xi^T xi, so every eigenvalue of S lies in [1, 1 + Delta^2] (P3(b), docs/claims.md). With
   c = 1 + Delta^2 / 2 the eigenvalues x of S / c satisfy |1 - x| <= Delta^2 / (2 + Delta^2)
   (= 1/9 at Delta = 0.5). One iteration maps x to x p(x)^2 with 1 - x p(x)^2 = 5/8 (1 - x)^3 +
   O((1 - x)^4), so the error cubes each time; `newton_schulz_iterations` iterates this scalar map
@@ -150,8 +157,6 @@ def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, 
     method "auto" picks Newton-Schulz when trust_radius <= 1 (the step must then satisfy
     ||xi||_F <= trust_radius, as the optimizer guarantees) and eigh otherwise.
     """
-    if callable(method):
-        return method(W, xi)
     if resolve_retraction(method, trust_radius) == "newton_schulz":
         # outside the trust region the spectrum of the Gram matrix leaves the iteration's basin
         # and the result is not a frame: refuse rather than return it
@@ -161,10 +166,14 @@ def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, 
                 f"xi must satisfy ||xi||_F <= trust_radius = {trust_radius:g} for the Newton-Schulz "
                 f"retraction, got {largest:.3g}; pass method='eigh' for longer steps"
             )
-    return _polar_of(W + xi, trust_radius, method)
+    return polar_factor(W + xi, trust_radius, method)
 
 
-def _polar_of(A: torch.Tensor, trust_radius: float, method: str) -> torch.Tensor:
+def polar_factor(A: torch.Tensor, trust_radius: float = 0.5, method: str = "auto") -> torch.Tensor:
+    """polar(A) = A (A^T A)^(-1/2) for A = W + xi with ||xi||_F <= trust_radius, shape (..., d, r).
+
+    Unchecked: the caller guarantees the trust region when the method resolves to Newton-Schulz.
+    """
     shape = A.shape
     A = _as_batch3(A)
     S = torch.bmm(A.mT, A)
@@ -190,6 +199,121 @@ def feasibility(W: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(gram - _identity_like(gram))
 
 
+def decayed_gradient(W: torch.Tensor, G: torch.Tensor, weight_decay: float = 0.0) -> torch.Tensor:
+    """Stage 1: G~ = G + lambda W, shapes (..., d, r) in one compute dtype."""
+    return torch.add(G, W, alpha=weight_decay) if weight_decay != 0 else G
+
+
+def _sym(K: torch.Tensor) -> torch.Tensor:
+    return torch.add(K, K.mT).mul_(0.5)
+
+
+def project_moment(W: torch.Tensor, G_decayed: torch.Tensor, m: torch.Tensor, beta1: float):
+    """Stages 2-3 with the previous step's transport: P_W(beta1 m + (1 - beta1) G~).
+
+    m is the moment that the previous step left (tangent at the previous frame, not yet
+    transported); P_W is linear, so beta1 P_W(m) + (1 - beta1) P_W(G~), the transported moment
+    plus the projected gradient, is one projection: W^T m and W^T G~ (two d x r^2 products, the
+    second kept for ||P_W G~||^2) and one W sym(.) product. beta1 and 1 - beta1 are each rounded
+    from float64 (torch.lerp would form 1 - beta1 in the compute dtype, a relative error
+    u beta / (1 - beta) in the update). Returns (m_new tangent at W, W^T G~), shapes (B, d, r),
+    (B, r, r) for batched W (B, d, r).
+    """
+    WtG = torch.bmm(W.mT, G_decayed)
+    if beta1 == 0:
+        return torch.baddbmm(G_decayed, W, _sym(WtG), alpha=-1.0), WtG
+    combined = _sym(torch.add(torch.bmm(W.mT, m).mul_(beta1), WtG, alpha=1 - beta1))
+    m_new = (m * beta1).add_(G_decayed, alpha=1 - beta1)
+    return m_new.baddbmm_(W, combined, alpha=-1.0), WtG
+
+
+def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, method: str = "auto") -> float:
+    """Bound on ||W^T W - I||_F for a frame that this kernel returned (the precondition under
+    which `gradient_norm_squared` may use its r x r identity); inf for the eigh retraction.
+
+    W = fl_s(fl(A M)) with S = A^T A, M ~ S^(-1/2). fl(S) errs by gamma_d |A|^T |A|, of Frobenius
+    norm <= d u ||A||_F^2 <= d (r + Delta^2) u, and ||M||_2 <= 1 (S >= I up to drift), so
+    M fl(S) M - I moves by at most that; the Newton-Schulz iterate leaves |1 - x| <= u per
+    eigenvalue (sqrt(r) u) and its r x r products (4 k + 3) r^1.5 u (the count of e_ret in the
+    cross-check's step_error_bound, plus one); the product A M (length-r inner products) errs by
+    r u || |A| |M| ||_F <= r u ||A||_F <= r^1.5 kappa u, which moves W^T W by twice that; storing W
+    in a dtype of unit roundoff u_s adds 2 sqrt(r) u_s (||E||_F <= u_s ||W||_F). First order in u.
+    """
+    if resolve_retraction(method, trust_radius) != "newton_schulz":
+        return math.inf
+    work = compute_dtype(dtype)
+    u_c, u_s = unit_roundoff(work), unit_roundoff(dtype)
+    kappa = math.sqrt(1.0 + trust_radius**2)
+    k = newton_schulz_iterations(trust_radius, work)
+    return (d * (r + trust_radius**2) + (2 * kappa + 4 * k + 3) * r**1.5 + math.sqrt(r)) * u_c + 2 * math.sqrt(r) * u_s
+
+
+def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.Tensor, drift: float) -> torch.Tensor:
+    """||P_W(G~)||^2 per frame, from r x r quantities where that is as accurate as forming P_W(G~).
+
+    With Sigma = sym(W^T G~) and D = W^T W - I, ||G~ - W Sigma||^2 = ||G~||^2 - ||Sigma||^2 +
+    <D, Sigma^2>, so the norm needs only ||G~||^2 (one pass) and the r x r Sigma. Its rounding
+    (u the compute dtype's, first order): ||G~||^2 sums d r squares, (d r + 3) u ||G~||^2 with the
+    norm's square root and squaring; fl(W^T G~) errs by gamma_d |W|^T |G~|, Frobenius norm
+    <= d sqrt(r) u ||G~||, and symmetrising by u ||Sigma||, which moves ||Sigma||^2 by
+    2 (d + 2) sqrt(r) u ||Sigma|| ||G~||; ||Sigma||^2 sums r^2 squares, (r^2 + 3) u ||Sigma||^2;
+    the difference rounds by u ||g||^2; and the drift term is at most
+    ||D||_F ||Sigma^2||_F <= `drift` ||Sigma||_F^2 (`drift` bounds ||D||_F: `frame_drift_bound`).
+    The identity cancels when G~ is mostly normal (||Sigma|| ~ ||G~||), so it is used only when
+    this total is at most the rounding that step_error_bound allows the explicit route
+    ||fl(G~ - W Sigma)||^2: d r u ||g||^2 + 2 (d + r + 2) sqrt(r) u ||g|| ||G~|| (the sum of squares
+    and the projection error). Where the coarse drift term ||Sigma||_F^2 is what fails, the sharper
+    ||Sigma^2||_F (one r x r product, r / d of a d x r^2 one) is tried; otherwise (any frame of the
+    batch) g = G~ - W Sigma is formed: one more d x r^2 product. Shapes: W, G~ (B, d, r),
+    WtG (B, r, r); returns (B,).
+    """
+    d, r = W.shape[-2], W.shape[-1]
+    u = unit_roundoff(W.dtype)
+    sigma = _sym(WtG)
+    gradient_sq = torch.linalg.vector_norm(G_decayed, dim=(-2, -1)).square()
+    sigma_sq = torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
+    identity = gradient_sq - sigma_sq
+    cross = torch.sqrt(sigma_sq * gradient_sq)
+    rounding = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
+    explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * torch.sqrt(identity.clamp(min=0) * gradient_sq))
+    if bool(torch.all(rounding + drift * sigma_sq <= explicit_error)):
+        return identity
+    if bool(torch.all(rounding < explicit_error)):
+        sigma_squared_sq = torch.linalg.vector_norm(torch.bmm(sigma, sigma), dim=(-2, -1))
+        if bool(torch.all(rounding + drift * sigma_squared_sq <= explicit_error)):
+            return identity
+    g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
+    return torch.linalg.vector_norm(g, dim=(-2, -1)).square()
+
+
+def second_moment(v: torch.Tensor, g_squared: torch.Tensor, beta2: float, size: int) -> torch.Tensor:
+    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame (size = d r)."""
+    return torch.add(v * beta2, g_squared, alpha=(1 - beta2) / size)
+
+
+def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> torch.Tensor:
+    """Stages 5-7: the per-frame scalar c with xi = c m (shape m.shape[:-2]).
+
+    c = -lr / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps), capped so that ||c m||_F <= Delta;
+    v^ = 0 means g = 0 since the start (so m = 0) and gives c = 0, never 0/0 (docs/algorithm.md#pitfalls).
+    """
+    bias_correction1 = 1 - beta1**step_count
+    bias_correction2 = 1 - beta2**step_count
+    root_v_hat = torch.sqrt(v / bias_correction2)
+    coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
+    if not math.isinf(trust_radius):
+        # Frobenius norm, a rotation-invariant cap: keeps the step O(d) x O(r) equivariant
+        norm = torch.linalg.vector_norm(m, dim=(-2, -1)) * coefficient.abs()
+        coefficient = coefficient * torch.where(norm > trust_radius, trust_radius / norm, 1.0)
+    return coefficient
+
+
+def transported_moment(W: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Stage 8's m+ = P_{W+}(m) for a state (W+, m) that stiefel_adam_step returned: the moment
+    tangent at W+, as docs/algorithm.md's state holds it (the step itself defers this projection)."""
+    return project_tangent(W, m)
+
+
 @torch.no_grad()
 def stiefel_adam_step(
     W: torch.Tensor,
@@ -205,68 +329,29 @@ def stiefel_adam_step(
     weight_decay: float = 0.0,
     *,
     retraction_method: str = "auto",
-    second_moment: str = "scalar",
 ):
-    """One StiefelAdam step (SPEC.md section 2) for frames W (..., d, r). Pure: inputs unchanged.
+    """One StiefelAdam step (docs/algorithm.md) for frames W (..., d, r). Pure: inputs unchanged.
 
-    W: frames, float64 / float32 / bfloat16, on any device; G: Euclidean gradient, same shape
-    (any floating dtype, cast to the compute dtype); m: first moment (..., d, r) and v: second
-    moment (...) (one scalar per frame), both in the state dtype (float64 for float64 W, float32
-    otherwise); t: steps taken so far (the returned state has taken t + 1).
+    W: frames, float64 / float32 / bfloat16, on any device, with ||W^T W - I|| within
+    `frame_drift_bound` (as stiefel_init_ and this function leave them); G: Euclidean gradient,
+    same shape (any floating dtype, cast to the compute dtype); m: first moment (..., d, r) as the
+    previous call returned it (or 0), v: second moment (...) (one scalar per frame), both in the
+    state dtype (float64 for float64 W, float32 otherwise); t: steps taken so far.
     Returns (W_new in W's dtype, m_new, v_new in the state dtype).
 
-    retraction_method: "auto", "newton_schulz", "eigh" (module docstring), or a callable
-    (W, xi) -> W_new in the compute dtype, for experiments with other retractions.
-    second_moment="elementwise" (v of shape (..., d, r)) is a deliberately broken stage, kept only
-    so that the cross-check can show that it detects it (torch_impl.crosscheck's controls).
+    m_new is stage 3's moment, tangent at W, not yet transported to W_new: the transport
+    P_{W_new}(m_new) is done by the next call, inside its own projection (one projection of
+    beta1 m + (1 - beta1) G~ instead of two), and `transported_moment(W_new, m_new)` gives
+    docs/algorithm.md's m+. retraction_method: "auto", "newton_schulz" or "eigh" (module docstring).
     """
     work = compute_dtype(W.dtype)
     batch_shape = W.shape[:-2]
     d, r = W.shape[-2], W.shape[-1]
     W_c = _as_batch3(W.to(work))
-    G_c = _as_batch3(G.to(work))
-    m_c = _as_batch3(m.to(work))
-    v_c = v.to(work).reshape((-1,) + tuple(v.shape[len(batch_shape):]))
-    if weight_decay != 0:
-        G_c = torch.add(G_c, W_c, alpha=weight_decay)
-    g = project_tangent(W_c, G_c)
-    # beta m + (1 - beta) x with both coefficients rounded from float64: torch.lerp would round
-    # beta to the compute dtype and form 1 - beta there, a relative error u beta / (1 - beta) in the
-    # update (1000 u, i.e. 6e-5 in float32, for beta2 = 0.999)
-    m_c = torch.add(m_c * beta1, g, alpha=1 - beta1) if beta1 != 0 else g
-    step_count = t + 1
-    bias_correction1 = 1 - beta1**step_count
-    bias_correction2 = 1 - beta2**step_count
-    if second_moment == "elementwise":
-        v_c = torch.add(v_c * beta2, g * g, alpha=1 - beta2)
-        root_v_hat = torch.sqrt(v_c / bias_correction2)
-        xi = m_c * torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
-        norm = torch.linalg.vector_norm(xi, dim=(-2, -1))
-    else:
-        v_c = torch.add(v_c * beta2, torch.sum(g * g, dim=(-2, -1)), alpha=(1 - beta2) / (d * r))
-        root_v_hat = torch.sqrt(v_c / bias_correction2)
-        # the step is xi = coefficient * m per frame; v^ = 0 means g = 0 since the start (so m = 0)
-        # and gives coefficient 0, never 0/0 (SPEC.md section 8)
-        coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
-        norm = torch.linalg.vector_norm(m_c, dim=(-2, -1)) * coefficient.abs()
-    if not math.isinf(trust_radius):
-        # Frobenius norm, a rotation-invariant cap: keeps the step O(d) x O(r) equivariant
-        cap = torch.where(norm > trust_radius, trust_radius / norm, 1.0)
-        if second_moment == "elementwise":
-            xi = xi * cap[:, None, None]
-        else:
-            coefficient = coefficient * cap
-    if callable(retraction_method):
-        if second_moment != "elementwise":
-            xi = m_c * coefficient[:, None, None]
-        W_new = retraction_method(W_c, xi)
-    elif second_moment == "elementwise":
-        W_new = _polar_of(W_c + xi, trust_radius, retraction_method)
-    else:
-        W_new = _polar_of(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
-    m_new = project_tangent(W_new, m_c)
-    return (
-        W_new.reshape(W.shape).to(W.dtype),
-        m_new.reshape(W.shape),
-        v_c.reshape(batch_shape + tuple(v_c.shape[1:])),
-    )
+    G_c = decayed_gradient(W_c, _as_batch3(G.to(work)), weight_decay)
+    m_c, WtG = project_moment(W_c, G_c, _as_batch3(m.to(work)), beta1)
+    g_squared = gradient_norm_squared(W_c, G_c, WtG, frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method))
+    v_c = second_moment(v.to(work).reshape(-1), g_squared, beta2, d * r)
+    coefficient = step_coefficient(m_c, v_c, t + 1, lr, beta1, beta2, eps, trust_radius)
+    W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
+    return W_new.reshape(W.shape).to(W.dtype), m_c.reshape(W.shape), v_c.reshape(batch_shape)

@@ -4,7 +4,10 @@ Each parameter of shape (..., d, r) is a batch of frames on St(d, r) (for exampl
 heads of a layer, shape (heads, d_model, d_head)). Its state is
 
     state["step"]       int, steps taken
-    state["exp_avg"]    m, shape (..., d, r), float64 for float64 parameters, float32 otherwise
+    state["exp_avg"]    m, shape (..., d, r), float64 for float64 parameters, float32 otherwise:
+                        the moment of the last step, tangent at the frame *before* that step (its
+                        transport to the current frame is done by the next step, inside its own
+                        projection; functional.transported_moment(p, m) gives docs/algorithm.md's m)
     state["exp_avg_sq"] v, shape (...), one scalar per frame, same dtype as m
 
 and one `step` applies `torch_impl.functional.stiefel_adam_step` to the whole tensor.
@@ -62,18 +65,18 @@ def _check_frame_shape(name: str, tensor: torch.Tensor) -> None:
 
 
 def _check_hyperparameters(lr, betas, eps, trust_radius, weight_decay) -> None:
-    """The rules of SPEC.md section 2, from the reference's own config (same ValueError messages)."""
+    """The rules of docs/algorithm.md, from the reference's own config (same ValueError messages)."""
     StiefelAdamConfig(lr=lr, betas=betas, eps=eps, trust_radius=trust_radius, weight_decay=weight_decay)
 
 
 class StiefelAdam(torch.optim.Optimizer):
-    """Riemannian Adam on the Stiefel manifold with one scalar second moment per frame (SPEC.md s.2).
+    """Riemannian Adam on the Stiefel manifold with one scalar second moment per frame (docs/algorithm.md).
 
     params: parameters (or param groups) of shape (..., d, r), 1 <= r <= d, dtype float64, float32
     or bfloat16, each frame on St(d, r) (use `stiefel_init_`); lr > 0; betas in [0, 1)^2; eps >= 0
     (added after the square root); trust_radius in (0, inf] (Frobenius cap on each frame's step);
     weight_decay >= 0 (coupled, G + lambda W; its Riemannian gradient is zero, so it leaves frames
-    unchanged, SPEC.md P5); skip_nonfinite: a parameter whose gradient has a NaN or inf is skipped
+    unchanged, P5, docs/claims.md); skip_nonfinite: a parameter whose gradient has a NaN or inf is skipped
     (parameter and state untouched) instead of raising ValueError; retraction_method: "auto",
     "newton_schulz" or "eigh" (see torch_impl.functional).
     """

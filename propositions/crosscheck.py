@@ -4,20 +4,29 @@ Claim. For frames W on St(d, r), gradients G and states (m, v, t), one call of
 `torch_impl.functional.stiefel_adam_step` returns (W+, m+, v+) equal to `reference_impl.step` up to
 an explicit rounding bound: near the float64 unit roundoff for float64 storage, and a stated bound
 from the unit roundoff of float32 (2^-24) or bfloat16 (2^-8, state in float32) otherwise. The torch
-kernel itself keeps SPEC.md's P2 (gradient-scale independence, eps = 0) and P4 (O(d) x O(r)
+kernel itself keeps P2 (gradient-scale independence, eps = 0) and P4 (O(d) x O(r)
 equivariance), and its frames stay feasible over long runs with no growth in the number of steps.
 
-Why it should hold. Both compute the same eight stages of SPEC.md section 2; they differ only in
-rounding and in the retraction's algorithm (thin SVD in the reference, the Gram matrix with a
-quintic Newton-Schulz or eigh in torch), which agree exactly in exact arithmetic.
+Why it should hold. Both compute the same eight stages of docs/algorithm.md; they differ only in
+rounding, in the retraction's algorithm (thin SVD in the reference, the Gram matrix with a
+quintic Newton-Schulz or eigh in torch), in where the transport of m happens (the torch kernel
+does stage 8's P_{W+}(m) inside the next step's projection of beta1 m + (1 - beta1) G~) and in
+how ||g||^2 is formed (from r x r quantities where that is as accurate), all of which agree
+exactly in exact arithmetic.
 
 How it is checked. Haar frames over the shape grid of propositions._common.shape_plan (r = 1,
 r = d, batches, up to (1024, 128)) run multi-step reference trajectories with random gradients under
 two configurations (one that clips at the trust region and decays weights, one with the defaults);
-at every step the torch kernel is fed the reference's input (W, G, m, v, t), rounded to the storage
-dtype, and its output is compared with the reference's output, frame by frame, against the bound of
-`step_error_bound` (first-order error analysis in its docstring). Some frames get G = 0 at their
-first step (the v^ = 0 branch). P2 and P4 are run on the torch kernel alone in float64.
+at every step the torch kernel is fed the reference's input (W, G, v, t, and m as its own state
+holds it: the reference's moment before the transport), rounded to the storage dtype, and its
+output (W+, v+, and m+ transported explicitly) is compared with the reference's output, frame by
+frame, against the bound of `step_error_bound` (first-order error analysis in its docstring; the
+transport's rounding is charged to the step that performs it, `_transport_roundoff`). The frames
+given to the kernel are held to `torch_impl.functional.frame_drift_bound`, the precondition of its
+r x r ||g||^2. Some frames get G = 0 at their first step (the v^ = 0 branch, and a gradient that
+is all normal, where the r x r ||g||^2 must give way). P2 and P4 are run on the torch kernel
+alone in float64. On CPU the run uses one torch and one BLAS thread, and reports whether two
+torch threads change the residuals.
 
 What would make it fail. Any stage computed differently: the controls replace the scalar second
 moment by Adam's elementwise one, or the polar retraction by Muon's tuned Newton-Schulz
@@ -32,7 +41,6 @@ import platform
 import time
 
 import numpy as np
-import torch
 
 import reference_impl as ref
 from propositions._common import (
@@ -50,16 +58,35 @@ from propositions._common import (
     ulps_apart,
 )
 
-from . import functional
-from .functional import stiefel_adam_step, unit_roundoff
+# torch is imported by the functions that use it, never at module level: `import propositions` and
+# the claim's registry entry work where torch is not installed.
 
 CLAIM_ID = "crosscheck"
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = ("float64", "float32", "bfloat16")
 U64 = 2.0**-53
+
+
+def _torch_dtype(dtype):
+    """torch dtype of a name in DTYPE_NAMES (a torch dtype passes through)."""
+    import torch
+
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def _unit_roundoff(dtype) -> float:
+    from torch_impl.functional import unit_roundoff
+
+    return unit_roundoff(_torch_dtype(dtype))
+
+
+def _compute_dtype(dtype):
+    from torch_impl.functional import compute_dtype
+
+    return compute_dtype(_torch_dtype(dtype))
 
 # Three configurations, alternating over shapes and chunks: "clip_decay" has weight decay and takes
 # first steps of length lr sqrt(d r) > Delta wherever d r > 100 (the trust region is active);
-# "defaults" is SPEC.md's; "no_trust_region" (Delta = inf) takes the kernel's eigh retraction
+# "defaults" is docs/algorithm.md's; "no_trust_region" (Delta = inf) takes the kernel's eigh retraction
 # instead of Newton-Schulz, so both paths are held to the reference.
 CONFIGS = {
     "clip_decay": ref.StiefelAdamConfig(lr=0.05, betas=(0.9, 0.999), eps=1e-8, trust_radius=0.5, weight_decay=0.1),
@@ -68,24 +95,82 @@ CONFIGS = {
 }
 
 # Muon's tuned quintic (3.4445, -4.7750, 2.0315), 5 iterations on A / ||A||_F: it maps singular
-# values into a band around 1 instead of to 1 (SPEC.md section 8); a control, never a retraction.
+# values into a band around 1 instead of to 1 (docs/algorithm.md#pitfalls); a control, never a retraction.
 MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-def _muon_retraction(W: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+def _muon_polar(A):
+    import torch
+
     a, b, c = MUON_COEFFICIENTS
-    X = W + xi
-    X = X / torch.linalg.matrix_norm(X, keepdim=True)
+    X = A / torch.linalg.matrix_norm(A, keepdim=True)
     for _ in range(5):
         XtX = X.mT @ X
         X = X @ (a * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) + b * XtX + c * (XtX @ XtX))
     return X
 
 
+# The controls are built here from the public stages of torch_impl.functional (the production
+# kernel has no switch for them): each replaces one stage and keeps the others.
+
+
+def _stiefel_adam_kernel(W, G, m, v, t, config):
+    from torch_impl.functional import stiefel_adam_step
+
+    beta1, beta2 = config.betas
+    return stiefel_adam_step(W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay)
+
+
+def _stages_1_to_3(W, G, m, config):
+    """The production kernel's first stages (frames as a (B, d, r) batch in the compute dtype):
+    returns (W, G~, m tangent at W, W^T G~)."""
+    from torch_impl import functional
+
+    work = functional.compute_dtype(W.dtype)
+    d, r = W.shape[-2], W.shape[-1]
+    W_c, G_c, m_c = (x.to(work).reshape(-1, d, r) for x in (W, G, m))
+    G_decayed = functional.decayed_gradient(W_c, G_c, config.weight_decay)
+    m_new, WtG = functional.project_moment(W_c, G_decayed, m_c, config.betas[0])
+    return W_c, G_decayed, m_new, WtG
+
+
+def _elementwise_second_moment_kernel(W, G, m, v, t, config):
+    """Adam's elementwise v (shape (B, d, r)) and per-entry step in place of stages 4-7."""
+    import torch
+    from torch_impl import functional
+
+    beta1, beta2 = config.betas
+    W_c, G_decayed, m_new, _ = _stages_1_to_3(W, G, m, config)
+    g = functional.project_tangent(W_c, G_decayed)
+    v_c = torch.add(v.to(g.dtype).reshape(g.shape) * beta2, g * g, alpha=1 - beta2)
+    root_v_hat = torch.sqrt(v_c / (1 - beta2 ** (t + 1)))
+    xi = m_new * torch.where(root_v_hat > 0, (-config.lr / (1 - beta1 ** (t + 1))) / (root_v_hat + config.eps), 0.0)
+    if not math.isinf(config.trust_radius):
+        norm = torch.linalg.vector_norm(xi, dim=(-2, -1), keepdim=True)
+        xi = xi * torch.where(norm > config.trust_radius, config.trust_radius / norm, 1.0)
+    W_new = functional.polar_factor(W_c + xi, config.trust_radius)
+    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape)
+
+
+def _muon_newton_schulz_kernel(W, G, m, v, t, config):
+    """The production stages 1-7, then Muon's band-pushing quintic in place of the polar factor."""
+    from torch_impl import functional
+
+    beta1, beta2 = config.betas
+    d, r = W.shape[-2], W.shape[-1]
+    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
+    drift = functional.frame_drift_bound(d, r, W.dtype, config.trust_radius)
+    g_squared = functional.gradient_norm_squared(W_c, G_decayed, WtG, drift)
+    v_c = functional.second_moment(v.to(W_c.dtype).reshape(-1), g_squared, beta2, d * r)
+    coefficient = functional.step_coefficient(m_new, v_c, t + 1, config.lr, beta1, beta2, config.eps, config.trust_radius)
+    W_new = _muon_polar(W_c + coefficient[:, None, None] * m_new)
+    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
+
+
 KERNEL_VARIANTS = {
-    "stiefel_adam": dict(),
-    "elementwise_second_moment": dict(second_moment="elementwise"),
-    "muon_newton_schulz": dict(retraction_method=_muon_retraction),
+    "stiefel_adam": _stiefel_adam_kernel,
+    "elementwise_second_moment": _elementwise_second_moment_kernel,
+    "muon_newton_schulz": _muon_newton_schulz_kernel,
 }
 CONTROL_DESCRIPTIONS = {
     "elementwise_second_moment": "the torch kernel with Adam's elementwise second moment in place of one scalar per frame",
@@ -107,7 +192,7 @@ def step_error_bound(d, r, config, quantities, *, u_W, u_G, u_m, u_v, u_c, u_out
     u_c: unit roundoff of the computation (the kernel's plus the reference's own, since the
     residual is the distance between two rounded results); u_out: rounding of W+ to storage.
 
-    Each line below is one stage of SPEC.md section 2 with the standard model fl(a op b) =
+    Each line below is one stage of docs/algorithm.md with the standard model fl(a op b) =
     (a op b)(1 + delta), |delta| <= u, and gamma_n ~ n u for inner products of length n
     (Higham, Accuracy and Stability, sec. 3.1), normwise with ||W||_2 = 1, ||W||_F = sqrt(r):
 
@@ -133,7 +218,7 @@ def step_error_bound(d, r, config, quantities, *, u_W, u_G, u_m, u_v, u_c, u_out
     * m+ = P_{W+}(m): e_m + 2 ||dW+|| ||m|| + e_proj(m).
 
     A zero reference output that the kernel must reproduce exactly (v^ = 0, m = 0) gets the
-    smallest positive normal number as its bound (SPEC.md section 5: bounds are > 0).
+    smallest positive normal number as its bound (docs/claims.md, tolerances: bounds are > 0).
     """
     beta1, beta2 = config.betas
     lam, lr, eps = config.weight_decay, config.lr, config.eps
@@ -211,34 +296,36 @@ def reference_quantities(W, G, state, config):
 # --------------------------------------------------------------------------------------------
 
 
-def _to_torch(x: np.ndarray, dtype: torch.dtype, device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
+def _to_torch(x: np.ndarray, dtype, device):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=_torch_dtype(dtype))
 
 
-def _to_numpy(x: torch.Tensor) -> np.ndarray:
+def _to_numpy(x) -> np.ndarray:
+    import torch
+
     return x.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
 def _kernel(W, G, m, v, t, config, variant="stiefel_adam"):
-    beta1, beta2 = config.betas
-    return stiefel_adam_step(
-        W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay,
-        **KERNEL_VARIANTS[variant],
-    )
+    return KERNEL_VARIANTS[variant](W, G, m, v, t, config)
 
 
-def _unit_roundoffs(dtype: torch.dtype) -> dict:
+def _unit_roundoffs(dtype) -> dict:
     """Input / compute / output roundoffs of a lock-step comparison against the float64 reference."""
-    if dtype == torch.float64:
+    if _unit_roundoff(dtype) == U64:
         # inputs are the reference's float64 arrays exactly; both sides round in float64
         return dict(u_W=0.0, u_G=0.0, u_m=0.0, u_v=0.0, u_c=2 * U64, u_out=0.0)
-    u_storage = unit_roundoff(dtype)
-    u_state = unit_roundoff(torch.float32)
+    u_storage = _unit_roundoff(dtype)
+    u_state = _unit_roundoff("float32")
     return dict(u_W=u_storage, u_G=u_storage, u_m=u_state, u_v=u_state, u_c=u_state + U64, u_out=u_storage)
 
 
 def _iterations(config, dtype) -> int:
-    work = functional.compute_dtype(dtype)
+    from torch_impl import functional
+
+    work = _compute_dtype(dtype)
     if functional.resolve_retraction("auto", config.trust_radius) == "newton_schulz":
         return functional.newton_schulz_iterations(config.trust_radius, work)
     # eigh: S = A^T A carries gamma_d ||A||^2, the symmetric eigensolver a backward error of
@@ -252,6 +339,9 @@ def _iterations(config, dtype) -> int:
 def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
     """Multi-step reference trajectories with the torch kernel compared at every step (see module
     doc). Fills checks["W"], checks["m"], checks["v"]; returns the number of frames."""
+    import torch
+    from torch_impl import functional
+
     frames_done = 0
     plan = shape_plan(profile, frames=frames)
     roundoffs = _unit_roundoffs(dtype)
@@ -267,6 +357,10 @@ def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
             state = ref.init(W)
             elementwise = variant == "elementwise_second_moment"
             v_torch_own = torch.zeros((size, d, r), dtype=state_dtype, device=device) if elementwise else None
+            # the kernel's own state holds the moment before its transport (functional.stiefel_adam_step):
+            # it gets the reference's, and transports it inside its projection as the reference did
+            moment_in = state.m
+            drift_bound = functional.frame_drift_bound(d, r, _torch_dtype(dtype), config.trust_radius)
             for t in range(_steps_for(profile, d, r)):
                 G = rng.standard_normal(W.shape)
                 if t == 0:
@@ -274,21 +368,49 @@ def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
                 q = reference_quantities(W, G, state, config)
                 W_ref, state_ref = ref.step(W, G, state, config)
                 v_in = v_torch_own if elementwise else _to_torch(state.v, state_dtype, device)
-                W_t, m_t, v_t = _kernel(
-                    _to_torch(W, dtype, device), _to_torch(G, dtype, device), _to_torch(state.m, state_dtype, device),
-                    v_in, state.t, config, variant,
-                )
+                W_in = _to_torch(W, dtype, device)
+                W_t, m_t, v_t = _kernel(W_in, _to_torch(G, dtype, device), _to_torch(moment_in, state_dtype, device),
+                                        v_in, state.t, config, variant)
                 if elementwise:
                     v_torch_own = v_t
-                bound = step_error_bound(d, r, config, q, iterations=_iterations(config, dtype), **roundoffs)
+                u_m = roundoffs["u_m"] + _transport_roundoff(d, r, roundoffs["u_c"], moment_in, state.m)
+                bound = step_error_bound(d, r, config, q, iterations=_iterations(config, dtype), **{**roundoffs, "u_m": u_m})
                 extra = {"step": t + 1, "config": config_name, "dtype": str(dtype).replace("torch.", "")}
                 checks["W"].add(ref.frobenius(_to_numpy(W_t) - W_ref), bound["W"], shape=(d, r), key=key, seed=seed, extra=extra)
-                checks["m"].add(ref.frobenius(_to_numpy(m_t) - state_ref.m), bound["m"], shape=(d, r), key=key, seed=seed, extra=extra)
+                m_transported = functional.transported_moment(W_t.to(m_t.dtype), m_t)
+                checks["m"].add(ref.frobenius(_to_numpy(m_transported) - state_ref.m), bound["m"], shape=(d, r), key=key, seed=seed, extra=extra)
                 if not elementwise:
                     checks["v"].add(np.abs(_to_numpy(v_t) - state_ref.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
+                if not math.isinf(drift_bound):
+                    checks["frames_in"].add(ref.frobenius(_gram_defect(_to_numpy(W_in))), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
+                moment_in = _reference_moment(W, G, state, config)
                 W, state = W_ref, state_ref
             frames_done += size
     return frames_done
+
+
+def _reference_moment(W, G, state, config):
+    """Stage 3's m of the reference step (before its transport): beta1 m + (1 - beta1) P_W(G~)."""
+    beta1 = config.betas[0]
+    return beta1 * state.m + (1 - beta1) * ref.project_tangent(W, G + config.weight_decay * W)
+
+
+def _gram_defect(W):
+    return np.swapaxes(W, -1, -2) @ W - np.eye(W.shape[-1])
+
+
+def _transport_roundoff(d, r, u_c, moment_in, moment):
+    """u_m for a kernel that transports its incoming moment itself (functional.project_moment).
+
+    Stage 8's m+ = P_W(m_pre) is rounded once by the reference and once more inside the kernel's
+    projection of beta1 m_pre + (1 - beta1) G~: (d + r + 2) sqrt(r) u_c ||m_pre|| (the projection
+    error of step_error_bound), which is the input error (u_m ||m||) of the step that uses
+    m = P_W(m_pre). This is the transport term that step_error_bound charges to m+ at the end
+    of a step (e_m_new), charged where the kernel performs it. Per frame; 0 where m = 0.
+    """
+    norm_in, norm = ref.frobenius(np.asarray(moment_in)), ref.frobenius(np.asarray(moment))
+    ratio = np.divide(norm_in, norm, out=np.zeros_like(norm), where=norm > 0)
+    return (d + r + 2) * math.sqrt(r) * u_c * ratio
 
 
 # Frames with d r >= 2^16 ((1024, 128)) take at most LARGE_FRAME_STEPS lock-step steps: the
@@ -317,6 +439,9 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
     scaled state (c m, c^2 v) against the unscaled one, each within `step_error_bound` of the exact
     step from its own inputs, the scaled inputs c G, c m, c^2 v carrying relative rounding u, u, 2u.
     """
+    import torch
+    from torch_impl import functional
+
     powers = (2.0**-20, 2.0**-3, 2.0**7, 2.0**30)
     others = (1e-3, 0.3, 3.0, 7.1e4)
     for d, r in P2_SHAPES:
@@ -343,15 +468,19 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
                     W_in, m_in, v_in = unscaled_run[t]
                     W_c, _, _ = _kernel(W_in, _to_torch(c * G, torch.float64, device), c * m_in, (c * c) * v_in, t, config, variant)
                     W_np = _to_numpy(W_in)
-                    state = ref.StiefelAdamState(m=_to_numpy(m_in), v=_to_numpy(v_in), t=t)
+                    # the kernel's state holds the moment before its transport; the exact step from
+                    # these inputs uses the transported one, and the kernel's transport rounds
+                    moment_in = _to_numpy(m_in)
+                    state = ref.StiefelAdamState(m=ref.project_tangent(W_np, moment_in), v=_to_numpy(v_in), t=t)
                     state_c = ref.StiefelAdamState(m=c * state.m, v=c * c * state.v, t=t)
+                    u_transport = _transport_roundoff(d, r, U64, moment_in, state.m)
                     k = _iterations(config, torch.float64)
                     # each run is within step_error_bound of the exact step from its own inputs; the
                     # scaled inputs carry relative rounding u (c G, c m) and 2u (c^2 v)
                     bound = step_error_bound(d, r, config, reference_quantities(W_np, G, state, config), u_W=0.0, u_G=0.0,
-                                             u_m=0.0, u_v=0.0, u_c=U64, u_out=0.0, iterations=k)["W"]
+                                             u_m=u_transport, u_v=0.0, u_c=U64, u_out=0.0, iterations=k)["W"]
                     bound = bound + step_error_bound(d, r, config, reference_quantities(W_np, c * G, state_c, config), u_W=0.0,
-                                                     u_G=U64, u_m=U64, u_v=2 * U64, u_c=U64, u_out=0.0, iterations=k)["W"]
+                                                     u_G=U64, u_m=U64 + u_transport, u_v=2 * U64, u_c=U64, u_out=0.0, iterations=k)["W"]
                     residual = ref.frobenius(_to_numpy(W_c) - _to_numpy(unscaled_run[t + 1][0]))
                     checks["P2_bounded"].add(residual, bound, shape=(d, r), key=key, seed=seed,
                                              extra={"c": c, "step": t + 1, "config": config_name})
@@ -359,6 +488,9 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
 
 def _torch_trajectory(W0, gradients, c, config, device, variant):
     """[(W_t, m_t, v_t) for t = 0..T] of the float64 torch kernel driven by c G_1, c G_2, ..."""
+    import torch
+    from torch_impl import functional
+
     W = _to_torch(W0, torch.float64, device)
     m = torch.zeros_like(W)
     v = torch.zeros(W.shape[:-2] + ((W.shape[-2], W.shape[-1]) if variant == "elementwise_second_moment" else ()),
@@ -376,6 +508,9 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
     Forming Q X rounds each entry by gamma_d (|Q||X|), a relative error <= d^1.5 u in the Frobenius
     norm (|| |Q| ||_2 <= sqrt(d)); the transformed run gets those input errors, the comparison adds
     the rounding of Q W+, and each side is within `step_error_bound` of the exact step."""
+    import torch
+    from torch_impl import functional
+
     config = CONFIGS["clip_decay"]
     for d, r in P4_SHAPES:
         key = (CLAIM_ID, "P4", d, r)
@@ -393,7 +528,9 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
                 moved = [_to_torch(transform(x), torch.float64, device) for x in (W, G, state.m)]
                 W_moved, _, _ = _kernel(*moved, args[3], state.t, config, variant)
                 u_transform = n**1.5 * U64 * 1.01  # gamma_n sqrt(n), gamma_n = n u / (1 - n u)
-                bound = step_error_bound(d, r, config, q, u_W=u_transform, u_G=u_transform, u_m=u_transform, u_v=0.0,
+                # each side's kernel also projects the incoming moment (its deferred transport)
+                u_m = u_transform + _transport_roundoff(d, r, 2 * U64, state.m, state.m)
+                bound = step_error_bound(d, r, config, q, u_W=u_transform, u_G=u_transform, u_m=u_m, u_v=0.0,
                                          u_c=2 * U64, u_out=0.0, iterations=_iterations(config, torch.float64))["W"]
                 bound = bound + u_transform * math.sqrt(r)
                 residual = ref.frobenius(_to_numpy(W_moved) - transform(_to_numpy(W_plain)))
@@ -401,7 +538,7 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
             W, state = ref.step(W, G, state, config)
 
 
-def feasibility_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float = 0.5) -> float:
+def feasibility_bound(d: int, r: int, dtype, trust_radius: float = 0.5) -> float:
     """Bound on ||W^T W - I||_F of a frame (d, r) stored in dtype after any number of steps.
 
     W = fl_s(W*) + E with W* the exact polar factor of the last step's A: the retraction's own
@@ -409,9 +546,9 @@ def feasibility_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float = 
     ||W^T W - I|| <= 2 (e_ret + u_s sqrt(r)) + O(u^2), plus 32 d r u for evaluating the Gram matrix
     in float64. Nothing in it grows with the number of steps: the Gram-based retraction restarts
     from the actual W every step."""
-    u_c = unit_roundoff(functional.compute_dtype(dtype))
-    u_s = unit_roundoff(dtype)
-    kappa = math.sqrt(1 + trust_radius**2)  # cond(W + xi) <= sqrt(1 + Delta^2), SPEC.md P3(b)
+    u_c = _unit_roundoff(_compute_dtype(dtype))
+    u_s = _unit_roundoff(dtype)
+    kappa = math.sqrt(1 + trust_radius**2)  # cond(W + xi) <= sqrt(1 + Delta^2), P3(b), docs/claims.md
     k = _iterations(ref.StiefelAdamConfig(trust_radius=trust_radius), dtype)
     e_ret = 4 * (d + (4 * k + 2) * r) * math.sqrt(r) * u_c * kappa**3
     return 2.0 * (e_ret + u_s * math.sqrt(r)) + 32 * d * r * U64
@@ -424,8 +561,11 @@ def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
     does not accumulate: after any number of steps ||W^T W - I|| <= 2 (e_ret + u_s sqrt(r)) + its
     float64 evaluation (d r u), e_ret from `step_error_bound` and u_s the storage rounding of W.
     Returns (measured steps, worst residual at each, seconds)."""
+    import torch
+    from torch_impl import functional
+
     batch, d, r = shape
-    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    torch_dtype = _torch_dtype(dtype)
     config = CONFIGS["clip_decay"]
     rng = rng_for(seed, CLAIM_ID, "long_run", str(torch_dtype), d, r)
     W = _to_torch(ref.random_point(d, r, rng, (batch,)), torch_dtype, device)
@@ -455,6 +595,8 @@ def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
 
 def torch_environment(device: str = "cpu") -> dict:
     """torch version, its CUDA / cuDNN versions, the device name and thread count."""
+    import torch
+
     device = torch.device(device)
     env = {
         "torch": torch.__version__,
@@ -474,7 +616,7 @@ def torch_environment(device: str = "cpu") -> dict:
 def _new_checks(dtype_name: str) -> dict:
     storage = "exact float64 inputs" if dtype_name == "float64" else f"inputs rounded to {dtype_name} (state float32)"
     derivation = (
-        f"first-order error analysis of each stage (torch_impl.crosscheck.step_error_bound): {storage}, "
+        f"first-order error analysis of each stage (propositions.crosscheck.step_error_bound): {storage}, "
         "projection (d + r + 2) sqrt(r) u, second-moment sum d r u, polar perturbation 3/sigma_min, "
         "Gram retraction 4 (d + (4k + 2) r) sqrt(r) u kappa^3"
     )
@@ -482,70 +624,112 @@ def _new_checks(dtype_name: str) -> dict:
         "W": NumericalCheck("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation),
         "m": NumericalCheck("first_moment", f"||m+_torch - m+_ref||_F per frame, {dtype_name}", derivation),
         "v": NumericalCheck("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation),
+        "frames_in": NumericalCheck(
+            "input_frames",
+            f"||W^T W - I||_F of the frames given to the torch kernel ({dtype_name}): the precondition of its r x r ||g||^2",
+            "torch_impl.functional.frame_drift_bound: Gram rounding d (r + Delta^2) u, Newton-Schulz (4k + 3) r u, "
+            "product A M 2 r^1.5 kappa u, storage 2 sqrt(r) u_s",
+        ),
     }
 
 
-def _openblas_thread_controls():
-    """(get, set) for the OpenBLAS that numpy loaded, or None: best effort, via its exported
-    scipy_openblas_{get,set}_num_threads64_ (the names threadpoolctl uses)."""
-    try:
-        import ctypes
+class _one_thread:
+    """torch (intra-op) and the BLAS libraries (numpy's, via threadpoolctl) on one thread for the
+    duration of a block, restored after.
 
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and line.split()[-1].startswith("/")})
-        for path in paths:
-            lib = ctypes.CDLL(path)
-            if hasattr(lib, "scipy_openblas_get_num_threads64_"):
-                return lib.scipy_openblas_get_num_threads64_, lib.scipy_openblas_set_num_threads64_
-    except OSError:
-        pass
-    return None
-
-
-class _single_thread:
-    """torch and numpy's OpenBLAS on one thread for the duration of a block, restored after.
-
-    The cross-check's tensors are mostly small batches, for which a thread team on a loaded
-    two-core machine costs milliseconds per call in wake-ups (measured: 12 ms for a (6, 8, 8) torch
-    bmm with 2 threads against 10 us with 1; 1.3 s for numpy's SVD of (2, 1024, 128) against
-    0.06 s). Results do not depend on the thread count beyond rounding, which the bounds cover.
+    One thread pins the order of every reduction, so a certificate does not depend on how many
+    threads the machine offers (`thread_sensitivity` measures what two threads would change). It
+    is also the fast choice here: the cross-check's tensors are mostly small batches, for which a
+    thread team on a loaded two-core machine costs milliseconds per call in wake-ups.
     """
 
     def __enter__(self):
+        import torch
+        from threadpoolctl import threadpool_limits
+
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        self.openblas = _openblas_thread_controls()
-        if self.openblas is not None:
-            self.openblas_threads = self.openblas[0]()
-            self.openblas[1](1)
+        self.blas = threadpool_limits(limits=1, user_api="blas")
+        return self
 
     def __exit__(self, *exc):
+        import torch
+
+        self.blas.restore_original_limits()
         torch.set_num_threads(self.threads)
-        if self.openblas is not None:
-            self.openblas[1](self.openblas_threads)
         return False
 
 
+THREAD_SAMPLE_SHAPES = ((8, 64, 16), (4, 256, 32))
+
+
+def thread_sensitivity(seed: int, dtype, threads=(1, 2)) -> dict:
+    """Lock-step residuals ||W+_torch - W+_ref|| of a small sample computed with each torch thread
+    count in `threads` (CPU): whether they are bit-identical, and the largest relative difference.
+
+    The torch kernel's batched matmuls may split their reductions differently with more threads;
+    this measures whether the certificate's residuals depend on the thread count it pins."""
+    import torch
+
+    config = CONFIGS["clip_decay"]
+    residuals = {}
+    saved = torch.get_num_threads()
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            rows = []
+            for batch, d, r in THREAD_SAMPLE_SHAPES:
+                rng = rng_for(seed, CLAIM_ID, "threads", d, r)
+                W = ref.random_point(d, r, rng, (batch,))
+                state = ref.init(W)
+                for t in range(2):
+                    G = rng.standard_normal(W.shape)
+                    W_ref, state_ref = ref.step(W, G, state, config)
+                    W_t, _, _ = _kernel(_to_torch(W, dtype, "cpu"), _to_torch(G, dtype, "cpu"),
+                                        _to_torch(state.m, _compute_dtype(dtype), "cpu"),
+                                        _to_torch(state.v, _compute_dtype(dtype), "cpu"), state.t, config)
+                    rows.append(ref.frobenius(_to_numpy(W_t) - W_ref))
+                    W, state = W_ref, state_ref
+            residuals[count] = np.concatenate(rows)
+    finally:
+        torch.set_num_threads(saved)
+    first, *others = (residuals[c] for c in threads)
+    scale = np.maximum(first, np.finfo(np.float64).tiny)
+    return {
+        "threads": list(threads),
+        "identical": all(np.array_equal(first, other) for other in others),
+        "max_relative_difference": max((float(np.max(np.abs(other - first) / scale)) for other in others), default=0.0),
+        "samples": int(first.size),
+    }
+
+
 def run(seed: int = 0, profile="default", optimizer: str = "stiefel_adam", device: str = "cpu", dtype: str = "float64") -> ClaimResult:
-    """Cross-check the torch kernel (variant `optimizer`) on `device` in storage `dtype`."""
+    """Cross-check the torch kernel (variant `optimizer`) on `device` in storage `dtype`.
+
+    On CPU the whole run uses one torch thread and one BLAS thread (`_one_thread`), restored after."""
+    import torch
+
     if torch.device(device).type == "cpu":
-        with _single_thread():
+        with _one_thread():
             return _run(seed, profile, optimizer, device, dtype)
     return _run(seed, profile, optimizer, device, dtype)
 
 
 def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
+    import torch
+    from torch_impl import functional
+
     profile = get_profile(profile) if isinstance(profile, str) else profile
     if not isinstance(profile, Profile):
         raise ValueError(f"profile must be a Profile or one of quick/default/thorough, got {profile!r}")
     if optimizer not in KERNEL_VARIANTS:
         raise ValueError(f"optimizer must be one of {', '.join(KERNEL_VARIANTS)} for the cross-check, got {optimizer!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was requested but torch.cuda.is_available() is False")
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = _torch_dtype(dtype)
     timings = {}
     # The lock-step sample: a tenth of the profile's frame count (10^3 default), which keeps the
     # default run within a few seconds on two cores; the count is reported as `frames`.
@@ -621,11 +805,22 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
         f"retraction: {functional.resolve_retraction('auto', 0.5)} at trust_radius 0.5 "
         f"({functional.newton_schulz_iterations(0.5, functional.compute_dtype(torch_dtype))} quintic iterations in the compute dtype)",
     ]
+    threads = None
+    if device.type == "cpu":
+        # the run itself used one torch thread (and one BLAS thread); measure what two would change
+        start = time.perf_counter()
+        threads = thread_sensitivity(seed, torch_dtype)
+        timings["thread_sensitivity_s"] = time.perf_counter() - start
+        notes.append(
+            f"threads: run with 1 torch thread and 1 BLAS thread; the lock-step residuals of {threads['samples']} frames "
+            + ("are bit-identical with 2 torch threads" if threads["identical"] else
+               f"differ with 2 torch threads by at most {threads['max_relative_difference']:.1e} relative (rounding, within the bounds)")
+        )
     extra = {
         "device": str(device),
         "dtype": dtype,
         "compute_dtype": str(functional.compute_dtype(torch_dtype)).replace("torch.", ""),
-        "unit_roundoff_storage": unit_roundoff(torch_dtype),
+        "unit_roundoff_storage": functional.unit_roundoff(torch_dtype),
         "lockstep_frames": frames,
         "steps_per_trajectory": profile.steps,
         "configs": {name: {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius, "weight_decay": c.weight_decay} for name, c in CONFIGS.items()},
@@ -633,6 +828,7 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
         "long_run": long_runs,
         "timings_s": timings,
         "torch": torch_environment(str(device)),
+        "thread_sensitivity": threads,
     }
     return ClaimResult(
         symbolic=SymbolicResult(method="not applicable: an implementation cross-check"),
@@ -662,6 +858,8 @@ CLAIM = Claim(
     ),
     controls=tuple(CONTROL_DESCRIPTIONS),
     run=run,
+    requires=("torch",),
+    default_options=(("device", "cpu"), ("dtype", "float64")),
 )
 
 __all__ = ["CLAIM", "run", "torch_environment", "step_error_bound", "feasibility_bound", "reference_quantities", "long_run", "DETECTION_FACTOR"]
