@@ -337,7 +337,7 @@ def command_list(args, out: _Output, command: str) -> int:
             rows.append([claim_id, f"(cannot be loaded: {claims.describe_error(error)})", "-"])
             continue
         missing = claims.missing_requirements(claim)
-        title = claim.title + (f" (skipped here: {', '.join(missing)} not installed)" if missing else "")
+        title = claim.title + (f" (skipped: {', '.join(missing)} not installed)" if missing else "")
         rows.append([claim_id, title, ", ".join(claim.controls) or "-"])
     for module, problem in propositions.discover()[1].items():
         rows.append([module, f"(cannot be imported: {problem})", "-"])
