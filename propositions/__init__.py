@@ -1,6 +1,6 @@
 """One module per claim of the paper (SPEC.md section 3), each exposing a `CLAIM` registry entry.
 
-`CLAIMS` maps an id (P1..P6) to its `Claim`; modules are imported on first use so that `certify
+`MODULES` maps an id (P1..P6, samplers) to the module of its `Claim`; modules are imported on first use so that `certify
 list` stays fast.
 """
 
@@ -17,15 +17,16 @@ MODULES = {
     "P4": "propositions.p4_equivariance",
     "P5": "propositions.p5_weight_decay",
     "P6": "propositions.p6_gauge",
+    "samplers": "propositions.samplers",
 }
 
 CLAIM_IDS = tuple(MODULES)
 
 
 def get_claim(claim_id: str) -> Claim:
-    """The registry entry of claim_id (P1..P6); ValueError for an unknown id."""
-    key = claim_id.upper()
-    if key not in MODULES:
+    """The registry entry of claim_id (P1..P6, samplers; any case); ValueError for an unknown id."""
+    key = {known.lower(): known for known in MODULES}.get(claim_id.lower())
+    if key is None:
         raise ValueError(f"unknown claim id {claim_id!r}; known: {', '.join(MODULES)}")
     return importlib.import_module(MODULES[key]).CLAIM
 
