@@ -322,11 +322,17 @@ class Algebra:
         """value / radicand when it is a monomial (one term over one term), else None.
 
         With N1 = num(value) den(radicand) and N2 = num(radicand) den(value), the ratio is a
-        monomial q exactly when N1 = q N2, and then q is the ratio of their leading terms.
+        monomial q exactly when N1 = q N2, and then q is the ratio of their leading terms. Fractions
+        are not reduced, so a monomial ratio hidden behind different term counts is missed: the
+        value then gets a fresh root, which can only make a step fail to reduce, never pass.
         """
+        # the ratios this recognises are x q over x (a radicand scaled by a monomial, as in
+        # sqrt(c^2 v)): same term counts above and below; anything else gets a fresh root
+        if len(value.num) != len(radicand.num) or len(value.den) != len(radicand.den):
+            return None
         N1 = value.num * radicand.den
         N2 = radicand.num * value.den
-        if N2 == 0 or len(N1.terms()) != len(N2.terms()):
+        if N2 == 0 or len(N1) != len(N2):
             return None
         (m1, c1), (m2, c2) = N1.LT, N2.LT
         up = tuple(max(a - b, 0) for a, b in zip(m1, m2))
