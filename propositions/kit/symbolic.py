@@ -420,13 +420,6 @@ def projection_formula(W: np.ndarray, G: np.ndarray) -> np.ndarray:
     return G - W @ ((S + transpose(S)) / 2)
 
 
-def symbolic_state(algebra: Algebra, m: np.ndarray, v, t: int):
-    """A reference_impl StiefelAdamState holding symbolic m (d x r) and v (Element)."""
-    from reference_impl.adam import StiefelAdamState
-
-    return StiefelAdamState(m=m, v=v, t=t)
-
-
 # --------------------------------------------------------------------------------------------
 # Derivations about the code, one list of SymbolicStep per claim
 # --------------------------------------------------------------------------------------------
