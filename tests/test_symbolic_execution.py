@@ -122,6 +122,20 @@ def test_p2_fails_for_a_fixed_step_direction(monkeypatch):
     assert any("stages 3-7" in s.description for s in result.steps if not s.reduced)
 
 
+def test_p2_fails_without_the_zero_guard(monkeypatch):
+    def unguarded(m_hat, v_hat, lr, eps):  # scale_free_direction without its v^ = 0 branch
+        v_hat = np.asarray(v_hat)
+        if v_hat.ndim < m_hat.ndim:
+            v_hat = v_hat[..., None, None]
+        return -lr * m_hat / (np.sqrt(v_hat) + eps)
+
+    monkeypatch.setattr(adam, "scale_free_direction", unguarded)
+    result = p2.symbolic_part()
+    assert _failed(result)
+    failing = [s.description for s in result.steps if not s.reduced]
+    assert len(failing) == 1 and "never 0/0" in failing[0]
+
+
 def test_p2_fails_for_a_squared_scale(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", lambda W, G, *, validate=True: _sign_flipped(W, G) * 1.0)
     assert _failed(p2.symbolic_part())

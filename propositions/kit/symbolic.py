@@ -574,6 +574,18 @@ def scale_steps() -> list:
             f"xi, a non-zero step (generic g = project_tangent(W, G), m, v > 0, c > 0; sqrt(c^2 x) = c sqrt(x); "
             f"{EXECUTION_NOTE}; assumptions: {'; '.join(algebra.assumptions)})",
             r"(m_+, v_+, \xi)(cg, cm, c^2 v) = (c\,m_+, c^2 v_+, \xi)(g, m, v)", homogeneous))
+    # the branch v^ = 0 (a zero gradient from a fresh state) with eps = 0: the code must give
+    # xi = 0, never 0/0 (an exact division by zero raises here and fails the step)
+    algebra = Algebra(d, r, matrices=[("G", d, r)])
+    zero = algebra.matrix("G") * 0
+    try:
+        _, v_zero, _, xi_zero = _moments(algebra, zero, zero, algebra.constant(0), config)
+        zero_branch = algebra.vanishes(np.asarray(v_zero), on_manifold=False) and algebra.vanishes(xi_zero, on_manifold=False)
+    except ZeroDivisionError:
+        zero_branch = False
+    steps.append(_step(
+        f"stage 6 of the code at v^ = 0 (zero gradient, fresh state, eps = 0): xi = 0 exactly, never 0/0 ({EXECUTION_NOTE})",
+        r"\hat v = 0 \Rightarrow \xi = 0", zero_branch))
     algebra = Algebra(d, r, matrices=[("M", d, r)], scalars=["c"], positive=["c"], orthonormal=False)
     W_new, M = algebra.matrix("W"), algebra.matrix("M")
     P_new = _project(W_new)
