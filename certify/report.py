@@ -7,7 +7,8 @@ out.
 
 The report holds a summary table (id, title, verdict, frames, wall time, frames per second, worst
 residual/bound, smallest control margin), then per claim: the statement, the symbolic derivation
-(LaTeX in $$ blocks), the exact checks, the numerical checks (residual, bound, ratio), the
+(LaTeX in $$ blocks), the exact checks, the numerical checks (residual, bound, the median, 1st
+percentile and max of residual/bound, loose bounds marked), the
 controls (margin, detected), failures, notes and figures.
 
 Figures
@@ -295,6 +296,21 @@ def _latex_block(latex: str) -> list[str]:
     return ["$$", latex.strip("$").strip(), "$$", ""]
 
 
+# The threshold of propositions._common.TIGHTNESS_THRESHOLD (the report reads certificates only).
+TIGHTNESS_THRESHOLD = 1e-3
+LOOSE_MARK = "(loose)"
+
+
+def _is_loose(check: dict) -> bool:
+    median = as_float((check.get("ratio") or {}).get("median"))
+    return check.get("samples", 0) > 0 and median < TIGHTNESS_THRESHOLD
+
+
+def _median_ratio_cell(check: dict) -> str:
+    text = format_number((check.get("ratio") or {}).get("median"))
+    return f"{text} {LOOSE_MARK}" if _is_loose(check) else text
+
+
 def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> list[str]:
     lines: list[str] = []
     provenance = certificate["provenance"]
@@ -336,15 +352,20 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
                 format_number(check["residual"].get("max")),
                 format_number(check["residual"].get("median")),
                 format_number(check["bound"].get("max")),
+                _median_ratio_cell(check),
+                format_number((check.get("ratio") or {}).get("p01")),
                 format_number(check.get("max_ratio")),
                 format_number(bool(check.get("passed"))),
             ]
             for check in numerical["checks"]
         ]
-        lines += _table(["check", "samples", "max residual", "median residual", "bound (max)", "worst residual/bound", "passed"], rows)
+        lines += _table(["check", "samples", "max residual", "median residual", "bound (max)", "median residual/bound", "p01 residual/bound", "worst residual/bound", "passed"], rows)
         lines += [""]
+        if any(_is_loose(check) for check in numerical["checks"]):
+            lines += [f"{LOOSE_MARK} median residual/bound below {TIGHTNESS_THRESHOLD:g}: the bound is over three decades above the typical residual (its tightness note, or the audit in the notes, says so).", ""]
         for check in numerical["checks"]:
-            lines += [f"- **{check.get('name')}**: {check.get('description', '').rstrip('.')}; bound: {check.get('bound_derivation', '')}"]
+            tightness = f" Tightness: {check['tightness_note']}" if check.get("tightness_note") else ""
+            lines += [f"- **{check.get('name')}**: {check.get('description', '').rstrip('.')}; bound: {check.get('bound_derivation', '')}{tightness}"]
         lines += [""]
         worst = numerical.get("worst_case")
         if worst:

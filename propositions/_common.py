@@ -16,6 +16,9 @@ Conventions that keep every certificate honest and reproducible:
   (each bound from the error analysis written next to the check). It passes when every residual
   is at most its bound. Bounds are > 0 always (docs/claims.md#tolerances). Bitwise checks measure the
   residual in ulps and use the bound 0.5, i.e. they require exact equality.
+* Tightness: every check also pools residual/bound; its median and 1st percentile are recorded,
+  and a check whose median is below TIGHTNESS_THRESHOLD must say why in its tightness_note or is
+  listed in the certificate's notes by the claim-level audit (ClaimResult.tightness_audit).
 * Controls: a control is detected when a check that the real optimizer passes fails for the
   control with margin (worst residual / bound) of at least DETECTION_FACTOR. An undetected control
   fails the certificate.
@@ -40,6 +43,14 @@ DETECTION_FACTOR = 10.0
 
 # Histogram of log10(residual / bound) kept by every check, for the residual-over-bound figure.
 RATIO_BINS = np.linspace(-20.0, 4.0, 49)
+
+# Samples kept per check for the quantiles of residual and of residual/bound (the first ones added).
+QUANTILE_POOL_SIZE = 200_000
+
+# Every bound earns its place: a check whose median residual/bound is below this is three decades
+# looser than what it measures; unless its tightness_note says why the bound cannot be tighter,
+# the claim's certificate lists it (a note, not a failure: a loose bound is weak, not wrong).
+TIGHTNESS_THRESHOLD = 1e-3
 
 
 def gamma(n: float) -> float:
@@ -193,7 +204,9 @@ class NumericalCheck:
     """Residuals of one check against their derived bounds, accumulated over shapes and chunks.
 
     name: short identifier; description: what is compared; bound_derivation: the error analysis
-    that gives the bound (docs/claims.md#tolerances), in a sentence or two.
+    that gives the bound (docs/claims.md#tolerances), in a sentence or two. tightness_note: for a check
+    whose median residual/bound is below TIGHTNESS_THRESHOLD, why the bound cannot be tighter
+    (e.g. an exact-equality check whose residual is 0 by design); recorded in the certificate.
     """
 
     name: str
@@ -208,7 +221,9 @@ class NumericalCheck:
     _min_bound: float = math.inf
     _ratio_hist: np.ndarray = field(default_factory=lambda: np.zeros(len(RATIO_BINS) + 1, dtype=np.int64))
     _quantile_pool: list = field(default_factory=list)
+    _ratio_pool: list = field(default_factory=list)
     worst: dict | None = None
+    tightness_note: str | None = None
 
     def add(self, residual, bound, *, shape=None, key=None, seed=None, extra=None) -> None:
         """Record per-sample residuals (array) and bounds (array or scalar, > 0).
@@ -234,8 +249,10 @@ class NumericalCheck:
         with np.errstate(divide="ignore"):
             log_ratio = np.log10(np.where(ratio > 0, ratio, 1e-300))
         self._ratio_hist += np.bincount(np.searchsorted(RATIO_BINS, log_ratio), minlength=len(RATIO_BINS) + 1)
-        if len(self._quantile_pool) < 200_000:
-            self._quantile_pool.extend(residual_for_ratio[: 200_000 - len(self._quantile_pool)].tolist())
+        if len(self._quantile_pool) < QUANTILE_POOL_SIZE:
+            self._quantile_pool.extend(residual_for_ratio[: QUANTILE_POOL_SIZE - len(self._quantile_pool)].tolist())
+        if len(self._ratio_pool) < QUANTILE_POOL_SIZE:
+            self._ratio_pool.extend(ratio[: QUANTILE_POOL_SIZE - len(self._ratio_pool)].tolist())
         index = int(np.argmax(ratio))
         if ratio[index] > self._max_ratio:
             self._max_ratio = float(ratio[index])
@@ -259,8 +276,19 @@ class NumericalCheck:
     def passed(self) -> bool:
         return self.samples > 0 and self._max_ratio <= 1.0
 
+    @property
+    def median_ratio(self) -> float:
+        """Median of residual/bound over the pooled samples (nan before any sample)."""
+        return float(np.median(self._ratio_pool)) if self._ratio_pool else math.nan
+
+    @property
+    def loose(self) -> bool:
+        """The median residual/bound is below TIGHTNESS_THRESHOLD (the bound is three decades loose)."""
+        return self.samples > 0 and self.median_ratio < TIGHTNESS_THRESHOLD
+
     def to_dict(self) -> dict:
         pool = np.asarray(self._quantile_pool) if self._quantile_pool else np.zeros(1)
+        ratios = np.asarray(self._ratio_pool) if self._ratio_pool else np.full(1, math.nan)
         return {
             "name": self.name,
             "description": self.description,
@@ -275,6 +303,13 @@ class NumericalCheck:
             },
             "bound": {"min": self._min_bound if self.samples else None, "max": self._max_bound},
             "max_ratio": self.max_ratio,
+            "ratio": {
+                "median": float(np.median(ratios)),
+                "p01": float(np.quantile(ratios, 0.01)),
+                "max": self.max_ratio,
+                "pooled": int(ratios.size if self._ratio_pool else 0),
+            },
+            "tightness_note": self.tightness_note,
             "passed": self.passed,
             "worst_case": self.worst,
             "ratio_histogram": {"log10_edges": RATIO_BINS.tolist(), "counts": self._ratio_hist.tolist()},
@@ -377,6 +412,16 @@ class ClaimResult:
             "inconclusive": self.inconclusive,
         }
 
+    def tightness_audit(self) -> list[str]:
+        """One note per check whose median residual/bound is below TIGHTNESS_THRESHOLD and that
+        says nothing (tightness_note) about why its bound cannot be tighter."""
+        return [
+            f"tightness audit: check {c.name} has median residual/bound {c.median_ratio:.3g} < {TIGHTNESS_THRESHOLD:g} "
+            "and no tightness_note saying why its bound cannot be tighter"
+            for c in self.checks
+            if c.loose and not c.tightness_note
+        ]
+
     def to_dict(self) -> dict:
         verdict, failures, inconclusive = decide_verdict(self._record())
         return to_jsonable(
@@ -389,7 +434,7 @@ class ClaimResult:
                 "controls": [c.to_dict() for c in self.controls],
                 "extra": self.extra,
                 "figures": self.figures,
-                "notes": self.notes,
+                "notes": list(self.notes) + self.tightness_audit(),
                 "inconclusive": inconclusive,
             }
         )

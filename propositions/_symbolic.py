@@ -4,6 +4,10 @@ MatrixSymbol algebra has no notion of "W^T W = I"; a derivation states such fact
 substitutions, and `reduce_with` expands and substitutes until the expression stops changing,
 then simplifies. `is_zero_matrix` is the test that a step "reduced to the identity": the
 difference of its two sides is the zero matrix (or the scalar 0).
+
+These helpers derive the formulas as written (for every d and r); no change to reference_impl can
+touch them. propositions.kit.symbolic runs the code itself on exact symbolic entries, and the
+claims add its steps to their derivations, so that a change to the code fails the symbolic part.
 """
 
 from __future__ import annotations

@@ -329,7 +329,8 @@ def slope_tests(seed: int, profile: Profile) -> tuple[list[NumericalCheck], list
 
 
 
-SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with W^T W = I; explicit entries at small sizes"
+SYMBOLIC_METHOD = ("sympy: MatrixSymbol algebra with W^T W = I; explicit entries at small sizes; the code's sym, skew and "
+                   "project_tangent executed on exact symbolic entries (propositions.kit.symbolic)")
 
 
 def symbolic_part() -> SymbolicResult:
@@ -429,6 +430,10 @@ def _derivation() -> tuple[SymbolicStep, ...]:
             f"R_W(s xi) = W + s xi - s^2 W xi^T xi / 2 + O(s^3) and the acceleration -W xi^T xi is normal ({label})",
             r"R_W(s\xi) = W + s\xi - \tfrac{s^2}{2} W\xi^\top\xi + O(s^3),\ W^\top(-W\xi^\top\xi)\ \text{symmetric}",
             bool(first_second and normal)))
+    # The steps above are about the formula; these run the code itself (a change to it fails them).
+    from .kit.symbolic import projector_steps
+
+    result.steps += projector_steps()
     return tuple(result.steps)
 
 

@@ -742,7 +742,8 @@ def symbolic_part() -> SymbolicResult:
     def record(description: str, latex: str, reduced: bool) -> None:
         result.steps.append(SymbolicStep(description, latex, bool(reduced)))
 
-    result = SymbolicResult(method="sympy: MatrixSymbol algebra with W^T W = I; c, lambda, v, eps positive symbols")
+    result = SymbolicResult(method="sympy: MatrixSymbol algebra with W^T W = I; c, lambda, v, eps positive symbols; the code's "
+                                   "stages executed on exact symbolic entries (propositions.kit.symbolic)")
     d, r = sp.symbols("d r", integer=True, positive=True)
     W, G, M = sp.MatrixSymbol("W", d, r), sp.MatrixSymbol("G", d, r), sp.MatrixSymbol("m", d, r)
     c, lam, lr, v, eps, s = sp.symbols("c lambda lr v epsilon s", positive=True)
@@ -826,6 +827,10 @@ def symbolic_part() -> SymbolicResult:
         r"-\eta c g + \eta g = -\eta (c-1) g",
         reduces_to_zero(sgd - (-lr * (c - 1) * g)),
     )
+    # The steps above are about the formulas; these run the code's stages (a change to them fails here).
+    from .kit.symbolic import scale_steps
+
+    result.steps += scale_steps()
     return result
 
 

@@ -182,7 +182,8 @@ def rank_one_tangent(W: np.ndarray, rng: np.random.Generator, norm: float) -> np
 
 
 
-SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with W^T W = I and W^T xi = -xi^T W; explicit entries"
+SYMBOLIC_METHOD = ("sympy: MatrixSymbol algebra with W^T W = I and W^T xi = -xi^T W; explicit entries; the code's "
+                   "moments_and_direction executed on exact symbolic entries (propositions.kit.symbolic)")
 
 
 def symbolic_part() -> SymbolicResult:
@@ -240,6 +241,10 @@ def _derivation() -> tuple[SymbolicStep, ...]:
         "lambda_max(xi^T xi) <= ||xi||^2 at r = 2: (tr - lambda_max) lambda_max = det(xi^T xi) >= 0",
         r"\lambda_{\min}\lambda_{\max} = \det(\xi^\top\xi) \ge 0 \Rightarrow \lambda_{\max} \le \operatorname{tr}(\xi^\top\xi) = \|\xi\|^2",
         sp.simplify(sp.expand(lam_min * lam_max - (a * e - b**2))) == 0))
+    # The steps above are about the formulas; these run the code's stages 2-7 on symbolic entries.
+    from .kit.symbolic import tangency_steps
+
+    result.steps += tangency_steps()
     return tuple(result.steps)
 
 

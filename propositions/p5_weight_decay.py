@@ -257,7 +257,8 @@ def _is_zero_matrix(expr) -> bool:
 
 def symbolic_derivation() -> SymbolicResult:
     """The derivation with MatrixSymbols (d, r symbolic) and at explicit 2 x 1 and 2 x 2 frames."""
-    result = SymbolicResult(method="sympy MatrixSymbol algebra with W^T W = I_r; explicit cos/sin frames")
+    result = SymbolicResult(method="sympy MatrixSymbol algebra with W^T W = I_r; explicit cos/sin frames; the code's "
+                                   "project_tangent executed on exact symbolic entries (propositions.kit.symbolic)")
     d, r = sp.symbols("d r", integer=True, positive=True)
     W = sp.MatrixSymbol("W", d, r)
     G = sp.MatrixSymbol("G", d, r)
@@ -334,6 +335,10 @@ def symbolic_derivation() -> SymbolicResult:
             all(_is_zero_matrix(M) for M in explicit),
         )
     )
+    # The steps above are about the formula; these run the code's project_tangent itself.
+    from .kit.symbolic import weight_decay_steps
+
+    result.steps += weight_decay_steps()
     return result
 
 

@@ -1,0 +1,118 @@
+"""The sampler certificate: the reference's Haar samplers pass, every broken sampler is caught."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from certify import claims
+from propositions import get_claim, get_profile, samplers
+from propositions._common import DETECTION_FACTOR
+from reference_impl import manifold
+
+
+@pytest.fixture(scope="module")
+def real_result():
+    return samplers.run(0, get_profile("quick"))
+
+
+def test_reference_samplers_pass_and_every_control_is_detected(real_result):
+    assert real_result.verdict == "pass", real_result.failures()
+    assert {c.name for c in real_result.controls} == set(samplers.CONTROLS)
+    for control in real_result.controls:
+        assert control.detected and control.margin >= DETECTION_FACTOR, control.to_dict()
+    body = real_result.to_dict()
+    assert body["extra"]["tests"] == len(samplers.statistical_plan())
+    assert math.isclose(body["extra"]["alpha_per_test"] * body["extra"]["tests"], samplers.FAMILY_WISE_ALPHA)
+    # each bound is -log10 alpha_i > 0, so "residual <= bound" is "p >= alpha_i"
+    for check in body["numerical"]["checks"]:
+        assert check["bound"]["min"] > 0
+
+
+def test_each_control_is_caught_by_the_check_that_sees_its_defect(real_result):
+    caught_by = {c.name: c.check.split(":", 1)[1] for c in real_result.controls}
+    assert caught_by["qr_without_sign_fix"] in ("first_entry_sign", "corner_sign_product")
+    assert caught_by["normalized_not_orthogonalized"] == "orthonormality"
+    assert caught_by["uniform_entries_qr"] in ("first_entry_beta", "last_entry_beta", "so3_rotation_angle")
+
+
+def _checks_of_reference(seed=0):
+    checks, _ = samplers.run_tests(samplers.reference_sampler(), seed, samplers.CONTROL_SAMPLES)
+    return {c.name: c for c in checks}
+
+
+def test_a_sampler_without_the_sign_fix_fails(monkeypatch):
+    monkeypatch.setattr(manifold, "haar_from_gaussian", lambda Z: np.linalg.qr(Z)[0])
+    checks = _checks_of_reference()
+    assert not checks["first_entry_sign"].passed
+    assert not checks["corner_sign_product"].passed
+
+
+def test_a_sampler_folded_onto_det_plus_one_fails(monkeypatch):
+    real = manifold.haar_from_gaussian
+
+    def det_plus_one(Z):
+        W = real(Z)
+        if W.shape[-1] == W.shape[-2]:
+            W = W.copy()
+            W[..., -1] *= np.where(np.linalg.det(W) < 0, -1.0, 1.0)[..., None]
+        return W
+
+    monkeypatch.setattr(manifold, "haar_from_gaussian", det_plus_one)
+    checks = _checks_of_reference()
+    assert not checks["det_sign"].passed
+    assert checks["first_entry_beta"].passed  # the marginals of single entries do not see it
+
+
+def test_a_sampler_of_unnormalised_gaussians_fails(monkeypatch):
+    monkeypatch.setattr(manifold, "haar_from_gaussian", lambda Z: Z)
+    assert not _checks_of_reference()["orthonormality"].passed
+
+
+def test_a_control_as_the_sampler_under_test_fails():
+    result = samplers.run(0, get_profile("quick"), optimizer="signs_fixed_by_first_column")
+    assert result.verdict == "fail"
+    assert result.extra["sampler"] == "signs_fixed_by_first_column"
+
+
+def test_p_values_are_scipys():
+    rng = np.random.default_rng(5)
+    for n in (20, 1_000, 10_000):
+        values = rng.beta(0.5, 1.5, n) ** 1.05
+        cdf = stats.beta(0.5, 1.5).cdf
+        reference = stats.kstest(values, cdf)
+        minus_log10_p, statistic = samplers.ks_residual(values, cdf)
+        assert statistic == pytest.approx(reference.statistic, rel=1e-12)
+        assert minus_log10_p == pytest.approx(-math.log10(reference.pvalue), rel=1e-9, abs=1e-12)
+        positive = rng.random(n) < 0.53
+        minus_log10_p, share = samplers.sign_residual(positive)
+        exact = stats.binomtest(int(positive.sum()), n, 0.5).pvalue
+        assert minus_log10_p == pytest.approx(-math.log10(exact), rel=1e-9, abs=1e-12)
+
+
+def test_underflowing_p_values_give_a_proven_lower_bound():
+    n = 10_000
+    minus_log10_p, _ = samplers.sign_residual(np.zeros(n, dtype=bool))
+    # the exact p-value is 2^(1 - n); the Chernoff bound 2 exp(-n ln 2) is the same number here
+    assert minus_log10_p == pytest.approx((n - 1) * math.log10(2.0), rel=1e-12)
+    values = np.linspace(0.5, 1.0, n)  # uniform on [1/2, 1] tested against uniform on [0, 1]: D = 1/2
+    minus_log10_p, statistic = samplers.ks_residual(values, lambda x: x)
+    assert statistic == pytest.approx(0.5)
+    assert math.isfinite(minus_log10_p)
+    assert minus_log10_p >= (2 * n * 0.25 - math.log(2.0)) / math.log(10.0) * (1 - 1e-12)
+
+
+def test_so3_angle_law_is_a_cdf():
+    theta = np.linspace(0.0, np.pi, 101)
+    F = samplers.so3_angle_cdf(theta)
+    assert F[0] == 0.0 and F[-1] == pytest.approx(1.0)
+    assert np.all(np.diff(F) >= 0)
+
+
+def test_registered_for_certify_run():
+    assert claims.normalise_id("Samplers") == "samplers"
+    assert "samplers" in claims.ALL_IDS
+    assert get_claim("SAMPLERS") is samplers.CLAIM
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        samplers.run(0, get_profile("quick"), optimizer="no_such_thing")
