@@ -179,6 +179,18 @@ def test_elementwise_second_moment_gives_inf_not_an_exception():
         assert checks["trajectory_model_W"].worst["error"]
 
 
+def test_a_step_that_modifies_its_input_fails():
+    def step(W, G, state, config):
+        W_new, state_new = ri.step(W, G, state, config)
+        state.m[...] = state_new.m  # in place: the caller's state changes under it
+        return W_new, state_new
+
+    variant = ri.Variant("in_place", "the real step writing m into its input", (), ri.init, step)
+    checks = _by_kind(trajectory_agreement(0, QUICK, variant, "P1"))
+    assert math.isinf(checks["trajectory_model_m"].max_ratio)
+    assert "modified its input" in checks["trajectory_model_m"].worst["error"]
+
+
 def test_whole_claim_fails_with_a_bookkeeping_mistake():
     small = Profile("test", frames=200, steps=2, long_run_steps=50, mp_dps=30, mp_samples=2)
     variant = _broken("m_hat_stored")

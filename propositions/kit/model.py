@@ -113,8 +113,8 @@ def model_step(W, G, m, v, t, config) -> ModelStep:
 
     g = tangent_part(W, G + weight_decay * W)  # 1, 2
     m_new = beta1 * m + (1.0 - beta1) * g  # 3
-    g_norm = frame_norm(g)
-    v_new = beta2 * v + (1.0 - beta2) * (g_norm**2 / (d * r))  # 4
+    mean_square = np.einsum("nij,nij->n", g, g) / (d * r)
+    v_new = beta2 * v + (1.0 - beta2) * mean_square  # 4
     t_new = int(t) + 1  # 5
     bias1, bias2 = bias_correction(beta1, t_new), bias_correction(beta2, t_new)
     m_hat = m_new / bias1
@@ -136,7 +136,7 @@ def model_step(W, G, m, v, t, config) -> ModelStep:
         sigma = np.sqrt(np.maximum(eigenvalues, 0.0))
     return ModelStep(
         W=shaped(W_plus, (d, r)), m=shaped(m_plus, (d, r)), v=shaped(v_new), t=t_new,
-        g_norm=shaped(g_norm), m_norm=shaped(frame_norm(m_new)), v_hat=shaped(v_hat),
+        g_norm=shaped(frame_norm(g)), m_norm=shaped(frame_norm(m_new)), v_hat=shaped(v_hat),
         xi_raw_norm=shaped(xi_raw_norm), xi_norm=shaped(frame_norm(xi)), clipped=shaped(clipped),
         sigma_min=shaped(sigma[:, 0]), sigma_max=shaped(sigma[:, -1]), bias1=bias1, bias2=bias2,
     )
