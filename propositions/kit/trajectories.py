@@ -62,7 +62,7 @@ The one-step bound (first order in u = 2^-53; every quantity evaluated at the mo
     constants up (3 for 2 in the polar perturbation, 2u for u in q).
     The mpmath twin (reference_impl.highprec.step_mp, exact to about 10^-dps) is compared with the
     optimizer and with the model on bare frames of a few small shapes: each is within E of the exact
-    step, plus u times the norm for rounding the twin to float64.
+    step, plus (u + 10^(2 - dps)) times the norm for rounding the twin to float64 and its own error.
 
 What would make it fail
     Any stage computed differently from SPEC.md: the bookkeeping mistakes above; a retraction that
@@ -299,8 +299,8 @@ class _Checks:
         self.twin = NumericalCheck(
             f"trajectory_highprec[{label}]",
             "W, m and v of the optimizer's step against the mpmath twin (reference_impl.highprec) at its input",
-            "One evaluation's one-step bound E_W, E_m+, E_v, plus u ||.|| for rounding the twin to float64 "
-            "and 10^(2 - dps) for the twin's own error.",
+            "One evaluation's one-step bound E_W, E_m+, E_v, plus (u + 10^(2 - dps)) ||.|| for rounding the twin "
+            "to float64 and for the twin's own error at dps digits.",
         )
         self.model_twin = NumericalCheck(
             "model_highprec",
@@ -375,10 +375,10 @@ def _compare_with_twin(checks: _Checks, W, G, state, config, out, model, bound, 
     W_mp, state_mp = highprec.step_mp(W, G, ri.StiefelAdamState(m=state.m, v=np.asarray(state.v), t=state.t), config, dps)
     W_twin, m_twin = highprec.to_float64(W_mp), highprec.to_float64(state_mp.m)
     v_twin = float(state_mp.v)
-    own = 10.0 ** (2 - dps)
-    W_bound = float(bound.W) + u * float(_frobenius(W_twin)) + own
-    m_bound = float(bound.m) + u * float(_frobenius(m_twin)) + own
-    v_bound = float(bound.v) + u * abs(v_twin) + own
+    rounding = u + 10.0 ** (2 - dps)  # the twin rounded to float64, and its own error at dps digits
+    W_bound = float(bound.W) + rounding * float(_frobenius(W_twin))
+    m_bound = float(bound.m) + rounding * float(_frobenius(m_twin))
+    v_bound = float(bound.v) + rounding * abs(v_twin)
     for check, (W_x, m_x, v_x) in ((checks.twin, out), (checks.model_twin, (model.W, model.m, model.v))):
         residuals = [float(_frobenius(W_x - W_twin)), float(_frobenius(m_x - m_twin)), abs(float(v_x) - v_twin)]
         check.add(residuals, [W_bound, m_bound, v_bound], shape=shape, key=key, seed=checks.seed,
@@ -457,6 +457,13 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
         checks.fail_all((frames,), key, shape, error)
 
 
+def _twin_plan(settings: int, profile: Profile) -> set:
+    """(setting index, shape) of the bare trajectories the mpmath twin follows: max(1, mp_samples // 2)
+    of them (1 quick, 4 default, 12 thorough), every setting before any setting twice."""
+    budget = min(max(1, profile.mp_samples // 2), settings * len(TWIN_SHAPES))
+    return {(i % settings, TWIN_SHAPES[(i + i // settings) % len(TWIN_SHAPES)]) for i in range(budget)}
+
+
 def trajectory_agreement(seed: int, profile: Profile, optimizer="stiefel_adam", claim: str | None = None) -> list[NumericalCheck]:
     """Compare the optimizer's own trajectories with the model, step by step (see the module docstring).
 
@@ -469,16 +476,14 @@ def trajectory_agreement(seed: int, profile: Profile, optimizer="stiefel_adam", 
     checks = _Checks(variant.name, seed)
     steps = max(MIN_STEPS, profile.steps)
     k = frames_per_batch(profile)
-    twins = 0
     for claim_id in claims:
         settings, shapes = CLAIM_SETTINGS[claim_id]
-        for setting in settings:
+        twins = _twin_plan(len(settings), profile) if claim_id == "P3" else set()
+        for index, setting in enumerate(settings):
             for d, r in shapes:
                 for lead in setting.leads:
                     lead = tuple(k if x == "k" else x for x in lead)
                     key = ("trajectories", claim_id, setting.name, d, r, "x".join(map(str, lead)) or "bare")
-                    twin_dps = None
-                    if claim_id == "P3" and lead == () and (d, r) in TWIN_SHAPES and twins < max(1, profile.mp_samples // 2):
-                        twin_dps, twins = profile.mp_dps, twins + 1
+                    twin_dps = profile.mp_dps if lead == () and (index, (d, r)) in twins else None
                     _run_trajectory(checks, variant, setting, d, r, lead, steps, key, twin_dps)
     return checks.list()
