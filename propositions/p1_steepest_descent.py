@@ -721,6 +721,11 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     timings["controls_s"] = time.perf_counter() - started
 
     checks = projector + minimiser + [first_step] + slopes
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    started = time.perf_counter()
+    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    timings["trajectories_s"] = time.perf_counter() - started
     return ClaimResult(
         symbolic=symbolic,
         checks=checks,

@@ -880,6 +880,9 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     power_check, n_power, power_moments = bitwise_check(seed, profile, optimizer, frames=frames // 5)
     epsilon_check, n_eps = eps_check(seed, profile, optimizer, frames=frames // 5, figure=figure_eps)
     checks = [scale_check, decay_check, power_check, epsilon_check] + scale_moments + decay_moments + [power_moments]
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
 
     controls = []
     control_profile = Profile(profile.name, max(profile.frames // 20, 64), profile.steps, profile.long_run_steps,

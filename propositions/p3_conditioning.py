@@ -705,9 +705,15 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         controls.append(ControlResult.from_checks(name, get_variant(name).description, control_checks[1:]))
     timings["controls_s"] = time.perf_counter() - started
 
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    started = time.perf_counter()
+    trajectories = trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    timings["trajectories_s"] = time.perf_counter() - started
+
     return ClaimResult(
         symbolic=symbolic,
-        checks=step + conditioning + [highprec, feasibility],
+        checks=step + conditioning + [highprec, feasibility] + trajectories,
         controls=controls,
         frames=step_frames + conditioning_frames,  # independent draws
         exact=exact,

@@ -505,6 +505,9 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
                                             transform="signed_permutation")
     bitwise, n_bitwise, fractions = sign_flip_bitwise(seed, frames // 10, profile, optimizer)
     checks = list(left.values()) + list(right.values()) + list(permutation_left.values()) + bitwise
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
 
     control_frames = max(profile.frames // 40, 32)
     controls = []

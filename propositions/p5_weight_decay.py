@@ -559,6 +559,9 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     exact = exact_checks(seed)
     manifold_checks, frames = _manifold_checks(seed, profile)
     optimizer_checks = _optimizer_checks(seed, profile, optimizer, profile.frames, "", "step")
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    optimizer_checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
     control_frames = max(1, profile.frames // CONTROL_FRACTION)
     controls = []
     for name in CONTROLS:

@@ -1,0 +1,489 @@
+"""The optimizer's own trajectories, step by step, against an independently written model.
+
+What is checked
+    The optimizer under test (a reference_impl Variant: its own init and step) runs T = max(8,
+    profile.steps) steps, from a fresh state (its init) and from warm states (a random valid state
+    with t > 0: W Haar, m tangent at W, v > 0, t in [1, 100)). At every step k the model
+    (kit.model.model_step, a second float64 statement of docs/algorithm.md that shares no code with
+    reference_impl) is fed the optimizer's own input (W_k, m_k, v_k, t_k, G_k), and its output is
+    compared with the optimizer's (W_k+1, m_k+1, v_k+1, t_k+1): W, m and v each against the one-step
+    bound below, t exactly, and the fresh state against m = 0, v = 0 (one per frame), t = 0.
+
+Why one step at a time
+    Feeding the model the optimizer's own state keeps every comparison a one-step comparison, so the
+    bound is the rounding of one step and does not depend on how the map amplifies earlier rounding
+    (the scale-free step divides by sqrt(v^) and is not uniformly Lipschitz: following two separate
+    trajectories would need a bound on that amplification, which for noise-driven steps does not
+    exist). It loses nothing: a mistake in the step shows in the first step whose input exposes it,
+    and bookkeeping mistakes (a stored m^ instead of m, m not transported, t not incremented, the
+    cap or the bias correction applied to the stored moments, v without its 1/(d r)) change the
+    state that step returns, which is compared at every step. The warm states reach t > 1 and
+    v, m unrelated to the current gradient at once; the fresh runs reach them through the
+    optimizer's own earlier steps.
+
+The one-step bound (first order in u = 2^-53; every quantity evaluated at the model's values)
+    Let n = d r, a = ||G|| + lambda ||W||, e_P = projection_error_bound(d, r) (propositions._common).
+    One float64 evaluation of the step differs from the exact step at the same float64 input by:
+      1-2  g:      E_g = (e_P + 2u) a   (G + lambda W rounds by 2u a; the projection by e_P a)
+      3    m:      E_m = (1 - beta1) E_g + 3u (beta1 ||m_in|| + (1 - beta1) ||g||)
+      4    v:      E_s = (2 ||g|| E_g + E_g^2) / n + (n + 2) u ||g||^2 / n   for ||g||^2 / n;
+                   E_v = (1 - beta2) E_s + 3u (beta2 v_in + (1 - beta2) ||g||^2 / n)
+      5    bias:   b = 1 - beta^t has relative error rho = (2 t max(1, |log beta|) beta^t / b + 2) u
+                   (beta^t to t u relative by the reference's power, or t log beta to 2 t |log beta| u
+                   by the model's expm1 route, amplified by beta^t / b); then
+                   E_m^ = (E_m + (rho1 + u) ||m||) / b1,  E_v^ = (E_v + (rho2 + u) v) / b2
+      6    xi:     q = sqrt(v^) + eps with E_q = min(E_v^ / (2 sqrt(v^)), sqrt(E_v^)) + 2u q;
+                   ||d(-lr m^ / q)|| <= (lr E_m^ + ||xi|| E_q) / (q - E_q) + 3u ||xi||.
+                   Where the exact v^ may be 0 (E_v^ >= v^) the exact xi may be 0 and the bound is
+                   lr (||m^|| + E_m^) / (q - E_q); where v^ = 0 and E_v^ = 0 the input is g = 0,
+                   v_in = 0 exactly and both steps are exactly 0. q <= E_q makes the step undefined
+                   at this rounding level (docs/algorithm.md#pitfalls: the noise-driven step): the sample is
+                   counted by the well-posed check instead of being compared.
+      7    cap:    x -> x min(1, Delta / ||x||) is the projection onto the ball, 1-Lipschitz; the
+                   computed cap rounds by (n + 4) u min(||xi||, Delta). E_xi = E_xi0 + that.
+      8    W+:     A = W + xi rounds by u ||A|| (||A|| <= ||W|| + ||xi||); the polar factor moves
+                   by at most 3 ||dA|| / sigma_lo, sigma_lo = sigma_min(A) - ||dA|| (perturbation of
+                   the polar factor, Higham, Functions of Matrices, ch. 8: 2 / sigma_min, rounded up
+                   to cover the rectangular case and the second order); the evaluation rounds by
+                   R = 5 kappa^3 sqrt(r) (n + 1) u, kappa = sigma_max / sigma_lo: for the SVD route
+                   5 kappa sqrt(r) (n + 1) u (p3_conditioning.polar_error_bound); for the Gram route
+                   fl(A^T A) errs by gamma_d r sigma_max^2, syevd by sqrt(r) n u sigma_max^2, the
+                   inverse square root's derivative is at most lambda_min^(-3/2) / 2, and V's loss of
+                   orthogonality and the product A X add 3 sqrt(r) n u kappa + r^2 u kappa: in all
+                   <= 5 kappa^3 sqrt(r) (n + 1) u. E_W = 3 (E_xi + u ||A||) / sigma_lo + R.
+           m+:     P_{W+}(m) moves by 2 ||m|| E_W with W+ and rounds by e_P ||m||:
+                   E_m+ = E_m + 2 ||m|| E_W + e_P ||m||.
+    The optimizer and the model are each within these of the exact step at the shared input, so
+    their difference is within twice them: ||W_opt - W_model|| <= 2 E_W, ||m_opt - m_model|| <=
+    2 E_m+, |v_opt - v_model| <= 2 E_v, and t must agree exactly. The constants are the ones above
+    (at most 5 times a standard rounding term), not fitted; typical residuals are far below, since
+    the bound adds worst cases. The derivatives above are evaluated at the model's values, which
+    differ from the exact ones by a relative O(n u): a second-order change, covered by rounding the
+    constants up (3 for 2 in the polar perturbation, 2u for u in q).
+    The mpmath twin (reference_impl.highprec.step_mp, exact to about 10^-dps) is compared with the
+    optimizer and with the model on bare frames of a few small shapes: each is within E of the exact
+    step, plus (u + 10^(2 - dps)) times the norm for rounding the twin to float64 and its own error.
+
+What would make it fail
+    Any stage computed differently from docs/algorithm.md: the bookkeeping mistakes above; a retraction that
+    is accurate only for small steps ((W + xi)(I - xi^T xi / 2), one Newton-Schulz iteration: their
+    error is O(||xi||^4), visible at the trust radii 0.1 to inf used here); batching mistakes
+    (statistics over the wrong axes, v shared across frames): bare (d, r) frames, one and two
+    leading axes, and per-frame gradient scales that differ across a batch; a state of the wrong
+    shape (an elementwise v), a step that raises on a valid state or modifies its input: residual inf.
+    A retraction (W + xi)(I + xi^T xi)^(-1/2) that trusts W^T W = I and W^T xi = -xi^T W is the polar
+    factor for tangent xi at an exact frame, so it is caught only where rounding leaves xi a normal
+    part that is not small against xi: noise-driven steps (G in the normal space, P2's settings)
+    and strong weight decay (P5's). Elsewhere it differs by the input's own drift, which the
+    optimizer's input check keeps below 32 (d r + 2 sqrt(r)) u, the size of the bound itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+import reference_impl as ri
+from reference_impl import StiefelAdamConfig, get_variant
+
+from .._common import NumericalCheck, Profile, projection_error_bound, rng_for, u
+from .model import ModelStep, model_step, tangent_part
+
+MIN_STEPS = 8
+RETRACTION_CONSTANT = 5.0  # R = 5 kappa^3 sqrt(r) (n + 1) u, see the module docstring
+POLAR_PERTURBATION = 3.0  # ||d polar(A)|| <= 3 ||dA|| / sigma_min
+TINY = np.finfo(np.float64).tiny
+
+
+@dataclass(frozen=True)
+class TrajectorySetting:
+    """One family of trajectories.
+
+    step_length: lr = step_length / sqrt(d r), so that the first step from a fresh state has
+    ||xi|| ~ step_length before the cap (the cap is active when step_length > trust_radius).
+    gradients: "gaussian" (per-frame scale 10^U(-1, 1)), "wide" (10^U(-30, 30)), "normal"
+    (G = W S, S symmetric: P_W(G) = 0 up to rounding) or "zero". start: "fresh" (the optimizer's
+    init) or "warm" (a random valid state, t in [1, 100)). leads: the leading axes of the batches,
+    "k" standing for the profile's frame count.
+    """
+
+    name: str
+    trust_radius: float
+    step_length: float
+    eps: float
+    gradients: str
+    start: str
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    leads: tuple = ((), ("k",))
+
+    def config(self, d: int, r: int) -> StiefelAdamConfig:
+        return StiefelAdamConfig(lr=self.step_length / math.sqrt(d * r), betas=self.betas, eps=self.eps,
+                                 trust_radius=self.trust_radius, weight_decay=self.weight_decay)
+
+
+INF = math.inf
+
+# Each claim holds the trajectories of its own setting to the model; together they cover trust radii
+# 0.1, 0.5, 1, 2 and inf, the cap active and not, fresh and warm states, bare frames, one and two
+# leading axes, r = 1 and r = d, zero and normal-only gradients, weight decay on and off.
+CLAIM_SETTINGS: dict[str, tuple[tuple[TrajectorySetting, ...], tuple[tuple[int, int], ...]]] = {
+    # steepest descent: the trust-region regimes of the step, from fresh states as in the claim
+    "P1": ((
+        TrajectorySetting("fresh_capped_0.1", 0.1, 0.4, 0.0, "gaussian", "fresh"),
+        TrajectorySetting("fresh_uncapped_0.5", 0.5, 0.05, 1e-8, "gaussian", "fresh"),
+        TrajectorySetting("warm_capped_0.5", 0.5, 1.0, 1e-8, "gaussian", "warm"),
+    ), ((2, 1), (5, 2), (4, 4), (8, 3), (16, 4))),
+    # gradient scale: 60 decades of per-frame scales with eps = 0, and the normal-space pitfall
+    # (noise-driven steps: eps > 0 from a fresh state, where v^ is rounding noise; eps = 0 from a
+    # warm state, where the stored moments carry the step)
+    "P2": ((
+        TrajectorySetting("wide_scale_fresh", 0.5, 0.3, 0.0, "wide", "fresh"),
+        TrajectorySetting("wide_scale_warm", 1.0, 20.0, 0.0, "wide", "warm"),
+        TrajectorySetting("normal_gradient_fresh", 0.5, 0.3, 1e-4, "normal", "fresh"),
+        TrajectorySetting("normal_gradient_warm", 0.5, 0.3, 0.0, "normal", "warm"),
+        TrajectorySetting("zero_gradient_fresh", 0.5, 0.3, 0.0, "zero", "fresh"),
+        TrajectorySetting("zero_gradient_warm", INF, 1.0, 0.0, "zero", "warm"),
+    ), ((3, 1), (5, 2), (3, 3), (8, 3))),
+    # conditioning: large trust radii and no cap, where cond(W + xi) is largest and a retraction
+    # accurate only for small steps is off by O(||xi||^4); square frames
+    "P3": ((
+        TrajectorySetting("fresh_capped_1", 1.0, 3.0, 1e-8, "gaussian", "fresh"),
+        TrajectorySetting("warm_capped_2", 2.0, 6.0, 1e-8, "gaussian", "warm", betas=(0.5, 0.9)),
+        TrajectorySetting("fresh_uncapped_inf", INF, 1.5, 0.0, "gaussian", "fresh"),
+        TrajectorySetting("warm_uncapped_inf", INF, 1.0, 1e-8, "gaussian", "warm"),
+    ), ((2, 2), (3, 3), (6, 6), (5, 2), (16, 4), (32, 8))),
+    # equivariance acts frame by frame: the batching of the step, with two leading axes
+    "P4": ((
+        TrajectorySetting("batched_fresh", 0.5, 1.0, 1e-8, "gaussian", "fresh", leads=((3, 2), (), (1,), ("k",))),
+        TrajectorySetting("batched_warm", 1.0, 0.5, 0.0, "gaussian", "warm", leads=((3, 2), (2, 1, 2), ())),
+    ), ((3, 1), (4, 4), (6, 3), (8, 8))),
+    # weight decay on and off, with gradients of every kind; d = r = 1, where T_W = {0} and every
+    # gradient is normal (eps > 0 or a warm state: the noise-driven step of docs/algorithm.md#pitfalls)
+    "P5": ((
+        TrajectorySetting("decay_fresh", 0.5, 1.0, 1e-8, "gaussian", "fresh", weight_decay=0.1),
+        TrajectorySetting("decay_normal_gradient_warm", 0.5, 0.5, 0.0, "normal", "warm", weight_decay=10.0),
+        TrajectorySetting("decay_zero_gradient_fresh", 0.5, 0.3, 1e-4, "zero", "fresh", weight_decay=1.0),
+        TrajectorySetting("no_decay_warm", 0.5, 1.0, 1e-8, "gaussian", "warm"),
+    ), ((1, 1), (2, 1), (4, 4), (5, 2), (12, 5))),
+}
+
+# The mpmath twin follows bare frames of P3's trajectories at these shapes (about 5 ms a step).
+TWIN_SHAPES = ((2, 2), (5, 2), (3, 3))
+
+
+def frames_per_batch(profile: Profile) -> int:
+    """The "k" of TrajectorySetting.leads: 2 (quick), 4 (default), 64 (thorough)."""
+    return max(2, min(64, profile.frames // 2500))
+
+
+# --------------------------------------------------------------------------------------------
+# The bound
+# --------------------------------------------------------------------------------------------
+
+
+def _frobenius(X: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.sum(X * X, axis=(-2, -1)))
+
+
+def bias_rounding(beta: float, t: int) -> float:
+    """Relative rounding bound of a float64 1 - beta^t (module docstring, stage 5)."""
+    if beta == 0.0:
+        return u
+    power = beta**t
+    return (2 * t * max(1.0, abs(math.log(beta))) * power / (1 - power) + 2) * u
+
+
+@dataclass
+class OneStepBound:
+    """Per-frame bounds (shape lead) on one evaluation's distance from the exact step."""
+
+    W: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    well_posed: np.ndarray
+
+
+def one_step_bound(W, G, m_in, v_in, t_in: int, config: StiefelAdamConfig, model: ModelStep) -> OneStepBound:
+    """The module docstring's bound for one float64 evaluation of the step at (W, G, m_in, v_in, t_in)."""
+    d, r = W.shape[-2:]
+    n = d * r
+    beta1, beta2 = config.betas
+    lr, eps, delta = config.lr, config.eps, config.trust_radius
+    e_P = projection_error_bound(d, r)
+    a = _frobenius(G) + config.weight_decay * _frobenius(W)
+    E_g = (e_P + 2 * u) * a
+    g = model.g_norm
+    m_norm = model.m_norm
+    E_m = (1 - beta1) * E_g + 3 * u * (beta1 * _frobenius(m_in) + (1 - beta1) * g)
+    s = g**2 / n
+    E_s = (2 * g * E_g + E_g**2) / n + (n + 2) * u * s
+    E_v = (1 - beta2) * E_s + 3 * u * (beta2 * np.asarray(v_in) + (1 - beta2) * s)
+    t = t_in + 1
+    b1, b2 = model.bias1, model.bias2
+    E_m_hat = (E_m + (bias_rounding(beta1, t) + u) * m_norm) / b1
+    E_v_hat = (E_v + (bias_rounding(beta2, t) + u) * model.v) / b2
+    v_hat = model.v_hat
+    sqrt_v_hat = np.sqrt(v_hat)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        E_sqrt = np.where(v_hat > 0, np.minimum(E_v_hat / (2 * sqrt_v_hat), np.sqrt(E_v_hat)), np.sqrt(E_v_hat))
+    q = sqrt_v_hat + eps
+    E_q = E_sqrt + 2 * u * q
+    margin = q - E_q
+    exactly_still = (v_hat == 0) & (E_v_hat == 0)
+    possibly_still = (E_v_hat >= v_hat) & ~exactly_still
+    xi_raw = model.xi_raw_norm
+    with np.errstate(divide="ignore", invalid="ignore"):
+        E_xi0 = (lr * E_m_hat + xi_raw * E_q) / margin + 3 * u * xi_raw
+        E_xi0 = np.where(possibly_still, np.maximum(E_xi0, lr * (m_norm / b1 + E_m_hat) / margin), E_xi0)
+    E_xi0 = np.where(exactly_still, 0.0, E_xi0)
+    well_posed = exactly_still | (margin > 0)
+    E_xi = E_xi0 + (0.0 if math.isinf(delta) else (n + 4) * u * np.minimum(xi_raw, delta))
+    dA = E_xi + u * (_frobenius(W) + model.xi_norm)
+    sigma_lo = model.sigma_min - dA
+    well_posed = well_posed & (sigma_lo > 0) & np.isfinite(E_xi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kappa = model.sigma_max / sigma_lo
+        E_W = POLAR_PERTURBATION * dA / sigma_lo + RETRACTION_CONSTANT * kappa**3 * math.sqrt(r) * (n + 1) * u
+    E_m_plus = E_m + 2 * m_norm * E_W + e_P * m_norm
+    # Where a bound is 0 its derivation says the step is exact (g = 0, v_in = 0 or m = 0 exactly):
+    # the smallest normal float64 keeps the bound > 0 and still asks for exact agreement.
+    return OneStepBound(W=np.maximum(E_W, TINY), m=np.maximum(E_m_plus, TINY), v=np.maximum(E_v, TINY),
+                        well_posed=well_posed)
+
+
+# --------------------------------------------------------------------------------------------
+# Running the trajectories
+# --------------------------------------------------------------------------------------------
+
+
+class _Checks:
+    """The checks of one run and the coverage they record."""
+
+    def __init__(self, label: str, seed: int):
+        self.seed = seed
+        self.W = NumericalCheck(
+            f"trajectory_model_W[{label}]",
+            "||W_opt - W_model|| after each step of the optimizer's own trajectories, the model fed the optimizer's input",
+            "Twice the one-step bound E_W of propositions/kit/trajectories.py (each float64 evaluation is within "
+            "E_W of the exact step): 3 (E_xi + u||W + xi||) / sigma_lo + 5 kappa^3 sqrt(r)(d r + 1) u, with E_xi "
+            "the rounding of g, m, v, the bias corrections, xi and the cap propagated through -lr m^/(sqrt(v^)+eps).",
+        )
+        self.m = NumericalCheck(
+            f"trajectory_model_m[{label}]",
+            "||m_opt - m_model|| for the stored (transported) first moment after each step",
+            "Twice E_m+ = E_m + 2 ||m|| E_W + e_P ||m||: the rounding of beta1 m + (1 - beta1) P_W(G~), the move of "
+            "the projector P_{W+} with W+, and the projection's own rounding.",
+        )
+        self.v = NumericalCheck(
+            f"trajectory_model_v[{label}]",
+            "|v_opt - v_model| for the stored second moment (one scalar per frame) after each step",
+            "Twice E_v = (1 - beta2) E_s + 3u (beta2 v + (1 - beta2) ||g||^2/(d r)), E_s = (2||g|| E_g + E_g^2)/(d r) "
+            "+ (d r + 2) u ||g||^2/(d r): the rounding of ||g||^2 and of g itself.",
+        )
+        self.bookkeeping = NumericalCheck(
+            f"trajectory_model_bookkeeping[{label}]",
+            "|t_opt - t_model| after each step, and the fresh state (0 when m = 0, v = 0 of shape lead, t = 0; "
+            "inf otherwise); inf when a state has the wrong shape, or the step raises on a valid state or modifies its input",
+            "Integers and exact zeros: bound 0.5 (exact agreement).",
+        )
+        self.well_posed = NumericalCheck(
+            f"trajectory_model_well_posed[{label}]",
+            "1 where the one-step bound is undefined (q = sqrt(v^) + eps not above its rounding, or "
+            "sigma_min(W + xi) not above the error of W + xi), else 0",
+            "A count: bound 0.5. The settings give the noise-driven step (G in the normal space) eps > 0 "
+            "or a warm state, so the real optimizer has no undefined step.",
+        )
+        self.twin = NumericalCheck(
+            f"trajectory_highprec[{label}]",
+            "W, m and v of the optimizer's step against the mpmath twin (reference_impl.highprec) at its input",
+            "One evaluation's one-step bound E_W, E_m+, E_v, plus (u + 10^(2 - dps)) ||.|| for rounding the twin "
+            "to float64 and for the twin's own error at dps digits.",
+        )
+        self.model_twin = NumericalCheck(
+            "model_highprec",
+            "W, m and v of the model's step against the mpmath twin at the same input (the model itself)",
+            "As trajectory_highprec: the model is one float64 evaluation, within E of the exact step.",
+        )
+        self.steps = 0
+        self.clipped = 0
+        self.leads: set = set()
+        self.trust_radii: set = set()
+
+    def fail_all(self, residual_shape, key, shape, error: str | None) -> None:
+        extra = None if error is None else {"error": error}
+        inf = np.full(residual_shape, np.inf)
+        for check in (self.W, self.m, self.v, self.bookkeeping):
+            check.add(inf, 1.0 if check is not self.bookkeeping else 0.5, shape=shape, key=key, seed=self.seed, extra=extra)
+
+    def list(self) -> list[NumericalCheck]:
+        checks = [self.W, self.m, self.v, self.bookkeeping, self.well_posed]
+        checks += [c for c in (self.twin, self.model_twin) if c.samples]
+        radii = ", ".join("inf" if math.isinf(x) else f"{x:g}" for x in sorted(self.trust_radii))
+        leads = ", ".join(str(tuple(x)) for x in sorted(self.leads, key=lambda x: (len(x), x)))
+        self.W.description += (f" ({self.steps} frame-steps, {self.clipped} with the cap active; trust radii {radii};"
+                               f" leading axes {leads})")
+        return checks
+
+
+def _state_shapes_fit(state, W) -> bool:
+    try:
+        m, v, t = state.m, state.v, state.t
+    except AttributeError:
+        return False
+    integer = isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+    return np.shape(m) == W.shape and np.shape(v) == W.shape[:-2] and integer
+
+
+def _gradient(kind: str, W: np.ndarray, scales: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    if kind == "zero":
+        return np.zeros_like(W)
+    if kind == "normal":
+        r = W.shape[-1]
+        S = rng.standard_normal(W.shape[:-2] + (r, r))
+        return (W @ (S + np.swapaxes(S, -1, -2))) * scales[..., None, None]
+    return rng.standard_normal(W.shape) * scales[..., None, None]
+
+
+def _scales(kind: str, lead: tuple, rng: np.random.Generator) -> np.ndarray:
+    low, high = (-30.0, 30.0) if kind == "wide" else (-1.0, 1.0)
+    return 10.0 ** rng.uniform(low, high, size=lead)
+
+
+def _warm_state(W: np.ndarray, scales: np.ndarray, rng: np.random.Generator) -> ri.StiefelAdamState:
+    """m tangent at W of size ~ the gradient's, v > 0 of the gradient's mean square, t in [1, 100)."""
+    d, r = W.shape[-2:]
+    lead = W.shape[:-2]
+    flat = W.reshape(-1, d, r)
+    m = tangent_part(flat, rng.standard_normal(flat.shape)).reshape(W.shape) * (0.5 * scales)[..., None, None]
+    v = np.asarray(scales**2 * rng.uniform(0.25, 4.0, size=lead), dtype=np.float64)
+    return ri.StiefelAdamState(m=m, v=v, t=int(rng.integers(1, 100)))
+
+
+def _fresh_state_residual(state, W) -> float:
+    if not _state_shapes_fit(state, W):
+        return math.inf
+    fresh = np.all(np.asarray(state.m) == 0) and np.all(np.asarray(state.v) == 0) and state.t == 0
+    return 0.0 if fresh else math.inf
+
+
+def _compare_with_twin(checks: _Checks, W, G, state, config, out, model, bound, dps, key, shape):
+    from reference_impl import highprec
+
+    W_mp, state_mp = highprec.step_mp(W, G, ri.StiefelAdamState(m=state.m, v=np.asarray(state.v), t=state.t), config, dps)
+    W_twin, m_twin = highprec.to_float64(W_mp), highprec.to_float64(state_mp.m)
+    v_twin = float(state_mp.v)
+    rounding = u + 10.0 ** (2 - dps)  # the twin rounded to float64, and its own error at dps digits
+    W_bound = float(bound.W) + rounding * float(_frobenius(W_twin))
+    m_bound = float(bound.m) + rounding * float(_frobenius(m_twin))
+    v_bound = float(bound.v) + rounding * abs(v_twin)
+    for check, (W_x, m_x, v_x) in ((checks.twin, out), (checks.model_twin, (model.W, model.m, model.v))):
+        residuals = [float(_frobenius(W_x - W_twin)), float(_frobenius(m_x - m_twin)), abs(float(v_x) - v_twin)]
+        check.add(residuals, [W_bound, m_bound, v_bound], shape=shape, key=key, seed=checks.seed,
+                  extra={"quantities": ["W", "m", "v"]})
+
+
+def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int, r: int, lead: tuple,
+                    steps: int, key: tuple, twin_dps: int | None) -> None:
+    """One batch of trajectories; its samples are added once, in the order (step, frame)."""
+    rng = rng_for(checks.seed, *key)
+    config = setting.config(d, r)
+    shape = (d, r)
+    W = ri.random_point(d, r, rng, lead)
+    scales = _scales(setting.gradients, lead, rng)
+    frames = int(np.prod(lead, dtype=np.int64))
+    checks.leads.add(lead)
+    checks.trust_radii.add(setting.trust_radius)
+    extra = {"setting": setting.name, "start": setting.start, "gradients": setting.gradients, "lead": list(lead),
+             "lr": config.lr, "betas": list(config.betas), "eps": config.eps, "trust_radius": config.trust_radius,
+             "weight_decay": config.weight_decay, "index_layout": "(step - 1) * frames + frame"}
+    collected = {name: ([], []) for name in ("W", "m", "v", "bookkeeping", "well_posed")}
+    error = None
+    if setting.start == "fresh":
+        try:
+            state = variant.init(W)
+            if not _state_shapes_fit(state, W):
+                error = "init returned a state of the wrong shape"
+            checks.bookkeeping.add([_fresh_state_residual(state, W)], 0.5, shape=shape, key=key, seed=checks.seed,
+                                   extra={**extra, "index_layout": "the fresh state"})
+        except (ValueError, ArithmeticError) as exception:
+            error = f"init raised {type(exception).__name__}: {exception}"
+    else:
+        state = _warm_state(W, scales, rng)
+    for k in range(0 if error else steps):
+        G = _gradient(setting.gradients, W, scales, rng)
+        inputs = [np.array(x, copy=True) for x in (W, G, state.m, state.v)]
+        try:
+            with np.errstate(all="ignore"):
+                W_new, state_new = variant.step(W, G, state, config)
+        except (ValueError, ArithmeticError) as exception:
+            error = f"step {k + 1} raised {type(exception).__name__}: {exception}"
+            break
+        if not all(np.array_equal(x, y) for x, y in zip(inputs, (W, G, state.m, state.v))):
+            error = f"step {k + 1} modified its input (docs/algorithm.md: inputs are never modified)"
+            break
+        if np.shape(W_new) != W.shape or not _state_shapes_fit(state_new, W):
+            error = f"step {k + 1} returned a frame or state of the wrong shape"
+            break
+        with np.errstate(all="ignore"):
+            model = model_step(W, G, state.m, state.v, state.t, config)
+            bound = one_step_bound(W, G, state.m, state.v, state.t, config, model)
+            posed = np.broadcast_to(bound.well_posed, lead).ravel()
+            residuals = {
+                "W": _frobenius(np.asarray(W_new) - model.W),
+                "m": _frobenius(np.asarray(state_new.m) - model.m),
+                "v": np.abs(np.asarray(state_new.v, dtype=np.float64) - model.v),
+            }
+        for name, residual in residuals.items():
+            # steps whose bound is undefined are counted by _well_posed, not compared
+            collected[name][0].append(np.where(posed, np.ravel(residual), 0.0))
+            collected[name][1].append(np.where(posed, np.ravel(2 * getattr(bound, name)), 1.0))
+        collected["bookkeeping"][0].append(np.full(frames, float(abs(int(state_new.t) - model.t))))
+        collected["well_posed"][0].append(np.where(posed, 0.0, 1.0))
+        checks.steps += frames
+        checks.clipped += int(np.count_nonzero(model.clipped))
+        if twin_dps is not None and bool(np.all(posed)):
+            _compare_with_twin(checks, W, G, state, config, (W_new, state_new.m, state_new.v), model, bound,
+                               twin_dps, key + (k,), shape)
+        W, state = np.asarray(W_new), state_new
+    for name, (residuals, bounds) in collected.items():
+        if residuals:
+            check = getattr(checks, name)
+            check.add(np.concatenate(residuals), np.concatenate(bounds) if bounds else 0.5,
+                      shape=shape, key=key, seed=checks.seed, extra=extra)
+    if error is not None:
+        checks.fail_all((frames,), key, shape, error)
+
+
+def _twin_plan(settings: int, profile: Profile) -> set:
+    """(setting index, shape) of the bare trajectories the mpmath twin follows: max(1, mp_samples // 2)
+    of them (1 quick, 4 default, 12 thorough), every setting before any setting twice."""
+    budget = min(max(1, profile.mp_samples // 2), settings * len(TWIN_SHAPES))
+    return {(i % settings, TWIN_SHAPES[(i + i // settings) % len(TWIN_SHAPES)]) for i in range(budget)}
+
+
+def trajectory_agreement(seed: int, profile: Profile, optimizer="stiefel_adam", claim: str | None = None) -> list[NumericalCheck]:
+    """Compare the optimizer's own trajectories with the model, step by step (see the module docstring).
+
+    optimizer: a reference_impl.VARIANTS name or a Variant. claim: "P1".."P5" runs that claim's
+    settings (CLAIM_SETTINGS), None runs all of them. Returns the checks trajectory_model_W, _m, _v,
+    _bookkeeping, _well_posed, and for P3 trajectory_highprec and model_highprec.
+    """
+    variant = get_variant(optimizer)
+    claims = tuple(CLAIM_SETTINGS) if claim is None else (claim,)
+    checks = _Checks(variant.name, seed)
+    steps = max(MIN_STEPS, profile.steps)
+    k = frames_per_batch(profile)
+    for claim_id in claims:
+        settings, shapes = CLAIM_SETTINGS[claim_id]
+        twins = _twin_plan(len(settings), profile) if claim_id == "P3" else set()
+        for index, setting in enumerate(settings):
+            for d, r in shapes:
+                for lead in setting.leads:
+                    lead = tuple(k if x == "k" else x for x in lead)
+                    key = ("trajectories", claim_id, setting.name, d, r, "x".join(map(str, lead)) or "bare")
+                    twin_dps = profile.mp_dps if lead == () and (index, (d, r)) in twins else None
+                    _run_trajectory(checks, variant, setting, d, r, lead, steps, key, twin_dps)
+    return checks.list()
