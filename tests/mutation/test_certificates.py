@@ -26,7 +26,9 @@ those into its own tree, and nothing here may reach a copy of the code that is n
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+import inspect
 import sys
 import warnings
 from pathlib import Path
@@ -107,15 +109,58 @@ def install_memos() -> dict[str, object]:
     return installed
 
 
-@pytest.fixture(scope="session")
-def memoised_claims():
-    """The memos, installed only when the kill suite runs (never in the default session)."""
-    return install_memos()
+def _is_default(default, value) -> bool:
+    if default is value:
+        return True
+    return isinstance(value, (str, int, float, bool)) and type(default) is type(value) and default == value
+
+
+def rebuild_variants() -> list[str]:
+    """Build the registered optimizer variants again, with whatever code is active now.
+
+    reference_impl.VARIANTS is filled when reference_impl.controls is imported: the controls that
+    swap one stage of the step are closures made by a factory (`_riemannian_step(gradient_map,
+    second_moment=..., retraction=...)`). The mutation tool imports the reference once, before any
+    mutant is switched on, so a mutant of the factory would never reach a certificate. Here every
+    such closure is made again by calling its factory (the trampoline under the tool) with the
+    arguments that differ from the factory's defaults, as the registry's calls pass them, and the
+    variant is replaced in the registry in place. Returns the names rebuilt.
+    """
+    from reference_impl import VARIANTS
+
+    rebuilt = []
+    for name, variant in list(VARIANTS.items()):
+        step = variant.step
+        if not step.__closure__ or ".<locals>." not in step.__qualname__:
+            continue
+        factory_name = step.__qualname__.split(".<locals>.")[0]
+        if factory_name.startswith("x_") and "__mutmut_" in factory_name:  # the tool's copy of the original
+            factory_name = factory_name[2:].rpartition("__mutmut_")[0]
+        factory = getattr(sys.modules[step.__module__], factory_name, None)
+        if not callable(factory):
+            continue
+        parameters = inspect.signature(factory).parameters
+        cells = dict(zip(step.__code__.co_freevars, (cell.cell_contents for cell in step.__closure__)))
+        if not set(cells) <= set(parameters):
+            continue
+        arguments = {key: value for key, value in cells.items() if not _is_default(parameters[key].default, value)}
+        VARIANTS[name] = dataclasses.replace(variant, step=factory(**arguments))
+        rebuilt.append(name)
+    return rebuilt
+
+
+@pytest.fixture
+def code_under_test():
+    """Before every certificate: the memos (installed once; never in the default session, which
+    deselects these tests) and the variants rebuilt with the active code. Function-scoped, so that
+    the tool attributes the factory to every certificate, each of which may use a control."""
+    install_memos()
+    rebuild_variants()
 
 
 @pytest.mark.mutation
 @pytest.mark.parametrize("claim_id", propositions.CLAIM_IDS)
-def test_certificate_passes(claim_id, memoised_claims):
+def test_certificate_passes(claim_id, code_under_test):
     result = propositions.get_claim(claim_id).run(SEED, MUTATION_PROFILE)
     assert result.verdict == "pass", f"{claim_id}: {result.verdict}: " + "; ".join(result.failures() + result.inconclusive)
 
@@ -143,3 +188,40 @@ def test_the_memo_check_sees_a_call_into_the_reference():
         pytest.skip("a tracer is active or coverage.py is missing: the memos are off here")
     assert reaching.reaches_reference == [True] and independent.reaches_reference == [False]
     assert len(calls) == 3  # reaches() ran twice, pure() once
+
+
+def test_rebuilding_the_variants_calls_the_factory_as_the_registry_does(monkeypatch):
+    """A control rebuilt from its factory computes what the registered one does; and a changed
+    factory reaches the registry (the point of rebuilding), with the registry's arguments."""
+    import numpy as np
+
+    import reference_impl
+    from reference_impl import controls
+
+    for name in list(reference_impl.VARIANTS):
+        monkeypatch.setitem(reference_impl.VARIANTS, name, reference_impl.VARIANTS[name])
+    originals = dict(reference_impl.VARIANTS)
+    rebuilt = rebuild_variants()
+    assert set(rebuilt) == {"elementwise_second_moment", "qr_retraction", "projection_without_sym", "unprojected_decay", "canonical_metric_gradient"}
+    rng = np.random.default_rng(0)
+    W = reference_impl.random_point(5, 3, rng)
+    G = rng.standard_normal(W.shape)
+    config = reference_impl.StiefelAdamConfig(lr=0.1)
+    for name in rebuilt:
+        variant, original = reference_impl.VARIANTS[name], originals[name]
+        assert variant.step is not original.step
+        W_new, _ = variant.step(W, G, variant.init(W), config)
+        W_old, _ = original.step(W, G, original.init(W), config)
+        assert np.array_equal(W_new, W_old), name
+
+    calls = []
+
+    def changed_factory(gradient_map, second_moment="scalar", retraction="polar"):
+        calls.append((second_moment, retraction))
+        return lambda W, G, state, config: (W, state)
+
+    monkeypatch.setattr(controls, "_riemannian_step", changed_factory)
+    rebuild_variants()
+    assert sorted(calls) == sorted([("elementwise", "polar"), ("scalar", "qr"), ("scalar", "polar"), ("scalar", "polar"), ("scalar", "polar")])
+    W_same, _ = reference_impl.VARIANTS["qr_retraction"].step(W, G, None, config)
+    assert W_same is W
