@@ -6,7 +6,7 @@
     certify crosscheck [--device cpu|cuda] [--dtype float64|float32|bfloat16] [--out DIR] [--seed S] [--profile P]
     certify verify FILE...
     certify cite FILE
-    certify mutate [--out DIR] [--max-children N] [--resume | --report-only]
+    certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
 
 Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     keep = mutate.add_mutually_exclusive_group()
     keep.add_argument("--resume", action="store_true", help="keep mutants/ of an earlier run and test only the mutants without a result")
     keep.add_argument("--report-only", action="store_true", help="write the reports from the results in mutants/ without testing mutants")
+    mutate.add_argument("--only", action="append", default=[], metavar="PATTERN", help="test (again) only the mutants whose name matches (fnmatch, e.g. 'reference_impl.adam.x_step*'); the others keep their results")
     return parser
 
 
@@ -378,9 +379,11 @@ def command_mutate(args, out: _Output, command: str) -> int:
 
     from certify import mutation
 
+    if args.report_only and args.only:
+        raise UsageError("--only tests mutants, --report-only tests none: give one of them")
     out_dir = _out_dir(args.out)
     try:
-        summary = mutation.mutate(max_children=args.max_children or os.cpu_count() or 1, resume=args.resume, report_only=args.report_only, command=command, progress=out.line)
+        summary = mutation.mutate(max_children=args.max_children or os.cpu_count() or 1, resume=args.resume, report_only=args.report_only, command=command, progress=out.line, only=args.only)
     except mutation.MissingTool as error:
         raise UsageError(str(error)) from None
     except (mutation.MutationError, OSError) as error:
@@ -393,7 +396,7 @@ def command_mutate(args, out: _Output, command: str) -> int:
     totals, classes = summary["totals"], summary["survivor_classes"]
     out.table(["module", "killed", "survived", "timeout", "suspicious", "other", "total"], [[name, *(c[k] for k in ("killed", "survived", "timeout", "suspicious", "other", "total"))] for name, c in summary["modules"].items()], title="mutants")
     score = "-" if totals["score"] is None else f"{100 * totals['score']:.1f}%"
-    out.line(f"score {totals['killed']}/{totals['total']} = {score}; not killed: {classes['equivalent']} equivalent, {classes['validation']} validation, {classes['gap']} gap, {classes['unclassified']} unclassified")
+    out.line(f"score {totals['killed']}/{totals['total']} = {score}; not killed: {classes['equivalent']} equivalent, {classes['validation']} validation, {classes['control']} control, {classes['gap']} gap, {classes['unclassified']} unclassified")
     out.line(f"report: {md_path} and {json_path}")
     return 0 if not mutation.unexplained(summary) else 1
 

@@ -33,6 +33,9 @@ classes:
   (the reason says why);
 * validation: the mutant weakens or rewords an input check; the certificates run on valid input
   by construction, so input validation is out of their scope (tests/test_validation.py covers it);
+* control: the mutant changes one of the deliberately broken variants (reference_impl.controls),
+  which stays broken and is still detected by the claims that run it, so the certificates are
+  right to pass;
 * gap: the mutant changes what is computed and no certificate notices; the reason says what a
   certificate would need to kill it.
 
@@ -66,8 +69,8 @@ RUN_RECORD = "certify-mutate-run.json"  # inside mutants/: timing of the last ru
 LOG_NAME = "certify-mutate.log"  # inside mutants/: mutmut's own output
 KILL_SUITE = "tests/mutation"
 
-CLASSES = ("equivalent", "validation", "gap")
-EXPLAINED = ("equivalent", "validation")  # a survivor of these classes is not a weakness of the certificates
+CLASSES = ("equivalent", "validation", "control", "gap")
+EXPLAINED = ("equivalent", "validation", "control")  # a survivor of these classes is not a weakness of the certificates
 COUNTED = ("killed", "survived", "timeout", "suspicious")  # every other mutmut status is "other"
 NOT_MUTATED = {
     "reference_impl/highprec.py": "independent model (mpmath twin) the reference is held to in P3",
@@ -119,18 +122,21 @@ def _thread_environment() -> dict:
     return environment
 
 
-def run_mutmut(root: Path, max_children: int, fresh: bool, progress: Callable[[str], None], every_seconds: float = 30.0) -> dict:
+def run_mutmut(root: Path, max_children: int, fresh: bool, progress: Callable[[str], None], every_seconds: float = 30.0,
+               only: list[str] = ()) -> dict:
     """Run `mutmut run` in root; returns the run record (wall seconds, children, mutants run).
 
     fresh=True starts from a new mutants/ tree; otherwise mutmut keeps the results it has and
-    tests only the mutants without one (and those of functions that changed).
+    tests only the mutants without one (and those of functions that changed). only: mutant name
+    patterns (fnmatch, e.g. 'reference_impl.adam.x_step*'); those are tested again, the others
+    keep their results.
     """
     mutants = root / "mutants"
     if fresh and mutants.exists():
         shutil.rmtree(mutants)
     mutants.mkdir(exist_ok=True)
     log_path = mutants / LOG_NAME
-    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *only]
     started = time.perf_counter()
     last_report = started
     tail = ""
@@ -155,7 +161,7 @@ def run_mutmut(root: Path, max_children: int, fresh: bool, progress: Callable[[s
         raise MutationError(f"mutmut run exited with code {returncode} ({last[-1] if last else 'no output'}); its output is in {log_path}")
     final = progress_line(tail)
     tested = int(PROGRESS.findall(tail)[-1][0]) if PROGRESS.findall(tail) else None
-    record = {"wall_seconds": wall, "max_children": max_children, "mutants_tested": tested, "fresh": fresh, "last_progress": final}
+    record = {"wall_seconds": wall, "max_children": max_children, "mutants_tested": tested, "fresh": fresh, "only": list(only), "last_progress": final}
     (mutants / RUN_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
     return record
 
@@ -454,8 +460,9 @@ def render_markdown(summary: dict) -> str:
     classes = summary["survivor_classes"]
     lines += [
         f"{sum(classes.values())} in all: {classes['equivalent']} equivalent (compute the same thing), {classes['validation']} validation "
-        f"(input checks: out of the certificates' scope, covered by tests/test_validation.py), {classes['gap']} gap (the certificates miss a "
-        f"change in what is computed), {classes['unclassified']} unclassified.",
+        f"(input checks: out of the certificates' scope, covered by tests/test_validation.py), {classes['control']} control (a broken "
+        f"variant changed, still broken and detected), {classes['gap']} gap (the certificates miss a change in what is computed), "
+        f"{classes['unclassified']} unclassified.",
         "",
         "Reasons live in certify/mutation_equivalent.json, keyed by the `key` of the mutant in mutation.json "
         "(file | function | old line -> new line), so they survive a re-run.",
@@ -513,15 +520,18 @@ def unexplained(summary: dict) -> list[dict]:
 
 
 def mutate(*, max_children: int, resume: bool, report_only: bool, command: str,
-           progress: Callable[[str], None], root: Path | None = None) -> dict:
-    """Run mutmut over reference_impl (unless report_only), write the reports; returns the summary."""
+           progress: Callable[[str], None], root: Path | None = None, only: list[str] = ()) -> dict:
+    """Run mutmut over reference_impl (unless report_only); returns the summary for the reports.
+
+    only: mutant name patterns to test (again); implies resume for all the others.
+    """
     require_mutmut()
     root = project_root() if root is None else Path(root)
     settings = mutmut_settings(root)
     run_record = None
     if not report_only:
         progress(f"mutating reference_impl with mutmut {MUTMUT_VERSION}, {max_children} children; mutmut's output: {root / 'mutants' / LOG_NAME}")
-        run_record = run_mutmut(root, max_children, fresh=not resume, progress=progress)
+        run_record = run_mutmut(root, max_children, fresh=not (resume or only), progress=progress, only=list(only))
     else:
         try:
             run_record = json.loads((root / "mutants" / RUN_RECORD).read_text(encoding="utf-8"))

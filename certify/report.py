@@ -436,8 +436,9 @@ def mutation_section(out_dir: Path) -> str:
             f"{totals['killed']} of {totals['total']} mutants of reference_impl make some certificate fail: score {score} "
             f"({summary.get('tool', 'mutmut')}, {summary.get('written', 'date unknown')}). Not killed: {totals['survived']} survived, "
             f"{totals['timeout']} timeout, {totals['suspicious']} suspicious, {totals['other']} other; of these {classes['equivalent']} "
-            f"equivalent, {classes['validation']} input validation (out of the certificates' scope), {classes['gap']} gaps of the "
-            f"certificates, {classes['unclassified']} unclassified. Every mutant not killed is listed in MUTATION.md."
+            f"equivalent, {classes['validation']} input validation (out of the certificates' scope), {classes.get('control', 0)} changed "
+            f"controls (still broken and detected), {classes['gap']} gaps of the certificates, {classes['unclassified']} unclassified. "
+            "Every mutant not killed is listed in MUTATION.md."
         )
     except (OSError, ValueError, KeyError, TypeError) as error:
         text = f"{path.name} could not be read ({type(error).__name__}: {error}); run `certify mutate --report-only` to write it again."

@@ -51,7 +51,7 @@ def test_the_summary_counts_per_module_and_scores_killed_over_total(tmp_path):
     assert summary["totals"] == {"killed": 3, "survived": 2, "timeout": 1, "suspicious": 1, "other": 0, "total": 7, "score": 3 / 7}
     assert summary["modules"]["reference_impl/adam.py"]["killed"] == 2 and summary["modules"]["reference_impl/adam.py"]["total"] == 4
     assert summary["modules"]["reference_impl/manifold.py"]["suspicious"] == 1
-    assert summary["survivor_classes"] == {"equivalent": 1, "validation": 1, "gap": 0, "unclassified": 2}
+    assert summary["survivor_classes"] == {"equivalent": 1, "validation": 1, "control": 0, "gap": 0, "unclassified": 2}
     assert summary["timing"]["seconds_per_mutant"] == pytest.approx(10.0)
     # the unexplained survivor (suspicious sym) makes the command exit 1; the timeout does not
     assert [m["function"] for m in mutation.unexplained(summary)] == ["sym"]
@@ -126,6 +126,37 @@ def test_certify_mutate_without_mutmut_is_a_usage_error(tmp_path, monkeypatch, c
     assert error.startswith("certify: error: certify mutate needs mutmut") and "\n" not in error
 
 
-def test_certify_mutate_rejects_a_bad_child_count(capsys):
+def test_certify_mutate_rejects_a_bad_child_count_and_contradictory_options(capsys):
     assert cli.main(["mutate", "--max-children", "0"]) == 2
     assert "positive integer" in capsys.readouterr().err
+    assert cli.main(["mutate", "--report-only", "--only", "reference_impl.adam.*"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_run_mutmut_passes_the_options_logs_the_output_and_reports_progress(tmp_path, monkeypatch):
+    seen = {}
+    output = "Running mutation testing\r⠋ 1/3  🎉 1 🫥 0  ⏰ 0  🤔 0  🙁 0  🔇 0  🧙 0\r⠙ 3/3  🎉 2 🫥 0  ⏰ 0  🤔 0  🙁 1  🔇 0  🧙 0\n".encode()
+
+    class FakeProcess:
+        def __init__(self, command, cwd, stdout, stderr, env):
+            seen.update(command=command, cwd=cwd, threads=env["OMP_NUM_THREADS"])
+            import io
+
+            self.stdout = io.BufferedReader(io.BytesIO(output))
+
+        def wait(self):
+            return seen.get("returncode", 0)
+
+    monkeypatch.setattr(mutation.subprocess, "Popen", FakeProcess)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    lines = []
+    record = mutation.run_mutmut(tmp_path, 3, fresh=True, progress=lines.append, every_seconds=0.0, only=["reference_impl.adam.x_step*"])
+    assert seen["command"][-4:] == ["run", "--max-children", "3", "reference_impl.adam.x_step*"] and seen["cwd"] == tmp_path
+    assert seen["threads"] == "1"
+    assert record["mutants_tested"] == 3 and record["last_progress"].startswith("3/3 mutants: 2 killed, 1 survived")
+    assert lines and lines[-1].startswith("3/3 mutants")
+    assert (tmp_path / "mutants" / mutation.LOG_NAME).read_bytes() == output
+    assert json.loads((tmp_path / "mutants" / mutation.RUN_RECORD).read_text())["max_children"] == 3
+    seen["returncode"] = 1
+    with pytest.raises(mutation.MutationError, match="mutmut run exited with code 1"):
+        mutation.run_mutmut(tmp_path, 3, fresh=False, progress=lines.append)
