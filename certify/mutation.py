@@ -72,6 +72,7 @@ KILL_SUITE = "tests/mutation"
 CLASSES = ("equivalent", "validation", "control", "gap")
 EXPLAINED = ("equivalent", "validation", "control")  # a survivor of these classes is not a weakness of the certificates
 COUNTED = ("killed", "survived", "timeout", "suspicious")  # every other mutmut status is "other"
+NOT_TESTED = "not checked"  # mutmut's status of a mutant an interrupted run did not reach
 NOT_MUTATED = {
     "reference_impl/highprec.py": "independent model (mpmath twin) the reference is held to in P3",
     "reference_impl/exact.py": "independent model (exact rational arithmetic) of the exact tiers of P4 and P5",
@@ -135,11 +136,13 @@ def run_mutmut(root: Path, max_children: int, fresh: bool, progress: Callable[[s
     if fresh and mutants.exists():
         shutil.rmtree(mutants)
     mutants.mkdir(exist_ok=True)
+    before = result_snapshot(root)
     log_path = mutants / LOG_NAME
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *only]
     started = time.perf_counter()
     last_report = started
     tail = ""
+    final = None
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_thread_environment())
         while True:
@@ -148,22 +151,35 @@ def run_mutmut(root: Path, max_children: int, fresh: bool, progress: Callable[[s
                 break
             log.write(chunk)
             tail = (tail + chunk.decode("utf-8", "replace"))[-4000:]
+            final = progress_line(tail) or final
             now = time.perf_counter()
-            if now - last_report >= every_seconds:
+            if now - last_report >= every_seconds and final:
                 last_report = now
-                state = progress_line(tail)
-                if state:
-                    progress(f"{state} ({now - started:.0f} s)")
+                progress(f"{final} ({now - started:.0f} s)")
         returncode = process.wait()
     wall = time.perf_counter() - started
     if returncode != 0:
         last = [line.strip() for line in re.split(r"[\r\n]", tail) if line.strip()]
         raise MutationError(f"mutmut run exited with code {returncode} ({last[-1] if last else 'no output'}); its output is in {log_path}")
-    final = progress_line(tail)
-    tested = int(PROGRESS.findall(tail)[-1][0]) if PROGRESS.findall(tail) else None
+    after = result_snapshot(root)
+    tested = sum(1 for name, result in after.items() if result[0] is not None and before.get(name) != result)
     record = {"wall_seconds": wall, "max_children": max_children, "mutants_tested": tested, "fresh": fresh, "only": list(only), "last_progress": final}
     (mutants / RUN_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
     return record
+
+
+def result_snapshot(root: Path) -> dict[str, tuple]:
+    """{mutant name: (exit code, duration)} from mutmut's .meta files under root/mutants."""
+    snapshot = {}
+    for meta in (root / "mutants").rglob("*.py.meta"):
+        try:
+            data = json.loads(meta.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        durations = data.get("durations_by_key", {})
+        for name, exit_code in data.get("exit_code_by_key", {}).items():
+            snapshot[name] = (exit_code, durations.get(name))
+    return snapshot
 
 
 def progress_line(text: str) -> str | None:
@@ -240,7 +256,7 @@ def read_results(root: Path) -> list[dict]:
                 module, function, number = split_mutant_name(name)
                 entry = {"name": name, "file": str(path), "function": function, "number": number, "status": status,
                          "seconds": data.durations_by_key.get(name)}
-                if status != "killed":
+                if status not in ("killed", NOT_TESTED):
                     entry["old"], entry["new"] = diff_line(get_diff_for_mutant(name, path=path))
                 mutants.append(entry)
     mutants.sort(key=lambda m: (m["file"], m["function"], m["number"]))
@@ -339,7 +355,7 @@ def classify(mutants: list[dict], classifications: dict[str, dict]) -> None:
     """
     seen: Counter = Counter()
     for mutant in mutants:
-        if mutant["status"] == "killed":
+        if mutant["status"] in ("killed", NOT_TESTED):
             continue
         key = stable_key(mutant["file"], mutant["function"], mutant["old"], mutant["new"])
         seen[key] += 1
@@ -352,24 +368,37 @@ def classify(mutants: list[dict], classifications: dict[str, dict]) -> None:
 
 
 def _counts(mutants: list[dict]) -> dict:
-    statuses = Counter(m["status"] if m["status"] in COUNTED else "other" for m in mutants)
+    """Counts by status; total and score cover the tested mutants ("not tested" is apart)."""
+    tested = [m for m in mutants if m["status"] != NOT_TESTED]
+    statuses = Counter(m["status"] if m["status"] in COUNTED else "other" for m in tested)
     counts = {status: statuses.get(status, 0) for status in COUNTED + ("other",)}
-    counts["total"] = len(mutants)
-    counts["score"] = counts["killed"] / len(mutants) if mutants else None
+    counts["total"] = len(tested)
+    counts["score"] = counts["killed"] / len(tested) if tested else None
+    counts["not_tested"] = len(mutants) - len(tested)
     return counts
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def summarize(mutants: list[dict], *, settings: dict, run_record: dict | None, suite_seconds: dict[str, float],
               unexecuted: dict[str, list[dict]], command: str) -> dict:
     """The content of mutation.json."""
     files = sorted({m["file"] for m in mutants} | set(unexecuted))
-    survivors = [m for m in mutants if m["status"] != "killed"]
+    survivors = [m for m in mutants if m["status"] not in ("killed", NOT_TESTED)]
     classes = Counter(m["class"] for m in survivors)
     timing = dict(run_record or {})
     tested = timing.get("mutants_tested")
     if timing.get("wall_seconds") and tested:
         timing["seconds_per_mutant"] = timing["wall_seconds"] / tested
     timing["kill_suite_seconds"] = suite_seconds
+    timing["median_seconds_killed"] = _median([m["seconds"] for m in mutants if m["status"] == "killed"])
+    timing["median_seconds_survived"] = _median([m["seconds"] for m in mutants if m["status"] == "survived"])
     return {
         "tool": f"mutmut {MUTMUT_VERSION}",
         "command": command,
@@ -420,8 +449,17 @@ def render_markdown(summary: dict) -> str:
         f"Written {summary['written']} by `{summary['command']}` ({summary['tool']}).",
         "",
         f"**Score: {totals['killed']} killed of {totals['total']} mutants = {_percent(totals['score'])}** "
-        f"({totals['survived']} survived, {totals['timeout']} timeout, {totals['suspicious']} suspicious, {totals['other']} other).",
+        f"({totals['survived']} survived, {totals['timeout']} timeout, {totals['suspicious']} suspicious, {totals['other']} other"
+        f" such as 'no tests': no certificate calls the function).",
         "",
+    ]
+    if totals.get("not_tested"):
+        lines += [
+            f"**Incomplete: {totals['not_tested']} mutants were not tested** (an interrupted run); the score covers the "
+            f"{totals['total']} tested. `certify mutate --resume` tests the rest.",
+            "",
+        ]
+    lines += [
         "A mutant is one small change to reference_impl (an operator, a constant, an argument). It is "
         f"killed when some certificate P1..P6 of the kill suite `{summary['scope']['kill_suite']}` (every claim at a "
         "small profile) does not pass or raises. Not mutated: "
@@ -433,8 +471,15 @@ def render_markdown(summary: dict) -> str:
         "",
     ]
     header = ["module", "killed", "survived", "timeout", "suspicious", "other", "total", "score"]
-    rows = [[name, c["killed"], c["survived"], c["timeout"], c["suspicious"], c["other"], c["total"], _percent(c["score"])] for name, c in summary["modules"].items()]
-    rows.append(["**all**", totals["killed"], totals["survived"], totals["timeout"], totals["suspicious"], totals["other"], totals["total"], _percent(totals["score"])])
+    incomplete = bool(totals.get("not_tested"))
+    if incomplete:
+        header.append("not tested")
+
+    def row(name, c):
+        cells = [name, c["killed"], c["survived"], c["timeout"], c["suspicious"], c["other"], c["total"], _percent(c["score"])]
+        return cells + [c.get("not_tested", 0)] if incomplete else cells
+
+    rows = [row(name, c) for name, c in summary["modules"].items()] + [row("**all**", totals)]
     lines += _table(header, rows) + [""]
 
     timing = summary["timing"]
@@ -448,9 +493,15 @@ def render_markdown(summary: dict) -> str:
         ]
     else:
         lines += ["No timing: the report was written from results of an earlier run."]
+    medians = [f"{timing[key]:.2f} s per {what} mutant" for key, what in (("median_seconds_killed", "killed"), ("median_seconds_survived", "surviving"))
+               if timing.get(key) is not None]
+    if medians:
+        lines += ["", "Median wall time of one mutant's tests in its fork: " + ", ".join(medians)
+                  + " (a survivor runs every certificate that reaches the mutated function; a kill stops at the first failing one)."]
     suite = timing.get("kill_suite_seconds") or {}
     if suite:
-        lines += ["", "Kill suite, one run before forking (s): " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in sorted(suite.items())) + f"; {sum(suite.values()):.2f} in all."]
+        lines += ["", "Kill suite, the one cold run every fork starts from (imports, first evaluation of the memoised symbolic and exact "
+                  "tiers), s: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in sorted(suite.items())) + f"; {sum(suite.values()):.2f} in all."]
     settings = summary["settings"]
     if settings:
         lines += ["", f"Per-mutant limit: (estimated time of its tests + {settings.get('timeout_constant')} s) x {settings.get('timeout_multiplier')} wall, twice that in CPU time."]

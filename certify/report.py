@@ -433,13 +433,15 @@ def mutation_section(out_dir: Path) -> str:
         totals, classes = summary["totals"], summary["survivor_classes"]
         score = f"{100 * totals['score']:.1f}%" if isinstance(totals.get("score"), (int, float)) else "-"
         text = (
-            f"{totals['killed']} of {totals['total']} mutants of reference_impl make some certificate fail: score {score} "
+            f"{totals['killed']} of {totals['total']} tested mutants of reference_impl make some certificate fail: score {score} "
             f"({summary.get('tool', 'mutmut')}, {summary.get('written', 'date unknown')}). Not killed: {totals['survived']} survived, "
             f"{totals['timeout']} timeout, {totals['suspicious']} suspicious, {totals['other']} other; of these {classes['equivalent']} "
             f"equivalent, {classes['validation']} input validation (out of the certificates' scope), {classes.get('control', 0)} changed "
             f"controls (still broken and detected), {classes['gap']} gaps of the certificates, {classes['unclassified']} unclassified. "
             "Every mutant not killed is listed in MUTATION.md."
         )
+        if totals.get("not_tested"):
+            text += f" The run is incomplete: {totals['not_tested']} mutants not tested."
     except (OSError, ValueError, KeyError, TypeError) as error:
         text = f"{path.name} could not be read ({type(error).__name__}: {error}); run `certify mutate --report-only` to write it again."
     return "\n".join(["", "## Mutation score", "", text, ""])

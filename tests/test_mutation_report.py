@@ -48,7 +48,7 @@ def _summary(tmp_path):
 
 def test_the_summary_counts_per_module_and_scores_killed_over_total(tmp_path):
     summary = _summary(tmp_path)
-    assert summary["totals"] == {"killed": 3, "survived": 2, "timeout": 1, "suspicious": 1, "other": 0, "total": 7, "score": 3 / 7}
+    assert summary["totals"] == {"killed": 3, "survived": 2, "timeout": 1, "suspicious": 1, "other": 0, "total": 7, "score": 3 / 7, "not_tested": 0}
     assert summary["modules"]["reference_impl/adam.py"]["killed"] == 2 and summary["modules"]["reference_impl/adam.py"]["total"] == 4
     assert summary["modules"]["reference_impl/manifold.py"]["suspicious"] == 1
     assert summary["survivor_classes"] == {"equivalent": 1, "validation": 1, "control": 0, "gap": 0, "unclassified": 2}
@@ -76,7 +76,7 @@ def test_report_md_shows_the_mutation_score_only_when_mutation_json_exists(tmp_p
     mutation.write_reports(_summary(tmp_path), tmp_path)
     path, _ = report.write_report([], tmp_path)
     text = path.read_text(encoding="utf-8")
-    assert "## Mutation score" in text and "3 of 7 mutants of reference_impl make some certificate fail: score 42.9%" in text
+    assert "## Mutation score" in text and "3 of 7 tested mutants of reference_impl make some certificate fail: score 42.9%" in text
     (tmp_path / "mutation.json").write_text("{", encoding="utf-8")
     path, _ = report.write_report([], tmp_path)
     assert "mutation.json could not be read" in path.read_text(encoding="utf-8")
@@ -140,6 +140,10 @@ def test_run_mutmut_passes_the_options_logs_the_output_and_reports_progress(tmp_
     class FakeProcess:
         def __init__(self, command, cwd, stdout, stderr, env):
             seen.update(command=command, cwd=cwd, threads=env["OMP_NUM_THREADS"])
+            meta = cwd / "mutants" / "reference_impl" / "adam.py.meta"
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            codes = {"a__mutmut_1": 1, "a__mutmut_2": 1, "a__mutmut_3": 0, "a__mutmut_4": None}
+            meta.write_text(json.dumps({"exit_code_by_key": codes, "durations_by_key": {name: 1.5 for name in codes if codes[name] is not None}}))
             import io
 
             self.stdout = io.BufferedReader(io.BytesIO(output))
@@ -160,3 +164,16 @@ def test_run_mutmut_passes_the_options_logs_the_output_and_reports_progress(tmp_
     seen["returncode"] = 1
     with pytest.raises(mutation.MutationError, match="mutmut run exited with code 1"):
         mutation.run_mutmut(tmp_path, 3, fresh=False, progress=lines.append)
+
+
+def test_an_interrupted_run_is_scored_over_the_tested_mutants_and_says_so(tmp_path):
+    mutants = [dict(m) for m in FAKE] + [_mutant("reference_impl/adam.py", "frobenius", 9, "not checked")]
+    mutation.classify(mutants, REASONS)
+    summary = mutation.summarize(mutants, settings={}, run_record=None, suite_seconds={}, unexecuted={}, command="certify mutate")
+    assert summary["totals"]["total"] == 7 and summary["totals"]["not_tested"] == 1 and summary["totals"]["score"] == 3 / 7
+    assert all(m["status"] != "not checked" for m in summary["survivors"])
+    md_path, _ = mutation.write_reports(summary, tmp_path)
+    text = md_path.read_text(encoding="utf-8")
+    assert "**Incomplete: 1 mutants were not tested**" in text and "| reference_impl/adam.py | 2 | 1 | 1 | 0 | 0 | 4 | 50.0% | 1 |" in text
+    path, _ = report.write_report([], tmp_path)
+    assert "incomplete: 1 mutants not tested" in path.read_text(encoding="utf-8")
