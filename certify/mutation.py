@@ -36,6 +36,10 @@ classes:
 * control: the mutant changes one of the deliberately broken variants (reference_impl.controls),
   which stays broken and is still detected by the claims that run it, so the certificates are
   right to pass;
+* sampler: the mutant changes how a random input of the certificates is drawn (random_point,
+  haar_from_gaussian, random_signed_permutation, ...) while the draw stays a valid input; every
+  claim holds for every input, so the certificates are right to pass (the distribution itself
+  is tested in tests/test_manifold.py); the reason says when the evidence gets weaker;
 * gap: the mutant changes what is computed and no certificate notices; the reason says what a
   certificate would need to kill it.
 
@@ -69,8 +73,8 @@ RUN_RECORD = "certify-mutate-run.json"  # inside mutants/: timing of the last ru
 LOG_NAME = "certify-mutate.log"  # inside mutants/: mutmut's own output
 KILL_SUITE = "tests/mutation"
 
-CLASSES = ("equivalent", "validation", "control", "gap")
-EXPLAINED = ("equivalent", "validation", "control")  # a survivor of these classes is not a weakness of the certificates
+CLASSES = ("equivalent", "validation", "control", "sampler", "gap")
+EXPLAINED = ("equivalent", "validation", "control", "sampler")  # a survivor of these classes is not a weakness of the certificates
 COUNTED = ("killed", "survived", "timeout", "suspicious")  # every other mutmut status is "other"
 NOT_TESTED = "not checked"  # mutmut's status of a mutant an interrupted run did not reach
 NOT_MUTATED = {
@@ -512,7 +516,7 @@ def render_markdown(summary: dict) -> str:
     lines += [
         f"{sum(classes.values())} in all: {classes['equivalent']} equivalent (compute the same thing), {classes['validation']} validation "
         f"(input checks: out of the certificates' scope, covered by tests/test_validation.py), {classes['control']} control (a broken "
-        f"variant changed, still broken and detected), {classes['gap']} gap (the certificates miss a change in what is computed), "
+        f"variant changed, still broken and detected), {classes['sampler']} sampler (a random input drawn differently, still valid), {classes['gap']} gap (the certificates miss a change in what is computed), "
         f"{classes['unclassified']} unclassified.",
         "",
         "Reasons live in certify/mutation_equivalent.json, keyed by the `key` of the mutant in mutation.json "
