@@ -537,7 +537,8 @@ def render_markdown(summary: dict) -> str:
             "## Lines no certificate executes",
             "",
             f"{count} statements inside functions of the mutated files never run in the kill suite: no mutant was made there, since "
-            "no certificate could see one. Most are the raise branches of input checks.",
+            "no certificate could see one. Most are the raise branches of input checks; the others are paths that no certificate "
+            "takes (an option or a helper the claims never use), which a certificate would have to exercise before a change there could count.",
             "",
         ]
         for name, entries in unexecuted.items():
