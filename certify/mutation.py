@@ -68,6 +68,7 @@ from typing import Callable
 MUTMUT_VERSION = "3.8.1"
 REPORT_MD = "MUTATION.md"
 REPORT_JSON = "mutation.json"
+REPORT_KIND = "mutation-report"  # not a certificate: lets a reader of DIR/*.json tell the two apart
 EQUIVALENT_FILE = Path(__file__).with_name("mutation_equivalent.json")
 RUN_RECORD = "certify-mutate-run.json"  # inside mutants/: timing of the last run, for --report-only
 LOG_NAME = "certify-mutate.log"  # inside mutants/: mutmut's own output
@@ -404,6 +405,7 @@ def summarize(mutants: list[dict], *, settings: dict, run_record: dict | None, s
     timing["median_seconds_killed"] = _median([m["seconds"] for m in mutants if m["status"] == "killed"])
     timing["median_seconds_survived"] = _median([m["seconds"] for m in mutants if m["status"] == "survived"])
     return {
+        "kind": REPORT_KIND,
         "tool": f"mutmut {MUTMUT_VERSION}",
         "command": command,
         "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -67,7 +67,8 @@ def test_the_markdown_report_has_the_module_table_and_every_survivor_with_its_re
     assert "`if math.isinf(trust_radius):` -> `if math.isinf(None):`" in row and "equivalent" in row and "factor 1" in row
     assert "| manifold.py | sym | 1 | suspicious |" in text and "unclassified" in text
     assert "L12 `raise ValueError(...)`" in text
-    assert json.loads(json_path.read_text(encoding="utf-8"))["totals"]["killed"] == 3
+    written = json.loads(json_path.read_text(encoding="utf-8"))
+    assert written["totals"]["killed"] == 3 and written["kind"] == "mutation-report"
 
 
 def test_report_md_shows_the_mutation_score_only_when_mutation_json_exists(tmp_path):
