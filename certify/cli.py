@@ -396,7 +396,7 @@ def command_mutate(args, out: _Output, command: str) -> int:
     totals, classes = summary["totals"], summary["survivor_classes"]
     out.table(["module", "killed", "survived", "timeout", "suspicious", "other", "total"], [[name, *(c[k] for k in ("killed", "survived", "timeout", "suspicious", "other", "total"))] for name, c in summary["modules"].items()], title="mutants")
     score = "-" if totals["score"] is None else f"{100 * totals['score']:.1f}%"
-    out.line(f"score {totals['killed']}/{totals['total']} = {score}; not killed: {classes['equivalent']} equivalent, {classes['validation']} validation, {classes['control']} control, {classes['sampler']} sampler, {classes['gap']} gap, {classes['unclassified']} unclassified")
+    out.line(f"score {totals['killed']}/{totals['total']} = {score}; not killed: {classes['equivalent']} equivalent, {classes['validation']} validation, {classes['control']} control, {classes['sampler']} sampler, {classes['gap']} gap, {classes['detected']} timeout, {classes['unclassified']} unclassified")
     out.line(f"report: {md_path} and {json_path}")
     return 0 if not mutation.unexplained(summary) else 1
 

@@ -76,6 +76,8 @@ KILL_SUITE = "tests/mutation"
 
 CLASSES = ("equivalent", "validation", "control", "sampler", "gap")
 EXPLAINED = ("equivalent", "validation", "control", "sampler")  # a survivor of these classes is not a weakness of the certificates
+TIMEOUT_REASON = ("the certificates ran past the per-mutant limit, so the change is noticed (a run that does not finish is no "
+                  "pass), though the score counts only kills")
 COUNTED = ("killed", "survived", "timeout", "suspicious")  # every other mutmut status is "other"
 NOT_TESTED = "not checked"  # mutmut's status of a mutant an interrupted run did not reach
 NOT_MUTATED = {
@@ -368,8 +370,12 @@ def classify(mutants: list[dict], classifications: dict[str, dict]) -> None:
             key = f"{key} #{seen[key]}"
         mutant["key"] = key
         entry = classifications.get(key) or classifications.get(f"{mutant['file']} | {mutant['function']} | *")
-        mutant["class"] = entry["class"] if entry else "unclassified"
-        mutant["reason"] = entry["reason"] if entry else ""
+        if entry:
+            mutant["class"], mutant["reason"] = entry["class"], entry["reason"]
+        elif mutant["status"] == "timeout":
+            mutant["class"], mutant["reason"] = "detected", TIMEOUT_REASON
+        else:
+            mutant["class"], mutant["reason"] = "unclassified", ""
 
 
 def _counts(mutants: list[dict]) -> dict:
@@ -419,7 +425,7 @@ def summarize(mutants: list[dict], *, settings: dict, run_record: dict | None, s
         "timing": timing,
         "totals": _counts(mutants),
         "modules": {name: _counts([m for m in mutants if m["file"] == name]) for name in files},
-        "survivor_classes": {name: classes.get(name, 0) for name in CLASSES + ("unclassified",)},
+        "survivor_classes": {name: classes.get(name, 0) for name in CLASSES + ("detected", "unclassified")},
         "survivors": [{key: m.get(key) for key in ("name", "file", "function", "status", "old", "new", "key", "class", "reason")} for m in survivors],
         "unexecuted_lines": unexecuted,
     }
@@ -519,13 +525,13 @@ def render_markdown(summary: dict) -> str:
         f"{sum(classes.values())} in all: {classes['equivalent']} equivalent (compute the same thing), {classes['validation']} validation "
         f"(input checks: out of the certificates' scope, covered by tests/test_validation.py), {classes['control']} control (a broken "
         f"variant changed, still broken and detected), {classes['sampler']} sampler (a random input drawn differently, still valid), {classes['gap']} gap (the certificates miss a change in what is computed), "
-        f"{classes['unclassified']} unclassified.",
+        f"{classes.get('detected', 0)} detected by a timeout, {classes['unclassified']} unclassified.",
         "",
         "Reasons live in certify/mutation_equivalent.json, keyed by the `key` of the mutant in mutation.json "
         "(file | function | old line -> new line), so they survive a re-run.",
         "",
     ]
-    order = {name: index for index, name in enumerate(("gap", "unclassified") + EXPLAINED)}
+    order = {name: index for index, name in enumerate(("gap", "unclassified", "detected") + EXPLAINED)}
     survivors = sorted(summary["survivors"], key=lambda m: (order.get(m["class"], 9), m["file"], m["function"], m["name"]))
     rows = [[m["file"].removeprefix("reference_impl/"), m["function"], m["name"].rpartition("__mutmut_")[2], m["status"],
              f"{_code(m['old'])} -> {_code(m['new'])}", m["class"], m["reason"]] for m in survivors]

@@ -437,7 +437,7 @@ def mutation_section(out_dir: Path) -> str:
             f"({summary.get('tool', 'mutmut')}, {summary.get('written', 'date unknown')}). Not killed: {totals['survived']} survived, "
             f"{totals['timeout']} timeout, {totals['suspicious']} suspicious, {totals['other']} other; of these {classes['equivalent']} "
             f"equivalent, {classes['validation']} input validation (out of the certificates' scope), {classes.get('control', 0)} changed "
-            f"controls (still broken and detected), {classes.get('sampler', 0)} differently drawn random inputs, {classes['gap']} gaps of the certificates, {classes['unclassified']} unclassified. "
+            f"controls (still broken and detected), {classes.get('sampler', 0)} differently drawn random inputs, {classes['gap']} gaps of the certificates, {classes.get('detected', 0)} timed out, {classes['unclassified']} unclassified. "
             "Every mutant not killed is listed in MUTATION.md."
         )
         if totals.get("not_tested"):

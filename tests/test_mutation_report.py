@@ -51,7 +51,7 @@ def test_the_summary_counts_per_module_and_scores_killed_over_total(tmp_path):
     assert summary["totals"] == {"killed": 3, "survived": 2, "timeout": 1, "suspicious": 1, "other": 0, "total": 7, "score": 3 / 7, "not_tested": 0}
     assert summary["modules"]["reference_impl/adam.py"]["killed"] == 2 and summary["modules"]["reference_impl/adam.py"]["total"] == 4
     assert summary["modules"]["reference_impl/manifold.py"]["suspicious"] == 1
-    assert summary["survivor_classes"] == {"equivalent": 1, "validation": 1, "control": 0, "sampler": 0, "gap": 0, "unclassified": 2}
+    assert summary["survivor_classes"] == {"equivalent": 1, "validation": 1, "control": 0, "sampler": 0, "gap": 0, "detected": 1, "unclassified": 1}
     assert summary["timing"]["seconds_per_mutant"] == pytest.approx(10.0)
     # the unexplained survivor (suspicious sym) makes the command exit 1; the timeout does not
     assert [m["function"] for m in mutation.unexplained(summary)] == ["sym"]
@@ -66,6 +66,7 @@ def test_the_markdown_report_has_the_module_table_and_every_survivor_with_its_re
     row = next(line for line in text.splitlines() if "clip_to_trust_region | 3 |" in line)
     assert "`if math.isinf(trust_radius):` -> `if math.isinf(None):`" in row and "equivalent" in row and "factor 1" in row
     assert "| manifold.py | sym | 1 | suspicious |" in text and "unclassified" in text
+    assert next(line for line in text.splitlines() if "clip_to_trust_region | 4 |" in line).split(" | ")[5] == "detected"
     assert "L12 `raise ValueError(...)`" in text
     written = json.loads(json_path.read_text(encoding="utf-8"))
     assert written["totals"]["killed"] == 3 and written["kind"] == "mutation-report"
