@@ -6,6 +6,7 @@
     certify crosscheck [--device cpu|cuda] [--dtype float64|float32|bfloat16] [--out DIR] [--seed S] [--profile P]
     certify verify FILE... [--report FILE]
     certify cite FILE [--format text|markdown|bibtex]
+    certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
 
 Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
@@ -106,6 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
     cite = commands.add_parser("cite", help="citation of a certificate: id, statement, verdict, digest, version, reproduce command")
     cite.add_argument("file", metavar="FILE")
     cite.add_argument("--format", choices=CITE_FORMATS, default="text", help="text (one line, the default), markdown or bibtex")
+
+    mutate = commands.add_parser(
+        "mutate",
+        help="mutation score of the certificates: mutate reference_impl, write MUTATION.md and mutation.json",
+        description="Mutate reference_impl with mutmut (the [tool.mutmut] table of pyproject.toml) and count the mutants that make "
+        "some certificate P1..P6 fail (kill suite tests/mutation); writes DIR/MUTATION.md and DIR/mutation.json. "
+        "Needs the 'mutation' extra (mutmut). Exit 0 when every mutant is killed, timed out or its survival is explained "
+        "(certify/mutation_equivalent.json: equivalent or validation), 1 otherwise.",
+    )
+    mutate.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"directory for MUTATION.md and mutation.json (default {DEFAULT_OUT})")
+    mutate.add_argument("--max-children", type=_positive_count, default=None, metavar="N", help="mutants tested in parallel (default: the number of CPUs)")
+    keep = mutate.add_mutually_exclusive_group()
+    keep.add_argument("--resume", action="store_true", help="keep mutants/ of an earlier run and test only the mutants without a result")
+    keep.add_argument("--report-only", action="store_true", help="write the reports from the results in mutants/ without testing mutants")
+    mutate.add_argument("--only", action="append", default=[], metavar="PATTERN", help="test (again) only the mutants whose name matches (fnmatch, e.g. 'reference_impl.adam.x_step*'); the others keep their results")
     return parser
 
 
@@ -381,12 +397,29 @@ def _verification_header(loaded: list, entries: list) -> list[str]:
     ]
 
 
+def _is_mutation_report(path: Path) -> bool:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("kind") == "mutation-report"
+    except Exception:  # not readable or not JSON: certificate_format.load says why
+        return False
+
+
 def command_verify(args, out: _Output, command: str) -> int:
     report_path = _report_path(args.report)
     loaded = []
     for name in args.files:
+        if _is_mutation_report(Path(name)):
+            # `certify verify reports/*.json` meets the mutation report beside the certificates
+            out.line(f"{name}: skipped (a mutation report written by certify mutate, not a certificate)")
+            continue
         loaded.append((name, certificate_format.load(Path(name))))  # CertificateError: exit 2 before any re-run
+    if not loaded:
+        raise UsageError("no certificate among the files given")
     for name, recorded in loaded:
+        for package in claims.missing_requirements(claims.lookup_claim(recorded["id"])) if recorded["id"] in claims.ALL_IDS else []:
+            raise UsageError(f"verifying {name} needs {package}, which is not installed (pip install 'stiefel-adam-certify[{package}]')")
         if recorded["id"] == claims.CROSSCHECK_ID:
             _require_torch(recorded["provenance"]["options"], f"verifying {name}")
     exit_code = 0
@@ -477,6 +510,43 @@ def command_cite(args, out: _Output, command: str) -> int:
     return 0 if certificate["verdict"] == "pass" else 1
 
 
+def _positive_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
+def command_mutate(args, out: _Output, command: str) -> int:
+    import os
+
+    from certify import mutation
+
+    if args.report_only and args.only:
+        raise UsageError("--only tests mutants, --report-only tests none: give one of them")
+    out_dir = _out_dir(args.out)
+    try:
+        summary = mutation.mutate(max_children=args.max_children or os.cpu_count() or 1, resume=args.resume, report_only=args.report_only, command=command, progress=out.line, only=args.only)
+    except mutation.MissingTool as error:
+        raise UsageError(str(error)) from None
+    except (mutation.MutationError, OSError) as error:
+        error_line(str(error))
+        return 1
+    try:
+        md_path, json_path = mutation.write_reports(summary, out_dir)
+    except OSError as error:
+        raise UsageError(f"cannot write the mutation report in {out_dir}: {error.strerror or error}") from None
+    totals, classes = summary["totals"], summary["survivor_classes"]
+    out.table(["module", "killed", "survived", "timeout", "suspicious", "other", "total"], [[name, *(c[k] for k in ("killed", "survived", "timeout", "suspicious", "other", "total"))] for name, c in summary["modules"].items()], title="mutants")
+    score = "-" if totals["score"] is None else f"{100 * totals['score']:.1f}%"
+    out.line(f"score {totals['killed']}/{totals['total']} = {score}; not killed: {classes['equivalent']} equivalent, {classes['validation']} validation, {classes['control']} control, {classes['sampler']} sampler, {classes['gap']} gap, {classes['detected']} timeout, {classes['unclassified']} unclassified")
+    out.line(f"report: {md_path} and {json_path}")
+    return 0 if not mutation.unexplained(summary) else 1
+
+
 COMMANDS = {
     "all": command_all,
     "list": command_list,
@@ -484,6 +554,7 @@ COMMANDS = {
     "crosscheck": command_crosscheck,
     "verify": command_verify,
     "cite": command_cite,
+    "mutate": command_mutate,
 }
 
 

@@ -447,6 +447,33 @@ def render_markdown(certificates: list[dict], sections: dict, *, plots_available
     return "\n".join(lines).rstrip() + "\n"
 
 
+def mutation_section(out_dir: Path) -> str:
+    """A short section on the certificates' mutation score when out_dir/mutation.json exists.
+
+    mutation.json is written by `certify mutate` (certify/mutation.py); '' when there is none.
+    """
+    path = Path(out_dir) / "mutation.json"
+    if not path.exists():
+        return ""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        totals, classes = summary["totals"], summary["survivor_classes"]
+        score = f"{100 * totals['score']:.1f}%" if isinstance(totals.get("score"), (int, float)) else "-"
+        text = (
+            f"{totals['killed']} of {totals['total']} tested mutants of reference_impl make some certificate fail: score {score} "
+            f"({summary.get('tool', 'mutmut')}, {summary.get('written', 'date unknown')}). Not killed: {totals['survived']} survived, "
+            f"{totals['timeout']} timeout, {totals['suspicious']} suspicious, {totals['other']} other; of these {classes['equivalent']} "
+            f"equivalent, {classes['validation']} input validation (out of the certificates' scope), {classes.get('control', 0)} changed "
+            f"controls (still broken and detected), {classes.get('sampler', 0)} differently drawn random inputs, {classes['gap']} gaps of the certificates, {classes.get('detected', 0)} timed out, {classes['unclassified']} unclassified. "
+            "Every mutant not killed is listed in MUTATION.md."
+        )
+        if totals.get("not_tested"):
+            text += f" The run is incomplete: {totals['not_tested']} mutants not tested."
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        text = f"{path.name} could not be read ({type(error).__name__}: {error}); run `certify mutate --report-only` to write it again."
+    return "\n".join(["", "## Mutation score", "", text, ""])
+
+
 def write_report(certificates: list[dict], out_dir: Path, *, notes: list[str] = (), total_wall_seconds: float | None = None) -> tuple[Path, bool]:
     """Write out_dir/REPORT.md (and the figures); returns (its path, whether plots were drawn)."""
     out_dir = Path(out_dir)
@@ -454,6 +481,7 @@ def write_report(certificates: list[dict], out_dir: Path, *, notes: list[str] = 
     Figure = load_figure_class()
     sections = {certificate["id"]: draw_figures(certificate, out_dir / FIGURES_DIR, Figure) for certificate in certificates}
     text = render_markdown(certificates, sections, plots_available=Figure is not None, notes=list(notes), total_wall_seconds=total_wall_seconds)
+    text += mutation_section(out_dir)
     path = out_dir / REPORT_NAME
     path.write_text(text, encoding="utf-8")
     return path, Figure is not None

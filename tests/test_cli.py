@@ -483,3 +483,14 @@ def test_rich_table_and_progress_on_a_terminal(registry, capsys, tmp_path, monke
 def test_optimizer_option_is_refused_for_crosscheck(capsys):
     code, _, err = run_main(capsys, "run", "crosscheck", "--optimizer", "qr_retraction")
     assert code == 2 and "--optimizer does not apply to crosscheck" in error_of(err)
+
+
+def test_verify_skips_the_mutation_report_beside_the_certificates(registry, capsys, tmp_path):
+    (tmp_path / "mutation.json").write_text(json.dumps({"kind": "mutation-report", "score": 0.5}))
+    code, out, err = run_main(capsys, "verify", str(tmp_path / "mutation.json"))
+    assert code == 2 and "no certificate among the files given" in error_of(err)
+    assert "skipped (a mutation report" in out
+    code, _, _ = run_main(capsys, "run", "P1", "--out", str(tmp_path), "--profile", "quick")
+    assert code == 0
+    code, out, _ = run_main(capsys, "verify", str(tmp_path / "P1.json"), str(tmp_path / "mutation.json"))
+    assert code == 0 and "skipped (a mutation report" in out and "reproduced" in out
