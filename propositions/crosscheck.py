@@ -44,6 +44,7 @@ import numpy as np
 
 import reference_impl as ref
 from propositions._common import (
+from .kit import tightness
     DETECTION_FACTOR,
     Claim,
     ClaimResult,
@@ -623,7 +624,7 @@ def _new_checks(dtype_name: str) -> dict:
     return {
         "W": NumericalCheck("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation),
         "m": NumericalCheck("first_moment", f"||m+_torch - m+_ref||_F per frame, {dtype_name}", derivation),
-        "v": NumericalCheck("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation),
+        "v": NumericalCheck("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation, tightness_note=tightness.SAME_ROUNDING),
         "frames_in": NumericalCheck(
             "input_frames",
             f"||W^T W - I||_F of the frames given to the torch kernel ({dtype_name}): the precondition of its r x r ||g||^2",
@@ -742,8 +743,8 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
 
     start = time.perf_counter()
     p_checks = {
-        "P2_bitwise": NumericalCheck("P2_bitwise", "torch trajectories under 2^k G vs G (eps = 0), ulps", "exact: every stage is homogeneous and scaling by 2^k is exact; bound 0.5 ulp = equality"),
-        "P2_bounded": NumericalCheck("P2_bounded", "torch step under c G, c m, c^2 v vs G, m, v for c not a power of two (eps = 0)", "twice step_error_bound with input errors u (c G, c m) and 2u (c^2 v)"),
+        "P2_bitwise": NumericalCheck("P2_bitwise", "torch trajectories under 2^k G vs G (eps = 0), ulps", "exact: every stage is homogeneous and scaling by 2^k is exact; bound 0.5 ulp = equality", tightness_note=tightness.EQUALITY),
+        "P2_bounded": NumericalCheck("P2_bounded", "torch step under c G, c m, c^2 v vs G, m, v for c not a power of two (eps = 0)", "twice step_error_bound with input errors u (c G, c m) and 2u (c^2 v)", tightness_note=tightness.RUNNING_BOUND),
         "P4_left": NumericalCheck("P4_left", "torch step(Q W, Q G, Q m, v) vs Q step(W, G, m, v), Haar Q in O(d)", "step_error_bound with input errors d^1.5 u from forming Q X, plus the rounding of Q W+"),
         "P4_right": NumericalCheck("P4_right", "torch step(W R, G R, m R, v) vs step(W, G, m, v) R, Haar R in O(r)", "step_error_bound with input errors r^1.5 u from forming X R, plus the rounding of W+ R"),
     }

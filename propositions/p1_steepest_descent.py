@@ -51,6 +51,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from reference_impl.adam import frobenius
 
+from .kit import tightness
 from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
     projection_error_bound,
@@ -487,7 +488,7 @@ def projector_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
                                 bound_note + " Bound 4 (e_P + feas) ||G||: two projections, each erring by e_P ||G||.")
     self_adjoint = NumericalCheck("projector_self_adjoint", "|<P_W(A), B> - <A, P_W(B)>|",
                                   bound_note + " Bound 4 (e_P + gamma_{dr} + feas) ||A|| ||B||: two projections "
-                                  "and two inner products of length d r.")
+                                  "and two inner products of length d r.", tightness_note=tightness.WORST_CASE_SUMS)
     in_range = NumericalCheck("projector_range", "||W^T P_W(G) + P_W(G)^T W||",
                               bound_note + " Bound 4 (e_P + gamma_d sqrt(r) + feas) ||G||: the projection error "
                               "times ||W||_2 = 1, twice, plus the product W^T P_W(G).")
@@ -588,6 +589,7 @@ def minimiser_check(seed: int, profile: Profile) -> tuple[list[NumericalCheck], 
         "tangent_basis_dimension",
         "|rank deficiency of the null space - (d r - r(r+1)/2)|: T_W has the stated dimension",
         "An integer comparison; bound 0.5 requires equality.",
+        tightness_note=tightness.EQUALITY,
     )
     covered = []
     frames = 0
@@ -637,6 +639,7 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
         "tangent vectors differ by (gamma_{dr} + 8u) L (L the step length); the polar factor is "
         "2-Lipschitz for singular values >= 1, and each float64 polar factor errs by "
         "polar_error_bound(d, r, sqrt(1 + L^2)). Bound 2 polar_error_bound + 2 (gamma_{dr} + 8u) L.",
+        tightness_note=tightness.SAME_ROUNDING,
     )
     total = 0
     for batch in shape_plan(profile, frames=frames, large=large):

@@ -66,6 +66,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.controls import get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
+from .kit import tightness
 from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
@@ -500,6 +501,7 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
         f"k ~ U{{{LOG2_C_RANGE_BITWISE[0]}..{LOG2_C_RANGE_BITWISE[1]}}}",
         bound_derivation="exact: scaling by 2^k commutes with every rounding while no value leaves the "
         "normal range (|k| <= 300 keeps c^2 g_ij^2 normal and c^2 ||g||^2 finite here); bound 0.5 ulp",
+        tightness_note=tightness.EQUALITY,
     )
     moments = NumericalCheck(
         name="power_of_two_moments_bitwise",
@@ -507,6 +509,7 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
         "and 2^(2k) v_t(1)",
         bound_derivation="exact: with every stage scaled by a power of two, m scales by 2^k and v by 2^(2k) bit for "
         "bit (|k| <= 300 keeps every entry normal); multiplying the unscaled moment by 2^k is exact; bound 0.5 ulp",
+        tightness_note=tightness.EQUALITY,
     )
     examined = 0
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
@@ -571,6 +574,7 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
         "+ 3u the relative error of x (sqrt(v^) read from the float run) and a0 the start's distance to "
         "St(d, r); a direction recovered by the inverse retraction adds its error bound plus its sensitivity "
         "times b_0. Bound a_eps + prediction error.",
+        tightness_note=tightness.SAME_ROUNDING,
     )
     examined = 0
     plan = shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)

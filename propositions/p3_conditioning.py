@@ -67,6 +67,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from reference_impl.adam import frobenius
 
+from .kit import tightness
 from .kit.directions import step_direction, variant_name
 from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
@@ -339,6 +340,7 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
         "the sum W + xi rounds by u ||xi|| (moving the polar factor by <= 2u ||xi||). A direction recovered "
         "by the inverse retraction adds twice its error bound (the polar factor is 1 / sigma_min-Lipschitz, "
         "sigma_min >= 1/2 here). Bound 2 polar_error_bound + 16 u ||xi|| + 2 inverse error.",
+        tightness_note=tightness.SAME_ROUNDING,
     )
     spread = NumericalCheck(
         f"preconditioner_spread[{name}]",
@@ -349,6 +351,7 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
         "(allowance a_ij: the entrywise projection error (entrywise_projection_error) and the moment update) and "
         "7 roundings of the quotients: each ratio is kappa (1 + eta_ij), |eta_ij| <= e_ij = a_ij / (|m_ij| - a_ij) "
         "+ 7u, so max / min - 1 <= 2 e / (1 - e), e the largest e_ij over the entries used.",
+        tightness_note=tightness.WORST_CASE_SUMS,
     )
     from_state = NumericalCheck(
         f"direction_matches_state[{name}]",
@@ -358,6 +361,7 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
         "(bias_correction_error); the denominator by half v^'s relative error plus 3u on each side; the "
         "division, lr and the 1-Lipschitz trust region (norm rounded by gamma_{dr} / 2 + 3u) add 4u ||xi||; "
         "doubled for two evaluations and second-order terms.",
+        tightness_note=tightness.SAME_ROUNDING,
     )
     tangency = NumericalCheck(
         f"step_stays_tangent[{name}]",
@@ -383,6 +387,7 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
         "error (d r + 2) u sigma_max (Weyl) and the Gram defect of a float64 frame and tangent, "
         "feas + tangency residual; relative to cond this is at most "
         "4 ((d r + 2) u + feas + tangency bound / ||xi||) sqrt(1 + Delta^2).",
+        tightness_note=tightness.INEQUALITY,
     )
     config = STEP_CONFIG
     beta1, beta2 = config.betas
@@ -506,12 +511,14 @@ def conditioning_checks(seed: int, profile: Profile):
         "exact W + xi's Gram matrix differs from I + xi^T xi by the gram_identity defect without evaluation "
         "error, moving sigma^2 by at most that and sigma (>= ~1) by at most half. Bound "
         "4 (d r + 2) u sqrt(1 + Delta^2) + the gram_identity bound.",
+        tightness_note=tightness.INEQUALITY,
     )
     cond_bound = NumericalCheck(
         "condition_number_bound",
         "max(0, cond(W + xi) - sqrt(1 + Delta^2)) for tangent xi, ||xi|| <= Delta",
         "cond = sigma_max / sigma_min with each singular value off by the singular_values_in_range bound b; "
         "the ratio moves by <= 2 b cond / sigma_min <= 2 b sqrt(1 + Delta^2).",
+        tightness_note=tightness.INEQUALITY,
     )
     attained = NumericalCheck(
         "rank_one_attains_bound",

@@ -69,6 +69,7 @@ from reference_impl.adam import StiefelAdamConfig, StiefelAdamState
 from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
+from .kit import tightness
 from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
@@ -209,8 +210,8 @@ def _checks(label: str, side: str) -> dict:
     )
     return {
         "W": NumericalCheck(f"{label}_frames", f"max over t of ||W_t({action}) - transformed W_t||_F", derivation),
-        "m": NumericalCheck(f"{label}_first_moment", "max over t of ||m_t(transformed) - transformed m_t||_F", derivation),
-        "v": NumericalCheck(f"{label}_second_moment", "max over t of |v_t(transformed) - v_t|", derivation),
+        "m": NumericalCheck(f"{label}_first_moment", "max over t of ||m_t(transformed) - transformed m_t||_F", derivation, tightness_note=tightness.RUNNING_BOUND),
+        "v": NumericalCheck(f"{label}_second_moment", "max over t of |v_t(transformed) - v_t|", derivation, tightness_note=tightness.RUNNING_BOUND),
     }
 
 
@@ -314,10 +315,11 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tu
         "same order, and rounding to nearest is sign-symmetric; bound 0.5 ulp" if hooked else
         "the two inverses' a posteriori error bounds plus 2 * sensitivity * ||W+(flipped) - D W+|| "
         "(propositions.kit.directions)",
+        tightness_note=tightness.EQUALITY,
     )
     second_moment = NumericalCheck(
         "sign_flip_second_moment_bitwise", "ulps between v+ of the flipped second step and v+ (t+ must be equal)",
-        "exact: the squares g_ij^2 are the same numbers summed in the same order; bound 0.5 ulp")
+        "exact: the squares g_ij^2 are the same numbers summed in the same order; bound 0.5 ulp", tightness_note=tightness.EQUALITY)
     counts = {key: [0, 0] for key in ("full_step_sign_flip_left", "full_step_sign_flip_right",
                                       "first_moment_sign_flip_left", "first_moment_sign_flip_right",
                                       "full_step_signed_permutation_left", "full_step_signed_permutation_right",

@@ -44,6 +44,7 @@ from reference_impl import UNIT_ROUNDOFF, get_variant, manifold_tolerance, rando
 from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
+from .kit import tightness
 from ._common import (
     Claim,
     ClaimResult,
@@ -396,12 +397,14 @@ def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
             "step_difference_bound: lambda times the rounding residual of P_W(W) plus the rounding of "
             "two projections, relative to ||g|| in the scale-free step, through the 1-Lipschitz trust "
             "region and the (1 + sqrt 2)/sigma_min-Lipschitz polar factor, plus two retractions' rounding",
+            tightness_note=tightness.SAME_ROUNDING,
         ),
         "trajectory_weight_decay_invariance": NumericalCheck(
             prefix + "trajectory_weight_decay_invariance",
             "at every step of a trajectory run with lambda, ||step(.; lambda) - step(.; 0)||_F from the "
             "same (W_t, state_t) (non-fresh m, v, t)",
             "step_difference_bound evaluated at the trajectory's state (same analysis as one step)",
+            tightness_note=tightness.SAME_ROUNDING,
         ),
         "norm_constant": NumericalCheck(
             prefix + "norm_constant",
@@ -496,6 +499,7 @@ def _manifold_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
         "||polar((1 - lr lambda) W) - W||_F with lr lambda log-uniform on [1e-9, 0.9]",
         "decoupled_decay_bound: ||polar(W) - W|| <= phi, one rounding of alpha W through the polar "
         "factor, one retraction's rounding",
+        tightness_note=tightness.WORST_CASE_SUMS,
     )
     frames = 0
     for batch in shape_plan(profile):

@@ -51,8 +51,9 @@ import math
 import numpy as np
 import sympy as sp
 
-from reference_impl import UNIT_ROUNDOFF, get_variant, manifold_tolerance, random_point, riemannian_gradient
+from reference_impl import UNIT_ROUNDOFF, feasibility, get_variant, manifold_tolerance, random_point, riemannian_gradient
 
+from .kit import tightness
 from . import attention
 from ._common import (
     Claim,
@@ -117,18 +118,26 @@ def gauge_residual_bound(
     return np.where(bound > 0, bound, u)
 
 
-def gauge_inner_product_bound(d: int, r: int, gauge_bound, G_Q, G_K, omega_norm) -> np.ndarray:
+def gauge_inner_product_bound(d: int, r: int, gauge_bound, G_Q, G_K, omega_norm, W_Q=None, W_K=None) -> np.ndarray:
     """Bound on |<g_Q, W_Q Omega> + <g_K, W_K Omega>| for the Riemannian gradients g = map(W, G).
 
     For every gradient map of reference_impl, g = G - W N with N = sym(W^T G), W^T G or G^T W, so
     in exact arithmetic on the float frames <g, W Omega> = c <skew(W^T G), Omega> - <(W^T W - I) N',
     Omega> with c in {0, 1, 2} and ||N'|| <= ||G||: summed over the two frames at most
-    ||Omega|| (2 gauge_bound + (1 + phi) phi (||G_Q|| + ||G_K||)), phi = manifold_tolerance(d, r).
+    ||Omega|| (2 gauge_bound + (1 + phi) phi (||G_Q|| + ||G_K||)), phi the frames' feasibility
+    ||W^T W - I||_F. Given the frames, phi is their measured feasibility per sample (the larger of
+    the two) plus the rounding of evaluating it, gamma_d r (each Gram entry is a length-d inner
+    product of columns of norm ~1, plus the subtraction of I); without them, the worst case any
+    frame of the reference satisfies, manifold_tolerance(d, r), which is about 32 sqrt(r) times
+    looser for Haar frames.
     Rounding: the map itself (one length-d and one length-r product, as P_W:
     ((gamma_d + gamma_r) sqrt r + 3u) ||G||), W Omega (gamma_r sqrt r ||Omega||), the two inner
     products of length d r (gamma_{dr}) and their sum (u). Factor 2 for the dropped O(u^2).
     """
-    phi = manifold_tolerance(d, r)
+    if W_Q is None or W_K is None:
+        phi = manifold_tolerance(d, r)
+    else:
+        phi = np.maximum(feasibility(W_Q, validate=False), feasibility(W_K, validate=False)) + gamma(d) * r + u
     gradient_norm = np.linalg.norm(G_Q, axis=(-2, -1)) + np.linalg.norm(G_K, axis=(-2, -1))
     map_rounding = (gamma(d) + gamma(r)) * math.sqrt(r) + 3 * u
     per_norm = (
@@ -334,12 +343,14 @@ def _gauge_checks(prefix: str) -> dict[str, NumericalCheck]:
             "||skew(W_Q^T G_Q + W_K^T G_K)||_F for the hand-written gradients of the attention loss",
             "gauge_residual_bound: (2 gamma_n + 2 gamma_d + 4u)(||P_Q|| + ||P_K||) times 2, P_Q = "
             "|W_Q|^T |X|^T |Gbar| |K| / sqrt r (only the products after Gbar and fl(X W) enter)",
+            tightness_note=tightness.WORST_CASE_SUMS,
         ),
         "gauge_inner_product": NumericalCheck(
             prefix + "gauge_inner_product",
             "|<g_Q, W_Q Omega> + <g_K, W_K Omega>| for the Riemannian gradients and a random unit skew Omega",
-            "gauge_inner_product_bound: 2 gauge_residual_bound + phi ||G|| from the feasibility of the "
-            "frames + rounding of the gradient map, of W Omega and of two length-d r inner products",
+            "gauge_inner_product_bound: 2 gauge_residual_bound + phi ||G|| from the measured feasibility of the "
+            "frames (plus its evaluation rounding) + rounding of the gradient map, of W Omega and of two length-d r inner products",
+            tightness_note=tightness.RANDOM_DIRECTION,
         ),
     }
 
@@ -355,7 +366,7 @@ def _gauge_sample(checks, optimizer, X, W_Q, W_K, G_Q, G_K, fwd, grads, omega, o
     g_K = riemannian_gradient(W_K, G_K, 0.0, variant=optimizer)
     inner = np.sum(g_Q * (W_Q @ omega), axis=(-2, -1)) + np.sum(g_K * (W_K @ omega), axis=(-2, -1))
     checks["gauge_inner_product"].add(
-        np.abs(inner), gauge_inner_product_bound(d, r, bound, G_Q, G_K, omega_norm), shape=(d, r), key=key, seed=seed
+        np.abs(inner), gauge_inner_product_bound(d, r, bound, G_Q, G_K, omega_norm, W_Q, W_K), shape=(d, r), key=key, seed=seed
     )
 
 

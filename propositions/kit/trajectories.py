@@ -88,6 +88,7 @@ import numpy as np
 import reference_impl as ri
 from reference_impl import StiefelAdamConfig, get_variant
 
+from . import tightness
 from .._common import NumericalCheck, Profile, projection_error_bound, rng_for, u
 from .model import ModelStep, model_step, tangent_part
 
@@ -276,18 +277,21 @@ class _Checks:
             "||m_opt - m_model|| for the stored (transported) first moment after each step",
             "Twice E_m+ = E_m + 2 ||m|| E_W + e_P ||m||: the rounding of beta1 m + (1 - beta1) P_W(G~), the move of "
             "the projector P_{W+} with W+, and the projection's own rounding.",
+            tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.v = NumericalCheck(
             f"trajectory_model_v[{label}]",
             "|v_opt - v_model| for the stored second moment (one scalar per frame) after each step",
             "Twice E_v = (1 - beta2) E_s + 3u (beta2 v + (1 - beta2) ||g||^2/(d r)), E_s = (2||g|| E_g + E_g^2)/(d r) "
             "+ (d r + 2) u ||g||^2/(d r): the rounding of ||g||^2 and of g itself.",
+            tightness_note=tightness.SAME_ROUNDING,
         )
         self.bookkeeping = NumericalCheck(
             f"trajectory_model_bookkeeping[{label}]",
             "|t_opt - t_model| after each step, and the fresh state (0 when m = 0, v = 0 of shape lead, t = 0; "
             "inf otherwise); inf when a state has the wrong shape, or the step raises on a valid state or modifies its input",
             "Integers and exact zeros: bound 0.5 (exact agreement).",
+            tightness_note=tightness.EQUALITY,
         )
         self.well_posed = NumericalCheck(
             f"trajectory_model_well_posed[{label}]",
@@ -295,6 +299,7 @@ class _Checks:
             "sigma_min(W + xi) not above the error of W + xi), else 0",
             "A count: bound 0.5. The settings give the noise-driven step (G in the normal space) eps > 0 "
             "or a warm state, so the real optimizer has no undefined step.",
+            tightness_note=tightness.INDICATOR,
         )
         self.twin = NumericalCheck(
             f"trajectory_highprec[{label}]",
