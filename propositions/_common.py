@@ -35,6 +35,8 @@ import numpy as np
 
 from reference_impl import UNIT_ROUNDOFF
 
+from .kit.bounds import gamma, projection_error_bound  # noqa: F401 (the claims import them from here too)
+
 u = UNIT_ROUNDOFF
 
 # A control must break the claim by at least this factor over the bound: well clear of any
@@ -51,24 +53,6 @@ QUANTILE_POOL_SIZE = 200_000
 # looser than what it measures; unless its tightness_note says why the bound cannot be tighter,
 # the claim's certificate lists it (a note, not a failure: a loose bound is weak, not wrong).
 TIGHTNESS_THRESHOLD = 1e-3
-
-
-def gamma(n: float) -> float:
-    """Higham's gamma_n = n u / (1 - n u): relative error bound of a length-n inner product."""
-    nu = n * u
-    if nu >= 1:
-        raise ValueError(f"gamma_n undefined for n u >= 1 (n = {n})")
-    return nu / (1 - nu)
-
-
-def projection_error_bound(d: int, r: int) -> float:
-    """Bound on ||fl(P_W(G)) - P_W(G)|| / ||G|| for an exactly orthonormal W (float64).
-
-    fl(W^T G) errs by gamma_d |W|^T |G|, of Frobenius norm <= gamma_d ||W||_F ||G|| = gamma_d sqrt(r)
-    ||G||; the product W S with ||S|| <= ||G|| errs by gamma_r sqrt(r) ||G||; sym, the subtraction and
-    the propagation through ||W||_2 = 1 add 3 u ||G||. Total (d + r) sqrt(r) u + 3 u, rounded up.
-    """
-    return (gamma(d) + gamma(r)) * math.sqrt(r) + 3 * u
 
 
 def wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

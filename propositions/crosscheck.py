@@ -44,7 +44,6 @@ import numpy as np
 
 import reference_impl as ref
 from propositions._common import (
-from .kit import tightness
     DETECTION_FACTOR,
     Claim,
     ClaimResult,
@@ -58,6 +57,7 @@ from .kit import tightness
     shape_plan,
     ulps_apart,
 )
+from propositions.kit import tightness
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.

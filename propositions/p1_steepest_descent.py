@@ -71,7 +71,7 @@ from ._common import (
     shape_plan,
     u,
 )
-from .p3_conditioning import polar_error_bound
+from .kit.bounds import polar_error_bound
 
 CLAIM_ID = "P1"
 CONTROLS = ("canonical_metric_gradient", "projection_without_sym")

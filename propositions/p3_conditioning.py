@@ -68,6 +68,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
+from .kit.bounds import feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
 from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
@@ -117,39 +118,6 @@ LATEX = (
 # --------------------------------------------------------------------------------------------
 # Error bounds
 # --------------------------------------------------------------------------------------------
-
-
-def polar_error_bound(d: int, r: int, cond: float) -> float:
-    """Bound on ||fl(polar(A)) - polar(A)||_F for A = W + xi (d x r) with cond(A) = cond, sigma_min >= ~1.
-
-    With p = d r (the LAPACK backward-error polynomial, bounded as in reference_impl's manifold
-    tolerance) and Frobenius norms of r-column matrices at most sqrt(r) times their 2-norms:
-      * fl(W + xi) rounds each entry: ||dA||_F <= u ||A||_F <= sqrt(r) u sigma_max;
-      * the SVD is backward stable, U S V^T = A + E with ||E||_2 <= p u sigma_max, so
-        ||E||_F <= sqrt(r) p u sigma_max;
-      * the polar factor moves by <= 2 ||dA||_F / sigma_min (perturbation of the polar factor,
-        Higham, Functions of Matrices, ch. 8): 2 sqrt(r) (p + 1) u cond in all;
-      * the computed U and V are orthonormal to p u in the 2-norm, so U V^T is off by
-        <= 2 sqrt(r) p u, and the product's rounding adds gamma_r ||U||_F ||V||_F = gamma_r r
-        <= sqrt(r) p u.
-    Together (2 (p + 1) cond + 3 p) sqrt(r) u <= 5 cond sqrt(r) (d r + 1) u.
-    """
-    return 5.0 * cond * math.sqrt(r) * (d * r + 1) * u
-
-
-def feasibility_bound(d: int, r: int) -> float:
-    """Bound on ||W^T W - I||_F, evaluated in float64, for W = fl(U V^T) from the float64 SVD.
-
-    As in polar_error_bound, W is within delta = 3 sqrt(r) p u (p = d r) of an exactly orthonormal
-    matrix, so ||W^T W - I||_F <= 2 delta + delta^2; evaluating the Gram matrix adds
-    gamma_d ||W||_F^2 = gamma_d r <= sqrt(r) p u. Together <= 7 sqrt(r) (d r + 1) u. It does not
-    depend on the step count: the polar factor is recomputed from the actual W + xi at every step.
-    """
-    return 7.0 * math.sqrt(r) * (d * r + 1) * u
-
-
-
-
 
 
 def _transpose(A: np.ndarray) -> np.ndarray:

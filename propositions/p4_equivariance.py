@@ -86,7 +86,7 @@ from ._common import (
     u,
     ulps_apart,
 )
-from .p2_scale_independence import (
+from .kit.running_bounds import (
     MEDIUM_SHAPES,
     frame_distance,
     initial_distance_to_manifold,

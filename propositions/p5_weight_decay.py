@@ -45,6 +45,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import tightness
+from .kit.bounds import projection_error_bound
 from ._common import (
     Claim,
     ClaimResult,
@@ -98,17 +99,6 @@ POLAR_LIPSCHITZ = 1.0 + math.sqrt(2.0)
 # --------------------------------------------------------------------------------------------
 
 
-def projection_rounding(d: int, r: int) -> float:
-    """Relative forward error of fl(P_W(H)) against the same formula in exact arithmetic.
-
-    ||fl(P_W(H)) - L_W(H)||_F <= projection_rounding(d, r) ||H||_F with L_W(H) = H - W sym(W^T H)
-    for the float frame W: W^T H is a length-d inner product per entry, error <= gamma_d |W|^T |H|,
-    Frobenius <= gamma_d ||W||_F ||H||_F = gamma_d sqrt(r) ||H||; W S (S = sym(W^T H), ||S|| <= ||H||)
-    adds gamma_r sqrt(r) ||H||; sym and the final subtraction add 3u ||H||.
-    """
-    return (gamma(d) + gamma(r)) * math.sqrt(r) + 3.0 * u
-
-
 def polar_rounding(d: int, r: int, cond) -> np.ndarray:
     """Forward error of the float64 polar factor U V^T (thin SVD) of a d x r matrix of condition cond.
 
@@ -129,12 +119,12 @@ def decay_projection_bound(d: int, r: int) -> float:
     """Bound on ||fl(P_W(W))||_F for a float64 frame with ||W^T W - I||_F <= phi.
 
     In exact arithmetic on the float frame, L_W(W) = W (I - W^T W), norm <= ||W||_2 phi <=
-    (1 + phi) phi; rounding adds projection_rounding(d, r) ||W||_F <= projection_rounding sqrt(r)
+    (1 + phi) phi; rounding adds projection_error_bound(d, r) ||W||_F <= projection_error_bound sqrt(r)
     (1 + phi). phi = manifold_tolerance(d, r) is the feasibility every frame of the reference
     satisfies (reference_impl._validation). The factor 2 covers the dropped O(u^2) terms.
     """
     phi = manifold_tolerance(d, r)
-    return 2.0 * ((1.0 + phi) * phi + projection_rounding(d, r) * math.sqrt(r) * (1.0 + phi))
+    return 2.0 * ((1.0 + phi) * phi + projection_error_bound(d, r) * math.sqrt(r) * (1.0 + phi))
 
 
 def decay_gradient_difference_bound(d: int, r: int, gradient_norm, weight_decay: float):
@@ -142,8 +132,8 @@ def decay_gradient_difference_bound(d: int, r: int, gradient_norm, weight_decay:
 
     L_W(G + lambda W + e1) - L_W(G) = lambda L_W(W) + L_W(e1): ||lambda L_W(W)|| <= lambda (1 + phi)
     phi; e1, the rounding of G + lambda W, has ||e1|| <= u (||G|| + 2 lambda sqrt r) and
-    ||L_W|| <= 1 + 3 phi. The two evaluations of P_W add projection_rounding (||G + lambda W|| +
-    ||G||) <= projection_rounding (2 ||G|| + lambda sqrt(r) (1 + phi)).
+    ||L_W|| <= 1 + 3 phi. The two evaluations of P_W add projection_error_bound (||G + lambda W|| +
+    ||G||) <= projection_error_bound (2 ||G|| + lambda sqrt(r) (1 + phi)).
     """
     phi = manifold_tolerance(d, r)
     root_r = math.sqrt(r)
@@ -151,7 +141,7 @@ def decay_gradient_difference_bound(d: int, r: int, gradient_norm, weight_decay:
     return (
         lam * (1.0 + phi) * phi
         + (1.0 + 3.0 * phi) * u * (gradient_norm + 2.0 * lam * root_r)
-        + projection_rounding(d, r) * (2.0 * gradient_norm + lam * root_r * (1.0 + phi))
+        + projection_error_bound(d, r) * (2.0 * gradient_norm + lam * root_r * (1.0 + phi))
     )
 
 
