@@ -65,14 +65,23 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seed must be a non-negative integer, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"seed must be a non-negative integer, not {value}")
-    return value
+def _integer_at_least(minimum: int, what: str):
+    """An argparse type: an integer >= minimum, else one line naming what it must be."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be {'a non-negative' if minimum == 0 else 'a positive'} integer, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be {'a non-negative' if minimum == 0 else 'a positive'} integer, not {value}")
+        return value
+
+    return parse
+
+
+_seed = _integer_at_least(0, "seed")
+_positive_count = _integer_at_least(1, "the count")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -508,16 +517,6 @@ def command_cite(args, out: _Output, command: str) -> int:
     for line in citation(certificate, args.format).splitlines():
         out.line(line)
     return 0 if certificate["verdict"] == "pass" else 1
-
-
-def _positive_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
-    return value
 
 
 def command_mutate(args, out: _Output, command: str) -> int:
