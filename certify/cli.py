@@ -12,7 +12,8 @@ Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
 which must then fail).
 
-`all` runs P1..P6 and, when `import torch` works, the torch cross-check; `run` and `all` write one
+`all` runs every claim of the propositions package (P1..P6, the sampler certificate and, when
+`import torch` works, the torch cross-check, last); `run` and `all` write one
 certificate per claim (DIR/ID.json), DIR/REPORT.md and, with matplotlib, DIR/figures/*.png. The
 report written by `run` also covers the certificates already in DIR that load cleanly.
 
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mutate",
         help="mutation score of the certificates: mutate reference_impl, write MUTATION.md and mutation.json",
         description="Mutate reference_impl with mutmut (the [tool.mutmut] table of pyproject.toml) and count the mutants that make "
-        "some certificate P1..P6 fail (kill suite tests/mutation); writes DIR/MUTATION.md and DIR/mutation.json. "
+        "some certificate (P1..P6 and the samplers) fail (kill suite tests/mutation); writes DIR/MUTATION.md and DIR/mutation.json. "
         "Needs the 'mutation' extra (mutmut). Exit 0 when every mutant is killed, timed out or its survival is explained "
         "(certify/mutation_equivalent.json: equivalent or validation), 1 otherwise.",
     )

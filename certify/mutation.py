@@ -3,7 +3,7 @@
 A certificate's "pass" is earned only if changing what the reference step computes makes some
 certificate fail. This module measures that with mutmut 3: it mutates reference_impl/ one small
 change at a time (an operator, a constant, a call argument), runs the kill suite tests/mutation
-(every claim P1..P6 at a small profile; a mutant is killed when any verdict is not "pass" or a
+(every claim without an optional package, P1..P6 and the samplers, at a small profile; a mutant is killed when any verdict is not "pass" or a
 claim raises) and writes DIR/MUTATION.md and DIR/mutation.json: killed / survived / timeout /
 suspicious per module, the score killed / total and every mutant that was not killed, with its
 diff on one line and the reason it survives.
@@ -473,7 +473,7 @@ def render_markdown(summary: dict) -> str:
         ]
     lines += [
         "A mutant is one small change to reference_impl (an operator, a constant, an argument). It is "
-        f"killed when some certificate P1..P6 of the kill suite `{summary['scope']['kill_suite']}` (every claim at a "
+        f"killed when some certificate (P1..P6, the samplers) of the kill suite `{summary['scope']['kill_suite']}` (every claim at a "
         "small profile) does not pass or raises. Not mutated: "
         + "; ".join(f"`{name}` ({why})" for name, why in summary["scope"]["not_mutated"].items())
         + "; module-level constants (mutmut mutates function bodies only)."
