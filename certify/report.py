@@ -192,7 +192,8 @@ def _finite_points(xs, ys, logx: bool, logy: bool) -> tuple[list[float], list[fl
 
 
 def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
-    figure = Figure(figsize=(6.4, 4.0), layout="constrained")
+    figure = Figure(figsize=(6.4, 4.0))
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.9)
     axes = figure.subplots()
     logx, logy = bool(entry.get("logx")), bool(entry.get("logy"))
     labelled = False
@@ -229,7 +230,8 @@ def _stairs(axes, histogram: dict, label: str | None) -> None:
 
 
 def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: str, xlabel: str, path: Path) -> None:
-    figure = Figure(figsize=(6.4, 4.0), layout="constrained")
+    figure = Figure(figsize=(6.4, 4.0))
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.9)
     axes = figure.subplots()
     for label, histogram in histograms:
         _stairs(axes, histogram, label)
