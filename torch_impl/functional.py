@@ -54,6 +54,7 @@ S^(-1/2) is evaluated by one of two methods (``retraction_method``):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -84,6 +85,7 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2.0
 
 
+@functools.lru_cache(maxsize=None)
 def newton_schulz_iterations(trust_radius: float, dtype: torch.dtype) -> int:
     """Quintic iterations that bring every eigenvalue of X^T X to 1 within unit_roundoff(dtype).
 
@@ -227,6 +229,7 @@ def project_moment(W: torch.Tensor, G_decayed: torch.Tensor, m: torch.Tensor, be
     return m_new.baddbmm_(W, combined, alpha=-1.0), WtG
 
 
+@functools.lru_cache(maxsize=None)
 def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, method: str = "auto") -> float:
     """Bound on ||W^T W - I||_F for a frame that this kernel returned (the precondition under
     which `gradient_norm_squared` may use its r x r identity); inf for the eigh retraction.
