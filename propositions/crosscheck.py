@@ -58,6 +58,7 @@ from propositions._common import (
     ulps_apart,
 )
 from propositions.kit import tightness
+from propositions.kit.bounds import gram_defect_bound
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.
@@ -543,16 +544,18 @@ def feasibility_bound(d: int, r: int, dtype, trust_radius: float = 0.5) -> float
     """Bound on ||W^T W - I||_F of a frame (d, r) stored in dtype after any number of steps.
 
     W = fl_s(W*) + E with W* the exact polar factor of the last step's A: the retraction's own
-    error e_ret (step_error_bound, compute dtype) plus the storage rounding u_s sqrt(r), so
-    ||W^T W - I|| <= 2 (e_ret + u_s sqrt(r)) + O(u^2), plus 32 d r u for evaluating the Gram matrix
-    in float64. Nothing in it grows with the number of steps: the Gram-based retraction restarts
-    from the actual W every step."""
+    error e_ret (step_error_bound: the kernel's Gram route, Newton-Schulz or eigh in the compute
+    dtype, which is what differs from the reference's SVD) plus the storage rounding u_s sqrt(r) is
+    W's distance to an orthonormal matrix; kit/bounds.gram_defect_bound, shared with the reference's
+    feasibility bound, turns it into ||W^T W - I|| <= 2 distance + distance^2 plus the float64
+    evaluation (functional.feasibility) gamma_d r. Nothing in it grows with the number of steps: the
+    Gram-based retraction restarts from the actual W every step."""
     u_c = _unit_roundoff(_compute_dtype(dtype))
     u_s = _unit_roundoff(dtype)
     kappa = math.sqrt(1 + trust_radius**2)  # cond(W + xi) <= sqrt(1 + Delta^2), P3(b), docs/claims.md
     k = _iterations(ref.StiefelAdamConfig(trust_radius=trust_radius), dtype)
     e_ret = 4 * (d + (4 * k + 2) * r) * math.sqrt(r) * u_c * kappa**3
-    return 2.0 * (e_ret + u_s * math.sqrt(r)) + 32 * d * r * U64
+    return float(gram_defect_bound(e_ret + u_s * math.sqrt(r), d, r, U64))
 
 
 def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):

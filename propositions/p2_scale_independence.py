@@ -70,7 +70,8 @@ from .kit import tightness
 from .kit.directions import step_direction, variant_name
 from .kit.running_bounds import (
     MEDIUM_SHAPES,
-    polar_rounding,
+    TRAJECTORY_BOUND_TEXT,
+    step_polar_error,
     trajectory_rounding_bound,
     run_trajectory,
     record_trajectory,
@@ -217,10 +218,9 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
         description=f"||W_t(c) - W_t(1)||_F, max over t <= {profile.steps}, eps = 0, lambda = {weight_decay:g}, "
         f"log10 c ~ U{tuple(log10_c_range)}",
         bound_derivation="sum of the running first-order rounding bounds of the two float64 trajectories "
-        "against the common exact one (trajectory_rounding_bound: projection (d + r + 5) u ||G~||, "
-        "mean square (d r + 3) u, polar factor 8 d r u sqrt(r + Delta^2), propagated "
-        "through the 1 / sigma_min-Lipschitz polar factor and the quadratic dependence of P_W on W); "
+        "against the common exact one (" + TRAJECTORY_BOUND_TEXT + "); "
         "the unscaled decay enters as lambda sqrt(r) / c in ||G~||",
+        tightness_note=tightness.RUNNING_BOUND,
     )
     moment_derivation = ("each run's moment is within its running bound of the exact one (trajectory_rounding_bound: "
                          "b_m for ||m_t - m_t*|| / c, b_v for |v_t - v_t*| / c^2), and exactly m_t*(c) = c m_t*, "
@@ -228,11 +228,13 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
     m_check = NumericalCheck(
         name=label + "_first_moment",
         description=f"||m_t(c) - c m_t(1)||_F, max over t <= {profile.steps} (the stored first moment scales by c)",
-        bound_derivation=moment_derivation + ": bound c (b_m(1) + b_m(c)) + u c ||m_t(1)||")
+        bound_derivation=moment_derivation + ": bound c (b_m(1) + b_m(c)) + u c ||m_t(1)||",
+        tightness_note=tightness.RUNNING_BOUND)
     v_check = NumericalCheck(
         name=label + "_second_moment",
         description=f"|v_t(c) - c^2 v_t(1)|, max over t <= {profile.steps} (the stored second moment scales by c^2)",
-        bound_derivation=moment_derivation + ": bound c^2 (b_v(1) + b_v(c)) + 3u c^2 v_t(1)")
+        bound_derivation=moment_derivation + ": bound c^2 (b_v(1) + b_v(c)) + 3u c^2 v_t(1)",
+        tightness_note=tightness.RUNNING_BOUND)
     vacuous = 0
     examined = 0
     power_bitwise = {"frames": 0, "bitwise": 0}
@@ -388,7 +390,8 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
         f"log10 c ~ U{LOG10_C_RANGE_EPS}",
         bound_derivation="exactly W_1(c, eps) = R_W(phi xi_0) (same direction, rescaled). The eps run is within "
         "its rounding bound a_eps of the exact step (trajectory_rounding_bound, T = 1); the prediction errs by "
-        "(a0 + phi b_0 + phi min(L, Delta) (rel(x) + 5u)) / (1 - a0) + polar_rounding, with b_0 the eps = 0 "
+        "(a0 + phi b_0 + phi min(L, Delta) (rel(x) + 5u)) / (1 - a0) + polar_error_bound(d, r, cond) at "
+        "cond <= sqrt(1 + Delta^2) (1 + a0) / (1 - a0), with b_0 the eps = 0 "
         "step's rounding bound (>= its direction's error), rel(x) = ((d r + 6) u + 2 (d + r + 5) u ||G|| / ||g||) / 2 "
         "+ 3u the relative error of x (sqrt(v^) read from the float run) and a0 the start's distance to "
         "St(d, r); a direction recovered by the inverse retraction adds its error bound plus its sensitivity "
@@ -424,7 +427,7 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
             direction_error = direction_error + zero.inverse.sensitivity * bound_zero
         step_length = np.where(moving, min(L, CONFIG.trust_radius), 0.0)
         prediction_error = ((a0 + phi * direction_error + phi * step_length * (relative_x + 5 * u)) / (1 - a0)
-                            + polar_rounding(d, r, CONFIG.trust_radius))
+                            + step_polar_error(d, r, CONFIG.trust_radius, a0))
         bound = bound_eps + prediction_error
         index = int(np.argmax(np.where(np.isnan(residual), np.inf, residual) / bound))
         check.add(residual, bound, shape=(d, r), key=(CLAIM_ID, "eps", d, r, chunk), seed=seed,

@@ -68,7 +68,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
-from .kit.bounds import feasibility_bound, polar_error_bound
+from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
 from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
@@ -564,8 +564,8 @@ def highprec_check(seed: int, profile: Profile) -> tuple[NumericalCheck, list[di
         "retraction_vs_highprec",
         f"||polar_float64(W + xi) - polar_mp(W + xi)|| ({profile.mp_dps} digits), tangent xi of norm Delta, "
         "random and rank-one (largest cond)",
-        "polar_error_bound(d, r, cond) = 5 cond sqrt(r) (d r + 1) u with cond the measured cond(W + xi) "
-        f"(see that function); the mpmath reference errs by ~10^-{profile.mp_dps}, far below.",
+        POLAR_ERROR_TEXT + ", with cond the measured cond(W + xi); "
+        f"the mpmath reference errs by ~10^-{profile.mp_dps}, far below.",
     )
     samples = []
     for k in range(profile.mp_samples):
@@ -610,8 +610,8 @@ def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalChec
     check = NumericalCheck(
         f"long_run_feasibility[{variant_name(optimizer)}]",
         f"||W_t^T W_t - I|| for t = 1..{steps}, {LONG_RUN_BATCH} frames of shape {LONG_RUN_SHAPE}",
-        "feasibility_bound(d, r) = 7 sqrt(r) (d r + 1) u for a float64 SVD polar factor, independent of t "
-        "because each step re-orthogonalises the actual W + xi: any drift would cross it.",
+        FEASIBILITY_TEXT + "; independent of t because each step re-orthogonalises the actual W + xi: "
+        "any drift would cross it.",
     )
     check.add(feas.ravel(), feasibility_bound(d, r), shape=(d, r), key=key, seed=seed)
     max_per_step = feas.max(axis=-1)

@@ -209,7 +209,7 @@ def _checks(label: str, side: str) -> dict:
         f"gamma_{n} sqrt({n}) times the norm for the final product"
     )
     return {
-        "W": NumericalCheck(f"{label}_frames", f"max over t of ||W_t({action}) - transformed W_t||_F", derivation),
+        "W": NumericalCheck(f"{label}_frames", f"max over t of ||W_t({action}) - transformed W_t||_F", derivation, tightness_note=tightness.RUNNING_BOUND),
         "m": NumericalCheck(f"{label}_first_moment", "max over t of ||m_t(transformed) - transformed m_t||_F", derivation, tightness_note=tightness.RUNNING_BOUND),
         "v": NumericalCheck(f"{label}_second_moment", "max over t of |v_t(transformed) - v_t|", derivation, tightness_note=tightness.RUNNING_BOUND),
     }

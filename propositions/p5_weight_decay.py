@@ -99,22 +99,6 @@ POLAR_LIPSCHITZ = 1.0 + math.sqrt(2.0)
 # --------------------------------------------------------------------------------------------
 
 
-def polar_rounding(d: int, r: int, cond) -> np.ndarray:
-    """Forward error of the float64 polar factor U V^T (thin SVD) of a d x r matrix of condition cond.
-
-    The SVD is backward stable: the computed factors are exact for A + dA with ||dA||_F <= g ||A||_2,
-    where g collects the two phases of LAPACK's algorithm. The Householder bidiagonalisation adds
-    gamma_{2 d r} (Higham 2002, ch. 19, Householder reflectors, applied on the left and the right); the
-    implicit QR iteration on the bidiagonal applies, at about two sweeps per singular value, 2 r
-    sweeps of r - 1 plane rotations on each side, each rotation backward stable to gamma_6 (Higham,
-    ch. 19, plane rotations), which accumulates to gamma_{24 r^2}. The backward error moves the polar factor by at
-    most (1 + sqrt 2) g cond; the loss of orthonormality of the computed U and V adds g each, and the
-    product U V^T adds gamma_r sqrt(r).
-    """
-    g = gamma(2 * d * r) + gamma(24 * r * r)
-    return POLAR_LIPSCHITZ * g * np.asarray(cond) + 2.0 * g + gamma(r) * math.sqrt(r)
-
-
 def decay_projection_bound(d: int, r: int) -> float:
     """Bound on ||fl(P_W(W))||_F for a float64 frame with ||W^T W - I||_F <= phi.
 
@@ -163,14 +147,15 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
       The trust-region clip is the projection onto a ball (1-Lipschitz) and rounds by
       (gamma_{dr}/2 + 3u) ||xi|| per step.
       The polar factor moves by at most POLAR_LIPSCHITZ ||dxi|| / sigma_min with sigma_min(W + xi)
-      >= 1 - 2 phi for tangent xi (P3), and each of the two retractions rounds by polar_rounding.
+      >= 1 - 2 phi for tangent xi (P3), and each of the two retractions rounds by polar_error_bound
+      (kit/bounds.py) at that condition number.
 
     d = r = 1 (the analysis above divides by sqrt(v^), which is 0 there): St(1, 1) = {-1, +1} and
     T_W = {0}. A float frame w has |w^2 - 1| <= phi, so |w| >= 1 - phi. Whatever either step's xi
     is (rounding noise of P_W, amplified by the scale-free step), the trust region keeps |xi| <= Delta,
     and for Delta < 1 - phi the polar factor of w + xi is sign(w + xi) = sign(w) in both runs: the
     exact results are equal. The 1 x 1 SVD returns |a| and the signs exactly; the bound allows each
-    retraction its general rounding, 2 polar_rounding(1, 1, 1), finite and > 0. (For Delta >= 1 - phi
+    retraction its general rounding, 2 polar_error_bound(1, 1, 1), finite and > 0. (For Delta >= 1 - phi
     the general bound applies, infinite where v^ = 0.)
     """
     d, r = W.shape[-2], W.shape[-1]
@@ -202,9 +187,9 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
     dxi = dxi_exact + 2.0 * (xi_rounding + clip_rounding)
     step_norm = np.minimum(xi_norm, config.trust_radius)
     cond = np.sqrt(1.0 + step_norm**2) / (1.0 - 2.0 * phi)
-    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_rounding(d, r, cond)
+    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_error_bound(d, r, cond)
     if d == 1 and r == 1 and config.trust_radius < 1.0 - phi:
-        return np.full(np.shape(bound), 2.0 * float(polar_rounding(1, 1, 1.0)))
+        return np.full(np.shape(bound), 2.0 * float(polar_error_bound(1, 1, 1.0)))
     # A zero mean square (G = 0) makes the analysis vacuous; no frame of the plan has G = 0, and an
     # infinite bound would show in the statistics rather than pass silently as a small number.
     return np.where(np.isfinite(bound), bound, np.inf)
@@ -216,10 +201,10 @@ def decoupled_decay_bound(d: int, r: int) -> float:
     Exactly, polar(alpha W) = polar(W), and ||polar(W) - W||_F = ||Sigma - I||_F <= ||W^T W - I||_F
     <= phi (|sigma - 1| <= |sigma^2 - 1|). fl(alpha W) = alpha W + dA with |dA| <= u alpha |W|,
     moving the polar factor by <= POLAR_LIPSCHITZ u sqrt(r) (1 + 2 phi); the retraction rounds by
-    polar_rounding at condition 1 + 2 phi. Factor 2 for the dropped O(u^2).
+    polar_error_bound (kit/bounds.py) at condition 1 + 2 phi. Factor 2 for the dropped O(u^2).
     """
     phi = manifold_tolerance(d, r)
-    return 2.0 * (phi + POLAR_LIPSCHITZ * u * math.sqrt(r) * (1 + 2 * phi) + float(polar_rounding(d, r, 1 + 2 * phi)))
+    return 2.0 * (phi + POLAR_LIPSCHITZ * u * math.sqrt(r) * (1 + 2 * phi) + float(polar_error_bound(d, r, 1 + 2 * phi)))
 
 
 def norm_constant_bound(d: int, r: int) -> float:
@@ -386,7 +371,8 @@ def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
             f"lambda in {list(LAMBDA_GRID)}, ||G|| over six decades",
             "step_difference_bound: lambda times the rounding residual of P_W(W) plus the rounding of "
             "two projections, relative to ||g|| in the scale-free step, through the 1-Lipschitz trust "
-            "region and the (1 + sqrt 2)/sigma_min-Lipschitz polar factor, plus two retractions' rounding",
+            "region and the (1 + sqrt 2)/sigma_min-Lipschitz polar factor, plus two retractions' rounding, each "
+            + POLAR_ERROR_TEXT,
             tightness_note=tightness.SAME_ROUNDING,
         ),
         "trajectory_weight_decay_invariance": NumericalCheck(
@@ -482,13 +468,13 @@ def _manifold_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
         "decay_projection_zero",
         "||fl(P_W(W))||_F = ||W - W sym(W^T W)||_F for float64 frames",
         "decay_projection_bound: (1 + phi) phi for the float frame's feasibility phi plus the rounding "
-        "of one projection, ((gamma_d + gamma_r) sqrt r + 3u) sqrt r",
+        "of one projection, sqrt(r) times " + PROJECTION_TEXT,
     )
     decoupled = NumericalCheck(
         "decoupled_decay_polar",
         "||polar((1 - lr lambda) W) - W||_F with lr lambda log-uniform on [1e-9, 0.9]",
         "decoupled_decay_bound: ||polar(W) - W|| <= phi, one rounding of alpha W through the polar "
-        "factor, one retraction's rounding",
+        "factor, one retraction's rounding, " + POLAR_ERROR_TEXT,
         tightness_note=tightness.WORST_CASE_SUMS,
     )
     frames = 0
