@@ -52,7 +52,8 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
-from ._symbolic import copied, is_zero_matrix, reduce_with
+from ._symbolic import copied, reduce_with
+from .kit.symbolic import is_zero
 from ._common import (
     projection_error_bound,
     wide_scale_gradients,
@@ -353,14 +354,14 @@ def _derivation() -> tuple[SymbolicStep, ...]:
     PG = P(G)
     idempotent = reduce_with(P(PG) - PG, orthonormal)
     result.steps.append(SymbolicStep("P_W is idempotent: P_W(P_W(G)) - P_W(G) = 0 given W^T W = I",
-                                     r"P_W(P_W(G)) - P_W(G) = 0", is_zero_matrix(idempotent)))
+                                     r"P_W(P_W(G)) - P_W(G) = 0", is_zero(idempotent)))
     in_range = reduce_with(W.T * PG + PG.T * W, orthonormal)
     result.steps.append(SymbolicStep("range in T_W: W^T P_W(G) + P_W(G)^T W = 0",
-                                     r"W^\top P_W(G) + P_W(G)^\top W = 0", is_zero_matrix(in_range)))
+                                     r"W^\top P_W(G) + P_W(G)^\top W = 0", is_zero(in_range)))
     # kernel: S symmetric, so S^T is replaced by S
     kernel = reduce_with(P(W * S).subs(S.T, S), {**orthonormal, S.T: S})
     result.steps.append(SymbolicStep("kernel N_W: P_W(W S) = 0 for S = S^T", r"P_W(WS) = 0,\ S = S^\top",
-                                     is_zero_matrix(kernel)))
+                                     is_zero(kernel)))
 
     # Self-adjointness and the gap identity need traces; at d = 3, r = 2 with explicit symbolic
     # entries and an exact rational frame (the Cayley transform of a fixed skew matrix).

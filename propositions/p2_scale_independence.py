@@ -67,6 +67,7 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
 from .kit import tightness
+from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
 from .kit.running_bounds import (
     MEDIUM_SHAPES,
@@ -79,7 +80,6 @@ from .kit.running_bounds import (
     worst_over_steps,
     plan_chunks,
     initial_distance_to_manifold,
-    reduces_to_zero,
 )
 from ._common import (
     LARGE_SHAPES,
@@ -581,13 +581,13 @@ def symbolic_part() -> SymbolicResult:
     record(
         "P_W(lambda W) = 0 on St(d, r)",
         r"P_W(\lambda W) = \lambda W - W\,\mathrm{sym}(W^\top \lambda W) = 0",
-        reduces_to_zero(decay),
+        is_zero(decay),
     )
     linear = sp.expand(project(W, c * G + lam * W) - c * project(W, G)).subs(W.T * W, identity)
     record(
         "g(c) = P_W(c G + lambda W) = c P_W(G)",
         r"P_W(cG + \lambda W) - c\,P_W(G) = 0",
-        reduces_to_zero(linear),
+        is_zero(linear),
     )
     g = project(W, G)
     m_scaled = beta1 * (c * M) + (1 - beta1) * (c * g)
@@ -595,7 +595,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "m(c) = c m (induction step)",
         r"\beta_1 (c m) + (1-\beta_1)(c g) - c(\beta_1 m + (1-\beta_1) g) = 0",
-        reduces_to_zero(sp.expand(m_scaled - c * m_one)),
+        is_zero(sp.expand(m_scaled - c * m_one)),
     )
     g2 = sp.Symbol("n_g", positive=True)  # ||g||^2 / (d r) of the unscaled run
     v_scaled = beta2 * c**2 * v + (1 - beta2) * c**2 * g2
@@ -609,7 +609,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "xi(c) = -lr c m^ / sqrt(c^2 v^) = xi(1): degree 0 in c",
         r"-\frac{\eta\, c\, \hat m}{\sqrt{c^2 \hat v}} + \frac{\eta\, \hat m}{\sqrt{\hat v}} = 0",
-        reduces_to_zero(xi_scaled - xi_one),
+        is_zero(xi_scaled - xi_one),
     )
     degree = sp.cancel(sp.diff(sp.log(c * sp.Symbol("mu", positive=True) / sp.sqrt(c**2 * v)), c) * c)
     record(
@@ -621,7 +621,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "P_{W+}(c m) = c P_{W+}(m)",
         r"P_{W_+}(c m) - c P_{W_+}(m) = 0",
-        reduces_to_zero(transport),
+        is_zero(transport),
     )
     # xi = coefficient * m^: the eps identities are identities of the scalar coefficients.
     xi_eps = -lr / (s + eps)
@@ -646,7 +646,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "control: fixed-step SGD xi(c) - xi(1) = -lr (c - 1) g, degree one in c",
         r"-\eta c g + \eta g = -\eta (c-1) g",
-        reduces_to_zero(sgd - (-lr * (c - 1) * g)),
+        is_zero(sgd - (-lr * (c - 1) * g)),
     )
     # The steps above are about the formulas; these run the code's stages (a change to them fails here).
     from .kit.symbolic import scale_steps

@@ -70,7 +70,8 @@ from reference_impl.adam import frobenius
 from .kit import tightness
 from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
-from ._symbolic import copied, is_zero_matrix, reduce_with
+from ._symbolic import copied, reduce_with
+from .kit.symbolic import is_zero
 from ._common import (
     projection_error_bound,
     wide_scale_gradients,
@@ -169,11 +170,11 @@ def _derivation() -> tuple[SymbolicStep, ...]:
     I_r = sp.Identity(r)
     gram = reduce_with((W + X).T * (W + X) - I_r - X.T * X, {W.T * W: I_r, X.T * W: -W.T * X})
     result.steps.append(SymbolicStep("Gram identity (W + xi)^T (W + xi) = I + xi^T xi for tangent xi",
-                                     r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi", is_zero_matrix(gram)))
+                                     r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi", is_zero(gram)))
     step = -c * M
     tangency = reduce_with(W.T * step + step.T * W, {M.T * W: -W.T * M})
     result.steps.append(SymbolicStep("a scalar-preconditioned tangent m^ stays tangent: W^T xi + xi^T W = 0 for xi = -c m^",
-                                     r"W^\top(-c\hat m) + (-c\hat m)^\top W = 0", is_zero_matrix(tangency)))
+                                     r"W^\top(-c\hat m) + (-c\hat m)^\top W = 0", is_zero(tangency)))
     # An elementwise preconditioner (Adam's, entries p and q) leaves T_W: at W = (1, 1)/sqrt 2 the vector
     # m = (1, -1)/sqrt 2 is tangent, but W^T (D o m) = (p - q)/2, zero only when the entries agree.
     p, q = sp.symbols("p q", positive=True)

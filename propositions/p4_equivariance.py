@@ -70,6 +70,7 @@ from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
 from .kit import tightness
+from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
@@ -92,7 +93,6 @@ from .kit.running_bounds import (
     initial_distance_to_manifold,
     plan_chunks,
     record_trajectory,
-    reduces_to_zero,
     run_trajectory,
     trajectory_rounding_bound,
     worst_over_steps,
@@ -400,61 +400,61 @@ def symbolic_part() -> SymbolicResult:
     record(
         "P_{QW}(QG + lambda QW) = Q P_W(G + lambda W)",
         r"P_{QW}(QG+\lambda QW) - Q P_W(G+\lambda W) = 0\ \ (Q^\top Q = I)",
-        reduces_to_zero(left),
+        is_zero(left),
     )
     right = expanded(project(W * R, G * R + lam * W * R) - project(W, G + lam * W) * R).subs(R * R.T, I_r)
     record(
         "P_{WR}(GR + lambda WR) = P_W(G + lambda W) R",
         r"P_{WR}(GR+\lambda WR) - P_W(G+\lambda W) R = 0\ \ (R R^\top = I)",
-        reduces_to_zero(right),
+        is_zero(right),
     )
     gram_left = expanded((Q * G).T * (Q * G) - G.T * G).subs(Q.T * Q, I_d)
     record(
         "(QG)^T (QG) = G^T G, so ||QG|| = ||G|| (v and the trust region)",
         r"(QG)^\top QG - G^\top G = 0",
-        reduces_to_zero(gram_left),
+        is_zero(gram_left),
     )
     gram_right = expanded((G * R) * (G * R).T - G * G.T).subs(R * R.T, I_r)
     record(
         "(GR)(GR)^T = G G^T, so ||GR|| = ||G||",
         r"GR(GR)^\top - GG^\top = 0",
-        reduces_to_zero(gram_right),
+        is_zero(gram_right),
     )
     polar_left_orth = expanded((Q * U).T * (Q * U) - I_r).subs(Q.T * Q, I_d).subs(U.T * U, I_r)
     record(
         "(QU)^T (QU) = I for U^T U = I",
         r"(QU)^\top QU - I = 0",
-        reduces_to_zero(polar_left_orth),
+        is_zero(polar_left_orth),
     )
     polar_left_spd = expanded((Q * U).T * (Q * A) - U.T * A).subs(Q.T * Q, I_d)
     record(
         "(QU)^T (QA) = U^T A: the same SPD factor, so polar(QA) = Q polar(A)",
         r"(QU)^\top QA - U^\top A = 0",
-        reduces_to_zero(polar_left_spd),
+        is_zero(polar_left_spd),
     )
     polar_right_orth = expanded((U * R).T * (U * R) - I_r).subs(U.T * U, I_r).subs(R.T * R, I_r)
     record(
         "(UR)^T (UR) = I for U^T U = I, R^T R = I",
         r"(UR)^\top UR - I = 0",
-        reduces_to_zero(polar_right_orth),
+        is_zero(polar_right_orth),
     )
     congruence = expanded((U * R).T * (A * R) - R.T * (U.T * A) * R)
     record(
         "(UR)^T (AR) = R^T (U^T A) R",
         r"(UR)^\top AR - R^\top (U^\top A) R = 0",
-        reduces_to_zero(congruence),
+        is_zero(congruence),
     )
     symmetric = expanded((R.T * H * R).T - R.T * H * R).subs(H.T, H)
     record(
         "R^T H R is symmetric for H = H^T (and SPD as a congruence): polar(AR) = polar(A) R",
         r"(R^\top H R)^\top - R^\top H R = 0\ \ (H^\top = H)",
-        reduces_to_zero(symmetric),
+        is_zero(symmetric),
     )
     transport = expanded(project(Q * W, Q * M) - Q * project(W, M)).subs(Q.T * Q, I_d)
     record(
         "transport P_{QW+}(Qm) = Q P_{W+}(m)",
         r"P_{QW_+}(Qm) - Q P_{W_+}(m) = 0",
-        reduces_to_zero(transport),
+        is_zero(transport),
     )
     return result
 

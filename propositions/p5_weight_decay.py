@@ -45,7 +45,8 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import tightness
-from .kit.bounds import projection_error_bound
+from .kit.symbolic import is_zero
+from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, polar_error_bound, projection_error_bound
 from ._common import (
     Claim,
     ClaimResult,
@@ -224,13 +225,6 @@ def norm_constant_bound(d: int, r: int) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _is_zero_matrix(expr) -> bool:
-    value = expr.doit() if hasattr(expr, "doit") else expr
-    if isinstance(value, sp.MatrixBase):
-        return all(sp.simplify(entry) == 0 for entry in value)
-    return bool(getattr(value, "is_ZeroMatrix", False)) or value == 0
-
-
 def symbolic_derivation() -> SymbolicResult:
     """The derivation with MatrixSymbols (d, r symbolic) and at explicit 2 x 1 and 2 x 2 frames."""
     result = SymbolicResult(method="sympy MatrixSymbol algebra with W^T W = I_r; explicit cos/sin frames; the code's "
@@ -256,7 +250,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "P_W(W) = W - W sym(W^T W) = W - W I_r = 0 under W^T W = I",
             r"P_W(W) = W - W\,\mathrm{sym}(W^\top W) = W - W I_r = 0",
-            _is_zero_matrix(decay_projection),
+            is_zero(decay_projection),
         )
     )
     linearity = sp.expand(project(G + lam * W) - project(G) - lam * project(W))
@@ -264,7 +258,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "P_W is linear: P_W(G + lambda W) - P_W(G) - lambda P_W(W) = 0 (no constraint needed)",
             r"P_W(G + \lambda W) - P_W(G) - \lambda P_W(W) = 0",
-            _is_zero_matrix(linearity),
+            is_zero(linearity),
         )
     )
     step_invariance = on_manifold(project(G + lam * W) - project(G))
@@ -272,7 +266,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "hence the coupled decay never reaches the step: P_W(G + lambda W) = P_W(G)",
             r"P_W(G + \lambda W) - P_W(G) = \lambda P_W(W) = 0",
-            _is_zero_matrix(step_invariance),
+            is_zero(step_invariance),
         )
     )
     decayed_gram = on_manifold((alpha * W).T * (alpha * W)) - alpha**2 * identity
@@ -282,7 +276,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "polar(alpha W) = alpha W ((alpha W)^T alpha W)^(-1/2) = alpha W (alpha^2 I)^(-1/2) = W, alpha > 0",
             r"(\alpha W)^\top (\alpha W) = \alpha^2 I_r,\quad \alpha W (\alpha^2 I_r)^{-1/2} = W",
-            _is_zero_matrix(decayed_gram) and _is_zero_matrix(polar_of_decayed),
+            is_zero(decayed_gram) and is_zero(polar_of_decayed),
         )
     )
     norm = sp.Trace(W.T * W).subs(W.T * W, identity).doit() - r
@@ -308,7 +302,7 @@ def symbolic_derivation() -> SymbolicResult:
             "explicit frames (cos t, sin t)^T in St(2,1) and rotation / reflection in O(2) (det +1, -1): P_W(W) = 0",
             r"P_W(W) = 0\ \text{for } W = (\cos\theta, \sin\theta)^\top,\ "
             r"\begin{pmatrix}\cos\varphi & \mp\sin\varphi\\ \sin\varphi & \pm\cos\varphi\end{pmatrix}",
-            all(_is_zero_matrix(M) for M in explicit),
+            all(is_zero(M) for M in explicit),
         )
     )
     # The steps above are about the formula; these run the code's project_tangent itself.

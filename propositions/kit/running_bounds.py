@@ -12,15 +12,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import sympy as sp
 
 from reference_impl import adam
 from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
-from .bounds import POLAR_ERROR_TEXT, polar_error_bound
 from .._common import chunk_sizes, u
+from .bounds import POLAR_ERROR_TEXT, polar_error_bound
 
 # The largest frames (up to (1024, 128)) run in the main trajectory check; the other checks use
 # frames up to (128, 16), which keeps one run inside its time budget.
@@ -213,8 +212,3 @@ def initial_distance_to_manifold(W0):
     gram = np.swapaxes(W0, -1, -2) @ W0
     # ||W - polar(W)|| = ||S - I|| <= ||S^2 - I|| = ||W^T W - I||, plus the rounding of the Gram.
     return np.linalg.norm(gram - np.eye(r), axis=(-2, -1)) + (W0.shape[-2] + 2) * math.sqrt(r) * u
-
-
-def reduces_to_zero(expr) -> bool:
-    expr = sp.expand(expr.doit()) if hasattr(expr, "doit") else sp.expand(expr)
-    return expr == 0 or isinstance(expr, sp.ZeroMatrix) or bool(getattr(expr, "is_ZeroMatrix", False))
