@@ -781,7 +781,8 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
 
     controls = []
     if optimizer == "stiefel_adam":
-        control_profile = Profile("control", frames=max(profile.frames // 50, 30), steps=2, long_run_steps=0, mp_dps=0, mp_samples=0)
+        control_profile = Profile("control", frames=profile.control_frames, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0,
+                                  control_frames=profile.control_frames)
         for name in CONTROL_DESCRIPTIONS:
             control_checks = _new_checks(dtype)
             # float64 storage, where the cross-check's bound is tightest: in bfloat16 (u = 2^-8) the

@@ -718,9 +718,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
 
     started = time.perf_counter()
     controls = []
-    control_frames = max(profile.frames // 10, 200)
     for name in CONTROLS:
-        control_check, _ = first_step_check(seed, profile, name, frames=control_frames, large=CONTROL_LARGE_SHAPES)
+        control_check, _ = first_step_check(seed, profile, name, frames=profile.control_frames, large=CONTROL_LARGE_SHAPES)
         controls.append(ControlResult.from_checks(name, get_variant(name).description, [control_check]))
     timings["controls_s"] = time.perf_counter() - started
 
@@ -746,7 +745,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "slope_tests": {"grid": {"min": float(SLOPE_GRID[0]), "max": float(SLOPE_GRID[-1]), "points": len(SLOPE_GRID)},
                             "slope_tol": SLOPE_TOL, "min_decades": MIN_DECADES, "floor_factor": FLOOR_FACTOR,
                             "results": slope_summary},
-            "control_frames": control_frames,
+            "control_frames": profile.control_frames,
             "timings": timings,
         },
         figures=slope_figures(curves),

@@ -56,6 +56,7 @@ or inside the square root) fails the eps check.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -706,8 +707,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
 
     controls = []
-    control_profile = Profile(profile.name, max(profile.frames // 20, 64), profile.steps, profile.long_run_steps,
-                              profile.mp_dps, profile.mp_samples)
+    control_profile = dataclasses.replace(profile, frames=profile.control_frames)
     sgd_check, _, _, _, _ = trajectory_check(
         seed, control_profile, "fixed_step_sgd", weight_decay=0.0, frames=control_profile.frames,
         label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, large=())

@@ -674,9 +674,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
 
     started = time.perf_counter()
     controls = []
-    control_frames = max(profile.frames // 10, 200)
     for name in CONTROLS:
-        control_checks, _, _ = step_checks(seed, profile, name, frames=control_frames, large=LARGE_SHAPES[:2])
+        control_checks, _, _ = step_checks(seed, profile, name, frames=profile.control_frames, large=LARGE_SHAPES[:2])
         # the reconstruction check confirms which xi was retracted; it is not what the control breaks
         controls.append(ControlResult.from_checks(name, get_variant(name).description, control_checks[1:]))
     timings["controls_s"] = time.perf_counter() - started
@@ -700,7 +699,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
                             "trust_radius": STEP_CONFIG.trust_radius},
             "highprec": {"dps": profile.mp_dps, "samples": highprec_samples},
             "long_run": long_run_summary,
-            "control_frames": control_frames,
+            "control_frames": profile.control_frames,
             "timings": timings,
         },
         figures={

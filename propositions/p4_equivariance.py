@@ -511,7 +511,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
 
     checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
 
-    control_frames = max(profile.frames // 40, 32)
+    control_frames = profile.control_frames
     controls = []
     for name, description in (
         ("elementwise_second_moment", "Adam's elementwise second moment: equivariant only under signed permutations"),

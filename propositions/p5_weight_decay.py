@@ -81,10 +81,6 @@ MAX_DECAY_PER_STEP = 0.5
 # one-step check only, which keeps the default profile within its time budget.
 TRAJECTORY_FRACTION = 4
 TRAJECTORY_MAX_COST = 2**18
-# Controls need no statistics, only a clear miss: they run on this fraction of the frames, on the
-# small shapes.
-CONTROL_FRACTION = 20
-
 CONTROLS = ("euclidean_adamw", "unprojected_decay")
 
 # Polar perturbation constant: ||polar(A) - polar(B)||_F <= (1 + sqrt 2) ||A - B||_F / sigma_min
@@ -536,7 +532,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
     optimizer_checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
-    control_frames = max(1, profile.frames // CONTROL_FRACTION)
+    control_frames = profile.control_frames
     controls = []
     for name in CONTROLS:
         # small shapes only: a control has to miss the bound clearly, not be measured everywhere

@@ -83,7 +83,6 @@ VALUE_DIM = 3
 # and targets 10^U(-3, 3) (gradients over twelve decades).
 TOKEN_LOG10_SCALE = (-1.0, 0.5)
 VALUE_LOG10_SCALE = (-3.0, 3.0)
-CONTROL_FRACTION = 20
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,7 +441,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     )
 
     control_checks = _gauge_checks("anchored_query_loss:")
-    for d, r, n, chunk_index, count in _plan(profile, frames=max(1, profile.frames // CONTROL_FRACTION), large=()):
+    for d, r, n, chunk_index, count in _plan(profile, frames=profile.control_frames, large=()):
         key = (CLAIM_ID, "control", d, r, n, chunk_index)
         rng = rng_for(seed, *key)
         X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r)
