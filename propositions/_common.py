@@ -36,6 +36,7 @@ import numpy as np
 from reference_impl import UNIT_ROUNDOFF
 
 from .kit.bounds import gamma, projection_error_bound  # noqa: F401 (the claims import them from here too)
+from .kit.figures import figures_to_dict
 
 u = UNIT_ROUNDOFF
 
@@ -85,8 +86,8 @@ class Profile:
     long_run_steps: int
     mp_dps: int
     mp_samples: int
-
     control_frames: int = 64
+
 
 PROFILES: dict[str, Profile] = {
     "quick": Profile("quick", frames=1_000, steps=4, long_run_steps=1_000, mp_dps=40, mp_samples=3, control_frames=64),
@@ -424,7 +425,7 @@ class ClaimResult:
                 "numerical": {"frames": self.frames, "dtype": self.dtype, "checks": [c.to_dict() for c in self.checks]},
                 "controls": [c.to_dict() for c in self.controls],
                 "extra": self.extra,
-                "figures": self.figures,
+                "figures": figures_to_dict(self.figures),
                 "notes": list(self.notes) + self.tightness_audit(),
                 "inconclusive": inconclusive,
             }

@@ -59,6 +59,7 @@ from propositions._common import (
 )
 from propositions.kit import tightness
 from propositions.kit.bounds import gram_defect_bound
+from propositions.kit.figures import LineFigure, Series
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.
@@ -774,7 +775,7 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
             "seconds": seconds,
             "microseconds_per_step": 1e6 * seconds / profile.long_run_steps,
         }
-        series.append({"x": [float(s) for s in steps_at], "y": residuals, "label": run_dtype})
+        series.append(Series([float(s) for s in steps_at], residuals, run_dtype))
 
     all_checks = list(checks.values()) + list(p_checks.values()) + [feasibility_check]
     all_checks = [c for c in all_checks if c.samples]
@@ -792,16 +793,11 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
 
     first = series[0]
     figures = {
-        "long_run_feasibility": {
-            "x": first["x"],
-            "y": first["y"],
-            "series": series,
-            "xlabel": "step",
-            "ylabel": "max ||W^T W - I||_F",
-            "title": "Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
-            "logx": True,
-            "logy": True,
-        }
+        "long_run_feasibility": LineFigure(
+            title="Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
+            xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(first.x, first.y),
+            logx=True, logy=True,
+        )
     }
     notes = [
         f"lock-step: {frames} frames x {profile.steps} steps on {device} in {dtype}; the torch kernel gets the reference's "

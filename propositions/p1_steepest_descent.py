@@ -73,6 +73,7 @@ from ._common import (
     u,
 )
 from .kit.bounds import polar_error_bound
+from .kit.figures import LineFigure, Series
 
 CLAIM_ID = "P1"
 CONTROLS = ("canonical_metric_gradient", "projection_without_sym")
@@ -672,26 +673,22 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
 
 def slope_figures(curves: list[dict]) -> dict:
     """The report's slope plot: one log-log figure per slope test, each frame's error curve and the
-    window its slope was located in (the line-plot convention of certify/report.py)."""
+    window its slope was located in (kit.figures.LineFigure)."""
     figures = {}
     for name in dict.fromkeys(c["name"] for c in curves):
         series = []
         for curve in (c for c in curves if c["name"] == name):
             s_values, errors = np.asarray(curve["s"]), np.asarray(curve["error"], dtype=float)
             label = f"{tuple(curve['shape'])}: slope {curve['slope']:.3g} over {curve['decades']:.3g} decades"
-            series.append({"x": s_values.tolist(), "y": errors.tolist(), "label": label})
+            series.append(Series(s_values.tolist(), errors.tolist(), label))
             low, high = curve["window"]  # nan when no window was found: nothing is marked
             inside = (s_values >= low) & (s_values <= high)
             if inside.any():
-                series.append({"x": s_values[inside].tolist(), "y": errors[inside].tolist(), "label": "located window"})
-        figures[f"slope_{name}"] = {
-            "series": series,
-            "title": f"slope test: {name} (expected slope {next(c['expected_slope'] for c in curves if c['name'] == name)})",
-            "xlabel": "s",
-            "ylabel": "error",
-            "logx": True,
-            "logy": True,
-        }
+                series.append(Series(s_values[inside].tolist(), errors[inside].tolist(), "located window"))
+        figures[f"slope_{name}"] = LineFigure(
+            title=f"slope test: {name} (expected slope {next(c['expected_slope'] for c in curves if c['name'] == name)})",
+            xlabel="s", ylabel="error", series=series, logx=True, logy=True,
+        )
     return figures
 
 

@@ -70,6 +70,7 @@ from reference_impl.manifold import polar_retract, project_tangent, random_point
 from .kit import tightness
 from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
+from .kit.figures import LineFigure, Series
 from .kit.running_bounds import (
     MEDIUM_SHAPES,
     TRAJECTORY_BOUND_TEXT,
@@ -766,27 +767,23 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "eps_deviation": _against(figure_eps, "x", ["deviation", "predicted", "residual", "bound"],
                                       f"one step with eps = {EPS:g}: deviation from the eps = 0 step, its "
                                       "prediction, and the distance to the predicted frame", "x = eps / (c sqrt(v^))"),
-            "domain_scan": {
-                "x": scan["log2_c"],
-                "y": scan["residual"],
-                "label": "residual (dropped where the step is not finite)",
-                "title": "float64 domain of c = 2^k: ||W_T(c G) - W_T(G)||",
-                "xlabel": "log2 c",
-                "ylabel": "residual",
-                "logy": True,
-            },
+            "domain_scan": LineFigure(
+                title="float64 domain of c = 2^k: ||W_T(c G) - W_T(G)||", xlabel="log2 c", ylabel="residual",
+                single=Series(scan["log2_c"], scan["residual"], "residual (dropped where the step is not finite)"),
+                logy=True,
+            ),
         },
         notes=notes,
         inconclusive=inconclusive,
     )
 
 
-def _against(data: dict, x_key: str, y_keys: list[str], title: str, xlabel: str) -> dict:
-    """A log-log line figure of data[y] against data[x_key] (sorted by x), the report's convention."""
+def _against(data: dict, x_key: str, y_keys: list[str], title: str, xlabel: str) -> LineFigure:
+    """A log-log line figure of data[y] against data[x_key] (sorted by x)."""
     order = np.argsort(np.asarray(data[x_key], dtype=float), kind="stable")
     x = np.asarray(data[x_key], dtype=float)[order].tolist()
-    series = [{"x": x, "y": np.asarray(data[key], dtype=float)[order].tolist(), "label": key} for key in y_keys]
-    return {"series": series, "title": title, "xlabel": xlabel, "ylabel": "||W - W'||_F", "logx": True, "logy": True}
+    series = [Series(x, np.asarray(data[key], dtype=float)[order].tolist(), key) for key in y_keys]
+    return LineFigure(title=title, xlabel=xlabel, ylabel="||W - W'||_F", series=series, logx=True, logy=True)
 
 
 CLAIM = Claim(

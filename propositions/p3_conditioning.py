@@ -70,6 +70,7 @@ from reference_impl.adam import frobenius
 from .kit import tightness
 from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
+from .kit.figures import LineFigure, Series
 from ._symbolic import copied, reduce_with
 from .kit.symbolic import is_zero
 from ._common import (
@@ -703,32 +704,25 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "timings": timings,
         },
         figures={
-            "conditioning_bound": {
-                "series": [
-                    {"x": figure_conditioning["delta"], "y": figure_conditioning["bound"], "label": "bound sqrt(1 + Delta^2)"},
-                    {"x": figure_conditioning["delta"], "y": figure_conditioning["max_cond_random"],
-                     "label": f"max cond over {figure_conditioning['frames']} random tangents"},
-                    {"x": figure_conditioning["delta"], "y": figure_conditioning["cond_rank_one"], "label": "rank-one xi"},
+            "conditioning_bound": LineFigure(
+                title=f"cond(W + xi) against the trust radius, shape {tuple(figure_conditioning['shape'])}",
+                xlabel="trust radius Delta", ylabel="cond(W + xi)", logx=True, logy=True,
+                series=[
+                    Series(figure_conditioning["delta"], figure_conditioning["bound"], "bound sqrt(1 + Delta^2)"),
+                    Series(figure_conditioning["delta"], figure_conditioning["max_cond_random"],
+                           f"max cond over {figure_conditioning['frames']} random tangents"),
+                    Series(figure_conditioning["delta"], figure_conditioning["cond_rank_one"], "rank-one xi"),
                 ],
-                "title": f"cond(W + xi) against the trust radius, shape {tuple(figure_conditioning['shape'])}",
-                "xlabel": "trust radius Delta",
-                "ylabel": "cond(W + xi)",
-                "logx": True,
-                "logy": True,
-            },
-            "long_run_feasibility": {
-                "series": [
-                    {"x": figure_long_run["steps"], "y": figure_long_run["max_feasibility"],
-                     "label": f"max over {figure_long_run['batch']} frames"},
-                    {"x": figure_long_run["steps"], "y": [figure_long_run["bound"]] * len(figure_long_run["steps"]),
-                     "label": "bound"},
+            ),
+            "long_run_feasibility": LineFigure(
+                title=f"feasibility along a long run, shape {tuple(figure_long_run['shape'])}",
+                xlabel="step", ylabel="||W^T W - I||_F", logx=True, logy=True,
+                series=[
+                    Series(figure_long_run["steps"], figure_long_run["max_feasibility"],
+                           f"max over {figure_long_run['batch']} frames"),
+                    Series(figure_long_run["steps"], [figure_long_run["bound"]] * len(figure_long_run["steps"]), "bound"),
                 ],
-                "title": f"feasibility along a long run, shape {tuple(figure_long_run['shape'])}",
-                "xlabel": "step",
-                "ylabel": "||W^T W - I||_F",
-                "logx": True,
-                "logy": True,
-            },
+            ),
         },
         notes=[
             "The step checks read the direction the step applied ("

@@ -70,6 +70,7 @@ from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
 from .kit import tightness
+from .kit.figures import DataFigure
 from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
 from ._common import (
@@ -560,8 +561,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "bitwise_fractions": fractions,
         },
         figures={
-            "ratio_by_check": {"check": [c.name for c in checks], "max_ratio": [float(c.max_ratio) for c in checks]},
-            "frame_ratio_by_shape": ratio_by_shape,
+            "ratio_by_check": DataFigure({"check": [c.name for c in checks], "max_ratio": [float(c.max_ratio) for c in checks]}),
+            "frame_ratio_by_shape": DataFigure(ratio_by_shape),
         },
         notes=notes,
         inconclusive=inconclusive,

@@ -45,6 +45,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import tightness
+from .kit.figures import LineFigure, Series
 from .kit.symbolic import is_zero
 from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, polar_error_bound, projection_error_bound
 from ._common import (
@@ -569,17 +570,16 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         exact=exact,
         extra=extra,
         figures={
-            "weight_norm": {
-                "series": [
-                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_optimizer"], "label": optimizer},
-                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_euclidean_adamw"], "label": "euclidean_adamw"},
-                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_sqrt_r"], "label": "sqrt(r)"},
+            "weight_norm": LineFigure(
+                title=(f"||W_t||_F under weight decay ({FIGURE_SHAPE[0]} x {FIGURE_SHAPE[1]} frame, "
+                       f"lr = {FIGURE_LR:g}, lambda = {FIGURE_WEIGHT_DECAY:g})"),
+                xlabel="step", ylabel="||W_t||_F",
+                series=[
+                    Series(figures["weight_norm_step"], figures["weight_norm_optimizer"], optimizer),
+                    Series(figures["weight_norm_step"], figures["weight_norm_euclidean_adamw"], "euclidean_adamw"),
+                    Series(figures["weight_norm_step"], figures["weight_norm_sqrt_r"], "sqrt(r)"),
                 ],
-                "title": (f"||W_t||_F under weight decay ({FIGURE_SHAPE[0]} x {FIGURE_SHAPE[1]} frame, "
-                          f"lr = {FIGURE_LR:g}, lambda = {FIGURE_WEIGHT_DECAY:g})"),
-                "xlabel": "step",
-                "ylabel": "||W_t||_F",
-            }
+            )
         },
         notes=notes,
     )
