@@ -27,7 +27,7 @@ How it is checked
 * Float64: trajectories of profile.steps steps over shape_plan(profile), Q Haar on O(d) (both
   components; d = r where St(d, d) = O(d)) and R Haar on O(r): ||W_t(QW, QG) - Q W_t||,
   ||m_t(QW, QG) - Q m_t||, |v_t(QW, QG) - v_t| (and the right action alike), each against the sum of
-  the running rounding bounds of the two trajectories (p2_scale_independence.
+  the running rounding bounds of the two trajectories (propositions/kit/running_bounds.py
   trajectory_rounding_bound) plus the rounding of the products Q W_0, Q G_t and Q W_t
   (gamma_d sqrt(d) relative in the Frobenius norm: || |Q| |A| ||_F <= sqrt(d) ||A||_F). The left
   Haar check runs frames up to (256, 32) (a Haar Q of O(1024) costs d^2 r per product); the
@@ -95,6 +95,7 @@ from .kit.running_bounds import (
     plan_chunks,
     record_trajectory,
     run_trajectory,
+    TRAJECTORY_BOUND_TEXT,
     trajectory_rounding_bound,
     worst_over_steps,
 )
@@ -205,7 +206,7 @@ def _checks(label: str, side: str) -> dict:
     action = "Q W, Q G, Q W_t" if side == "left" else "W R, G R, W_t R"
     derivation = (
         "sum of the running first-order rounding bounds of both float64 trajectories against the common "
-        "exact one (p2_scale_independence.trajectory_rounding_bound), the transformed run starting "
+        "exact one (" + TRAJECTORY_BOUND_TEXT + "), the transformed run starting "
         f"gamma_{n} sqrt({n}) sqrt(r) away and with gradients of relative error gamma_{n} sqrt({n}); plus "
         f"gamma_{n} sqrt({n}) times the norm for the final product"
     )
