@@ -168,8 +168,19 @@ def _is_histogram(entry) -> bool:
     )
 
 
+FIGURE_KINDS = ("line", "histogram", "data")  # propositions/kit/figures.py
+
+
 def figure_kind(entry) -> str:
-    """'line', 'histogram' or 'data' for one entry of a claim's figures dict."""
+    """'line', 'histogram' or 'data' for one entry of a claim's figures dict.
+
+    A figure built by propositions/kit/figures.py says its kind; the report takes it. Certificates
+    written before figures were typed carry no `kind`: their layout is recognised as before (a
+    series list or x / y lists: a line; log10_edges with one count more: a histogram), so that the
+    committed certificates keep their figures without being regenerated.
+    """
+    if isinstance(entry, dict) and "kind" in entry:
+        return entry["kind"] if entry["kind"] in FIGURE_KINDS else "data"
     if isinstance(entry, dict) and _as_series(entry) is not None:
         return "line"
     if _is_histogram(entry):
@@ -397,10 +408,12 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
     for caption, file_name in drawn:
         lines += [f"![{_cell(caption)}]({FIGURES_DIR}/{file_name})", "", f"*{caption}*", ""]
     for name, entry in as_data:
-        text = json.dumps(entry, sort_keys=True)
+        columns = {key: value for key, value in entry.items() if key != "kind"} if isinstance(entry, dict) else entry
+        text = json.dumps(columns, sort_keys=True)
         if len(text) > _DATA_PREVIEW_CHARS:
             text = text[:_DATA_PREVIEW_CHARS] + f" ... ({len(text)} characters in all; the full data is in {certificate['id']}.json)"
-        lines += [f"Figure data `{name}` (not a recognised plot):", "", "```json", text, "```", ""]
+        typed = isinstance(entry, dict) and entry.get("kind") == "data"
+        lines += [f"Figure data `{name}`" + ("" if typed else " (not a recognised plot)") + ":", "", "```json", text, "```", ""]
     return lines
 
 

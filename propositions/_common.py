@@ -36,6 +36,7 @@ import numpy as np
 from reference_impl import UNIT_ROUNDOFF
 
 from .kit.bounds import gamma, projection_error_bound  # noqa: F401 (the claims import them from here too)
+from .kit.figures import figures_to_dict
 
 u = UNIT_ROUNDOFF
 
@@ -72,7 +73,11 @@ class Profile:
 
     frames: at least this many random frames per numerical claim (>= 10^4 default,
     >= 10^6 thorough); steps: length of multi-step trajectories; long_run_steps: steps of the
-    feasibility-drift runs; mp_dps / mp_samples: digits and frames for the mpmath comparisons.
+    feasibility-drift runs; mp_dps / mp_samples: digits and frames for the mpmath comparisons;
+    control_frames: frames (summed over the shapes of the control's plan) that each control, a
+    deliberately broken variant, runs through the checks that must catch it. A control needs a
+    clear miss, not statistics, so it runs on far fewer frames than the claim; every claim takes
+    this one number (default 64, the quick profile's, for profiles built by hand).
     """
 
     name: str
@@ -81,12 +86,15 @@ class Profile:
     long_run_steps: int
     mp_dps: int
     mp_samples: int
+    control_frames: int = 64
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile("quick", frames=1_000, steps=4, long_run_steps=1_000, mp_dps=40, mp_samples=3),
-    "default": Profile("default", frames=10_000, steps=8, long_run_steps=10_000, mp_dps=50, mp_samples=8),
-    "thorough": Profile("thorough", frames=1_000_000, steps=16, long_run_steps=100_000, mp_dps=60, mp_samples=32),
+    "quick": Profile("quick", frames=1_000, steps=4, long_run_steps=1_000, mp_dps=40, mp_samples=3, control_frames=64),
+    "default": Profile("default", frames=10_000, steps=8, long_run_steps=10_000, mp_dps=50, mp_samples=8,
+                       control_frames=256),
+    "thorough": Profile("thorough", frames=1_000_000, steps=16, long_run_steps=100_000, mp_dps=60, mp_samples=32,
+                        control_frames=4_096),
 }
 
 
@@ -417,7 +425,7 @@ class ClaimResult:
                 "numerical": {"frames": self.frames, "dtype": self.dtype, "checks": [c.to_dict() for c in self.checks]},
                 "controls": [c.to_dict() for c in self.controls],
                 "extra": self.extra,
-                "figures": self.figures,
+                "figures": figures_to_dict(self.figures),
                 "notes": list(self.notes) + self.tightness_audit(),
                 "inconclusive": inconclusive,
             }

@@ -2,8 +2,9 @@
 
 MatrixSymbol algebra has no notion of "W^T W = I"; a derivation states such facts as a dict of
 substitutions, and `reduce_with` expands and substitutes until the expression stops changing,
-then simplifies. `is_zero_matrix` is the test that a step "reduced to the identity": the
-difference of its two sides is the zero matrix (or the scalar 0).
+then simplifies. The test that a step "reduced to the identity" (the difference of its two sides
+is the zero matrix or the scalar 0) is propositions.kit.symbolic.is_zero, the one zero test of
+every derivation.
 
 These helpers derive the formulas as written (for every d and r); no change to reference_impl can
 touch them. propositions.kit.symbolic runs the code itself on exact symbolic entries, and the
@@ -34,15 +35,9 @@ def reduce_with(expr, substitutions: dict):
     return sp.simplify(expr)
 
 
-def is_zero_matrix(expr) -> bool:
-    """True when expr simplifies to the zero matrix or to 0."""
-    expr = sp.simplify(expr)
-    return isinstance(expr, sp.ZeroMatrix) or expr == 0 or bool(getattr(expr, "is_ZeroMatrix", False))
-
-
 def copied(method: str, steps) -> SymbolicResult:
     """A fresh SymbolicResult holding copies of steps (a cached, seed-independent derivation)."""
     return SymbolicResult(method, [dataclasses.replace(step) for step in steps])
 
 
-__all__ = ["reduce_with", "is_zero_matrix", "copied", "SymbolicStep"]
+__all__ = ["reduce_with", "copied", "SymbolicStep"]

@@ -22,6 +22,13 @@ the inputs are propagated through the absolute values of the partial derivatives
 handled through its Jacobian, |dA_i| <= a_i (|dl_i| + E_a |dl|), with the rounding of exp, of the
 length-n sum and of the division added as a relative (gamma_n + 9u) per entry. The bounds are first
 order in u; callers apply a factor 2 for the dropped O(u^2) terms.
+
+The softmax constant, counted: a_i = e_i / s with e_i = exp(l_i - max) and s = sum_j e_j. numpy's
+float64 exp is within EXP_ULPS = 2 ulp of the exact value (a relative error of at most 2 EXP_ULPS u
+= 4u, one ulp being at most 2u relative; tests/test_bounds.py measures it against mpmath over the
+softmax's argument range). The numerator carries that 4u; the sum of the computed e_j carries the
+weighted mean of their errors, at most another 4u, and its own length-n rounding gamma_{n-1} <=
+gamma_n; the division adds u. In all gamma_n + (4 + 4 + 1) u = gamma_n + 9u relative per entry.
 """
 
 from __future__ import annotations
@@ -34,6 +41,11 @@ import numpy as np
 from reference_impl import UNIT_ROUNDOFF
 
 u = UNIT_ROUNDOFF
+# numpy's float64 exp is accurate to this many ulps (module docstring; measured in tests/test_bounds.py)
+EXP_ULPS = 2
+# the softmax's relative rounding beyond gamma_n: exp in the numerator and, weighted, in the sum (2 EXP_ULPS u
+# each, an ulp being at most 2u relative) and the division (u)
+SOFTMAX_ROUNDING = 2 * (2 * EXP_ULPS) + 1
 
 
 def _gamma(k: int) -> float:
@@ -139,7 +151,7 @@ def rounding_bounds(X, W_Q, W_K, W_V, fwd: AttentionForward, grads: AttentionGra
     # the shifted argument l - max rounds by u |l - max|; it perturbs the softmax like e_L does
     shift = np.abs(fwd.logits - np.max(fwd.logits, axis=-1, keepdims=True))
     e_arg = e_L + u * shift
-    e_A = A * (e_arg + np.sum(A * e_arg, axis=-1, keepdims=True)) + (_gamma(n) + 9 * u) * A
+    e_A = A * (e_arg + np.sum(A * e_arg, axis=-1, keepdims=True)) + (_gamma(n) + SOFTMAX_ROUNDING * u) * A
     e_O = e_A @ aV + A @ e_V + _gamma(n) * (A @ aV)
     res = fwd.residual
     e_res = e_O + u * np.abs(res)

@@ -58,6 +58,8 @@ from propositions._common import (
     ulps_apart,
 )
 from propositions.kit import tightness
+from propositions.kit.bounds import gram_defect_bound
+from propositions.kit.figures import LineFigure, Series
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.
@@ -543,16 +545,18 @@ def feasibility_bound(d: int, r: int, dtype, trust_radius: float = 0.5) -> float
     """Bound on ||W^T W - I||_F of a frame (d, r) stored in dtype after any number of steps.
 
     W = fl_s(W*) + E with W* the exact polar factor of the last step's A: the retraction's own
-    error e_ret (step_error_bound, compute dtype) plus the storage rounding u_s sqrt(r), so
-    ||W^T W - I|| <= 2 (e_ret + u_s sqrt(r)) + O(u^2), plus 32 d r u for evaluating the Gram matrix
-    in float64. Nothing in it grows with the number of steps: the Gram-based retraction restarts
-    from the actual W every step."""
+    error e_ret (step_error_bound: the kernel's Gram route, Newton-Schulz or eigh in the compute
+    dtype, which is what differs from the reference's SVD) plus the storage rounding u_s sqrt(r) is
+    W's distance to an orthonormal matrix; kit/bounds.gram_defect_bound, shared with the reference's
+    feasibility bound, turns it into ||W^T W - I|| <= 2 distance + distance^2 plus the float64
+    evaluation (functional.feasibility) gamma_d r. Nothing in it grows with the number of steps: the
+    Gram-based retraction restarts from the actual W every step."""
     u_c = _unit_roundoff(_compute_dtype(dtype))
     u_s = _unit_roundoff(dtype)
     kappa = math.sqrt(1 + trust_radius**2)  # cond(W + xi) <= sqrt(1 + Delta^2), P3(b), docs/claims.md
     k = _iterations(ref.StiefelAdamConfig(trust_radius=trust_radius), dtype)
     e_ret = 4 * (d + (4 * k + 2) * r) * math.sqrt(r) * u_c * kappa**3
-    return 2.0 * (e_ret + u_s * math.sqrt(r)) + 32 * d * r * U64
+    return float(gram_defect_bound(e_ret + u_s * math.sqrt(r), d, r, U64))
 
 
 def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
@@ -771,14 +775,15 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
             "seconds": seconds,
             "microseconds_per_step": 1e6 * seconds / profile.long_run_steps,
         }
-        series.append({"x": [float(s) for s in steps_at], "y": residuals, "label": run_dtype})
+        series.append(Series([float(s) for s in steps_at], residuals, run_dtype))
 
     all_checks = list(checks.values()) + list(p_checks.values()) + [feasibility_check]
     all_checks = [c for c in all_checks if c.samples]
 
     controls = []
     if optimizer == "stiefel_adam":
-        control_profile = Profile("control", frames=max(profile.frames // 50, 30), steps=2, long_run_steps=0, mp_dps=0, mp_samples=0)
+        control_profile = Profile("control", frames=profile.control_frames, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0,
+                                  control_frames=profile.control_frames)
         for name in CONTROL_DESCRIPTIONS:
             control_checks = _new_checks(dtype)
             # float64 storage, where the cross-check's bound is tightest: in bfloat16 (u = 2^-8) the
@@ -788,16 +793,11 @@ def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
 
     first = series[0]
     figures = {
-        "long_run_feasibility": {
-            "x": first["x"],
-            "y": first["y"],
-            "series": series,
-            "xlabel": "step",
-            "ylabel": "max ||W^T W - I||_F",
-            "title": "Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
-            "logx": True,
-            "logy": True,
-        }
+        "long_run_feasibility": LineFigure(
+            title="Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
+            xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(first.x, first.y),
+            logx=True, logy=True,
+        )
     }
     notes = [
         f"lock-step: {frames} frames x {profile.steps} steps on {device} in {dtype}; the torch kernel gets the reference's "

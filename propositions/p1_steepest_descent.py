@@ -52,7 +52,8 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
-from ._symbolic import copied, is_zero_matrix, reduce_with
+from ._symbolic import copied, reduce_with
+from .kit.symbolic import is_zero
 from ._common import (
     projection_error_bound,
     wide_scale_gradients,
@@ -72,6 +73,7 @@ from ._common import (
     u,
 )
 from .kit.bounds import polar_error_bound
+from .kit.figures import LineFigure, Series
 
 CLAIM_ID = "P1"
 CONTROLS = ("canonical_metric_gradient", "projection_without_sym")
@@ -353,14 +355,14 @@ def _derivation() -> tuple[SymbolicStep, ...]:
     PG = P(G)
     idempotent = reduce_with(P(PG) - PG, orthonormal)
     result.steps.append(SymbolicStep("P_W is idempotent: P_W(P_W(G)) - P_W(G) = 0 given W^T W = I",
-                                     r"P_W(P_W(G)) - P_W(G) = 0", is_zero_matrix(idempotent)))
+                                     r"P_W(P_W(G)) - P_W(G) = 0", is_zero(idempotent)))
     in_range = reduce_with(W.T * PG + PG.T * W, orthonormal)
     result.steps.append(SymbolicStep("range in T_W: W^T P_W(G) + P_W(G)^T W = 0",
-                                     r"W^\top P_W(G) + P_W(G)^\top W = 0", is_zero_matrix(in_range)))
+                                     r"W^\top P_W(G) + P_W(G)^\top W = 0", is_zero(in_range)))
     # kernel: S symmetric, so S^T is replaced by S
     kernel = reduce_with(P(W * S).subs(S.T, S), {**orthonormal, S.T: S})
     result.steps.append(SymbolicStep("kernel N_W: P_W(W S) = 0 for S = S^T", r"P_W(WS) = 0,\ S = S^\top",
-                                     is_zero_matrix(kernel)))
+                                     is_zero(kernel)))
 
     # Self-adjointness and the gap identity need traces; at d = 3, r = 2 with explicit symbolic
     # entries and an exact rational frame (the Cayley transform of a fixed skew matrix).
@@ -671,26 +673,22 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
 
 def slope_figures(curves: list[dict]) -> dict:
     """The report's slope plot: one log-log figure per slope test, each frame's error curve and the
-    window its slope was located in (the line-plot convention of certify/report.py)."""
+    window its slope was located in (kit.figures.LineFigure)."""
     figures = {}
     for name in dict.fromkeys(c["name"] for c in curves):
         series = []
         for curve in (c for c in curves if c["name"] == name):
             s_values, errors = np.asarray(curve["s"]), np.asarray(curve["error"], dtype=float)
             label = f"{tuple(curve['shape'])}: slope {curve['slope']:.3g} over {curve['decades']:.3g} decades"
-            series.append({"x": s_values.tolist(), "y": errors.tolist(), "label": label})
+            series.append(Series(s_values.tolist(), errors.tolist(), label))
             low, high = curve["window"]  # nan when no window was found: nothing is marked
             inside = (s_values >= low) & (s_values <= high)
             if inside.any():
-                series.append({"x": s_values[inside].tolist(), "y": errors[inside].tolist(), "label": "located window"})
-        figures[f"slope_{name}"] = {
-            "series": series,
-            "title": f"slope test: {name} (expected slope {next(c['expected_slope'] for c in curves if c['name'] == name)})",
-            "xlabel": "s",
-            "ylabel": "error",
-            "logx": True,
-            "logy": True,
-        }
+                series.append(Series(s_values[inside].tolist(), errors[inside].tolist(), "located window"))
+        figures[f"slope_{name}"] = LineFigure(
+            title=f"slope test: {name} (expected slope {next(c['expected_slope'] for c in curves if c['name'] == name)})",
+            xlabel="s", ylabel="error", series=series, logx=True, logy=True,
+        )
     return figures
 
 
@@ -717,9 +715,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
 
     started = time.perf_counter()
     controls = []
-    control_frames = max(profile.frames // 10, 200)
     for name in CONTROLS:
-        control_check, _ = first_step_check(seed, profile, name, frames=control_frames, large=CONTROL_LARGE_SHAPES)
+        control_check, _ = first_step_check(seed, profile, name, frames=profile.control_frames, large=CONTROL_LARGE_SHAPES)
         controls.append(ControlResult.from_checks(name, get_variant(name).description, [control_check]))
     timings["controls_s"] = time.perf_counter() - started
 
@@ -745,7 +742,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "slope_tests": {"grid": {"min": float(SLOPE_GRID[0]), "max": float(SLOPE_GRID[-1]), "points": len(SLOPE_GRID)},
                             "slope_tol": SLOPE_TOL, "min_decades": MIN_DECADES, "floor_factor": FLOOR_FACTOR,
                             "results": slope_summary},
-            "control_frames": control_frames,
+            "control_frames": profile.control_frames,
             "timings": timings,
         },
         figures=slope_figures(curves),

@@ -56,6 +56,7 @@ or inside the square root) fails the eps check.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -67,10 +68,13 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
 from .kit import tightness
+from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
+from .kit.figures import LineFigure, Series
 from .kit.running_bounds import (
     MEDIUM_SHAPES,
-    polar_rounding,
+    TRAJECTORY_BOUND_TEXT,
+    step_polar_error,
     trajectory_rounding_bound,
     run_trajectory,
     record_trajectory,
@@ -78,7 +82,6 @@ from .kit.running_bounds import (
     worst_over_steps,
     plan_chunks,
     initial_distance_to_manifold,
-    reduces_to_zero,
 )
 from ._common import (
     LARGE_SHAPES,
@@ -217,10 +220,9 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
         description=f"||W_t(c) - W_t(1)||_F, max over t <= {profile.steps}, eps = 0, lambda = {weight_decay:g}, "
         f"log10 c ~ U{tuple(log10_c_range)}",
         bound_derivation="sum of the running first-order rounding bounds of the two float64 trajectories "
-        "against the common exact one (trajectory_rounding_bound: projection (d + r + 5) u ||G~||, "
-        "mean square (d r + 3) u, polar factor 8 d r u sqrt(r + Delta^2), propagated "
-        "through the 1 / sigma_min-Lipschitz polar factor and the quadratic dependence of P_W on W); "
+        "against the common exact one (" + TRAJECTORY_BOUND_TEXT + "); "
         "the unscaled decay enters as lambda sqrt(r) / c in ||G~||",
+        tightness_note=tightness.RUNNING_BOUND,
     )
     moment_derivation = ("each run's moment is within its running bound of the exact one (trajectory_rounding_bound: "
                          "b_m for ||m_t - m_t*|| / c, b_v for |v_t - v_t*| / c^2), and exactly m_t*(c) = c m_t*, "
@@ -228,11 +230,13 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
     m_check = NumericalCheck(
         name=label + "_first_moment",
         description=f"||m_t(c) - c m_t(1)||_F, max over t <= {profile.steps} (the stored first moment scales by c)",
-        bound_derivation=moment_derivation + ": bound c (b_m(1) + b_m(c)) + u c ||m_t(1)||")
+        bound_derivation=moment_derivation + ": bound c (b_m(1) + b_m(c)) + u c ||m_t(1)||",
+        tightness_note=tightness.RUNNING_BOUND)
     v_check = NumericalCheck(
         name=label + "_second_moment",
         description=f"|v_t(c) - c^2 v_t(1)|, max over t <= {profile.steps} (the stored second moment scales by c^2)",
-        bound_derivation=moment_derivation + ": bound c^2 (b_v(1) + b_v(c)) + 3u c^2 v_t(1)")
+        bound_derivation=moment_derivation + ": bound c^2 (b_v(1) + b_v(c)) + 3u c^2 v_t(1)",
+        tightness_note=tightness.RUNNING_BOUND)
     vacuous = 0
     examined = 0
     power_bitwise = {"frames": 0, "bitwise": 0}
@@ -388,7 +392,8 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
         f"log10 c ~ U{LOG10_C_RANGE_EPS}",
         bound_derivation="exactly W_1(c, eps) = R_W(phi xi_0) (same direction, rescaled). The eps run is within "
         "its rounding bound a_eps of the exact step (trajectory_rounding_bound, T = 1); the prediction errs by "
-        "(a0 + phi b_0 + phi min(L, Delta) (rel(x) + 5u)) / (1 - a0) + polar_rounding, with b_0 the eps = 0 "
+        "(a0 + phi b_0 + phi min(L, Delta) (rel(x) + 5u)) / (1 - a0) + polar_error_bound(d, r, cond) at "
+        "cond <= sqrt(1 + Delta^2) (1 + a0) / (1 - a0), with b_0 the eps = 0 "
         "step's rounding bound (>= its direction's error), rel(x) = ((d r + 6) u + 2 (d + r + 5) u ||G|| / ||g||) / 2 "
         "+ 3u the relative error of x (sqrt(v^) read from the float run) and a0 the start's distance to "
         "St(d, r); a direction recovered by the inverse retraction adds its error bound plus its sensitivity "
@@ -424,7 +429,7 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
             direction_error = direction_error + zero.inverse.sensitivity * bound_zero
         step_length = np.where(moving, min(L, CONFIG.trust_radius), 0.0)
         prediction_error = ((a0 + phi * direction_error + phi * step_length * (relative_x + 5 * u)) / (1 - a0)
-                            + polar_rounding(d, r, CONFIG.trust_radius))
+                            + step_polar_error(d, r, CONFIG.trust_radius, a0))
         bound = bound_eps + prediction_error
         index = int(np.argmax(np.where(np.isnan(residual), np.inf, residual) / bound))
         check.add(residual, bound, shape=(d, r), key=(CLAIM_ID, "eps", d, r, chunk), seed=seed,
@@ -578,13 +583,13 @@ def symbolic_part() -> SymbolicResult:
     record(
         "P_W(lambda W) = 0 on St(d, r)",
         r"P_W(\lambda W) = \lambda W - W\,\mathrm{sym}(W^\top \lambda W) = 0",
-        reduces_to_zero(decay),
+        is_zero(decay),
     )
     linear = sp.expand(project(W, c * G + lam * W) - c * project(W, G)).subs(W.T * W, identity)
     record(
         "g(c) = P_W(c G + lambda W) = c P_W(G)",
         r"P_W(cG + \lambda W) - c\,P_W(G) = 0",
-        reduces_to_zero(linear),
+        is_zero(linear),
     )
     g = project(W, G)
     m_scaled = beta1 * (c * M) + (1 - beta1) * (c * g)
@@ -592,7 +597,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "m(c) = c m (induction step)",
         r"\beta_1 (c m) + (1-\beta_1)(c g) - c(\beta_1 m + (1-\beta_1) g) = 0",
-        reduces_to_zero(sp.expand(m_scaled - c * m_one)),
+        is_zero(sp.expand(m_scaled - c * m_one)),
     )
     g2 = sp.Symbol("n_g", positive=True)  # ||g||^2 / (d r) of the unscaled run
     v_scaled = beta2 * c**2 * v + (1 - beta2) * c**2 * g2
@@ -606,7 +611,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "xi(c) = -lr c m^ / sqrt(c^2 v^) = xi(1): degree 0 in c",
         r"-\frac{\eta\, c\, \hat m}{\sqrt{c^2 \hat v}} + \frac{\eta\, \hat m}{\sqrt{\hat v}} = 0",
-        reduces_to_zero(xi_scaled - xi_one),
+        is_zero(xi_scaled - xi_one),
     )
     degree = sp.cancel(sp.diff(sp.log(c * sp.Symbol("mu", positive=True) / sp.sqrt(c**2 * v)), c) * c)
     record(
@@ -618,7 +623,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "P_{W+}(c m) = c P_{W+}(m)",
         r"P_{W_+}(c m) - c P_{W_+}(m) = 0",
-        reduces_to_zero(transport),
+        is_zero(transport),
     )
     # xi = coefficient * m^: the eps identities are identities of the scalar coefficients.
     xi_eps = -lr / (s + eps)
@@ -643,7 +648,7 @@ def symbolic_part() -> SymbolicResult:
     record(
         "control: fixed-step SGD xi(c) - xi(1) = -lr (c - 1) g, degree one in c",
         r"-\eta c g + \eta g = -\eta (c-1) g",
-        reduces_to_zero(sgd - (-lr * (c - 1) * g)),
+        is_zero(sgd - (-lr * (c - 1) * g)),
     )
     # The steps above are about the formulas; these run the code's stages (a change to them fails here).
     from .kit.symbolic import scale_steps
@@ -703,8 +708,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
 
     controls = []
-    control_profile = Profile(profile.name, max(profile.frames // 20, 64), profile.steps, profile.long_run_steps,
-                              profile.mp_dps, profile.mp_samples)
+    control_profile = dataclasses.replace(profile, frames=profile.control_frames)
     sgd_check, _, _, _, _ = trajectory_check(
         seed, control_profile, "fixed_step_sgd", weight_decay=0.0, frames=control_profile.frames,
         label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, large=())
@@ -763,27 +767,23 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "eps_deviation": _against(figure_eps, "x", ["deviation", "predicted", "residual", "bound"],
                                       f"one step with eps = {EPS:g}: deviation from the eps = 0 step, its "
                                       "prediction, and the distance to the predicted frame", "x = eps / (c sqrt(v^))"),
-            "domain_scan": {
-                "x": scan["log2_c"],
-                "y": scan["residual"],
-                "label": "residual (dropped where the step is not finite)",
-                "title": "float64 domain of c = 2^k: ||W_T(c G) - W_T(G)||",
-                "xlabel": "log2 c",
-                "ylabel": "residual",
-                "logy": True,
-            },
+            "domain_scan": LineFigure(
+                title="float64 domain of c = 2^k: ||W_T(c G) - W_T(G)||", xlabel="log2 c", ylabel="residual",
+                single=Series(scan["log2_c"], scan["residual"], "residual (dropped where the step is not finite)"),
+                logy=True,
+            ),
         },
         notes=notes,
         inconclusive=inconclusive,
     )
 
 
-def _against(data: dict, x_key: str, y_keys: list[str], title: str, xlabel: str) -> dict:
-    """A log-log line figure of data[y] against data[x_key] (sorted by x), the report's convention."""
+def _against(data: dict, x_key: str, y_keys: list[str], title: str, xlabel: str) -> LineFigure:
+    """A log-log line figure of data[y] against data[x_key] (sorted by x)."""
     order = np.argsort(np.asarray(data[x_key], dtype=float), kind="stable")
     x = np.asarray(data[x_key], dtype=float)[order].tolist()
-    series = [{"x": x, "y": np.asarray(data[key], dtype=float)[order].tolist(), "label": key} for key in y_keys]
-    return {"series": series, "title": title, "xlabel": xlabel, "ylabel": "||W - W'||_F", "logx": True, "logy": True}
+    series = [Series(x, np.asarray(data[key], dtype=float)[order].tolist(), key) for key in y_keys]
+    return LineFigure(title=title, xlabel=xlabel, ylabel="||W - W'||_F", series=series, logx=True, logy=True)
 
 
 CLAIM = Claim(

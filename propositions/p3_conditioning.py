@@ -68,9 +68,11 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
-from .kit.bounds import feasibility_bound, polar_error_bound
+from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
-from ._symbolic import copied, is_zero_matrix, reduce_with
+from .kit.figures import LineFigure, Series
+from ._symbolic import copied, reduce_with
+from .kit.symbolic import is_zero
 from ._common import (
     projection_error_bound,
     wide_scale_gradients,
@@ -169,11 +171,11 @@ def _derivation() -> tuple[SymbolicStep, ...]:
     I_r = sp.Identity(r)
     gram = reduce_with((W + X).T * (W + X) - I_r - X.T * X, {W.T * W: I_r, X.T * W: -W.T * X})
     result.steps.append(SymbolicStep("Gram identity (W + xi)^T (W + xi) = I + xi^T xi for tangent xi",
-                                     r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi", is_zero_matrix(gram)))
+                                     r"(W+\xi)^\top(W+\xi) = I + \xi^\top\xi", is_zero(gram)))
     step = -c * M
     tangency = reduce_with(W.T * step + step.T * W, {M.T * W: -W.T * M})
     result.steps.append(SymbolicStep("a scalar-preconditioned tangent m^ stays tangent: W^T xi + xi^T W = 0 for xi = -c m^",
-                                     r"W^\top(-c\hat m) + (-c\hat m)^\top W = 0", is_zero_matrix(tangency)))
+                                     r"W^\top(-c\hat m) + (-c\hat m)^\top W = 0", is_zero(tangency)))
     # An elementwise preconditioner (Adam's, entries p and q) leaves T_W: at W = (1, 1)/sqrt 2 the vector
     # m = (1, -1)/sqrt 2 is tangent, but W^T (D o m) = (p - q)/2, zero only when the entries agree.
     p, q = sp.symbols("p q", positive=True)
@@ -564,8 +566,8 @@ def highprec_check(seed: int, profile: Profile) -> tuple[NumericalCheck, list[di
         "retraction_vs_highprec",
         f"||polar_float64(W + xi) - polar_mp(W + xi)|| ({profile.mp_dps} digits), tangent xi of norm Delta, "
         "random and rank-one (largest cond)",
-        "polar_error_bound(d, r, cond) = 5 cond sqrt(r) (d r + 1) u with cond the measured cond(W + xi) "
-        f"(see that function); the mpmath reference errs by ~10^-{profile.mp_dps}, far below.",
+        POLAR_ERROR_TEXT + ", with cond the measured cond(W + xi); "
+        f"the mpmath reference errs by ~10^-{profile.mp_dps}, far below.",
     )
     samples = []
     for k in range(profile.mp_samples):
@@ -610,8 +612,8 @@ def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalChec
     check = NumericalCheck(
         f"long_run_feasibility[{variant_name(optimizer)}]",
         f"||W_t^T W_t - I|| for t = 1..{steps}, {LONG_RUN_BATCH} frames of shape {LONG_RUN_SHAPE}",
-        "feasibility_bound(d, r) = 7 sqrt(r) (d r + 1) u for a float64 SVD polar factor, independent of t "
-        "because each step re-orthogonalises the actual W + xi: any drift would cross it.",
+        FEASIBILITY_TEXT + "; independent of t because each step re-orthogonalises the actual W + xi: "
+        "any drift would cross it.",
     )
     check.add(feas.ravel(), feasibility_bound(d, r), shape=(d, r), key=key, seed=seed)
     max_per_step = feas.max(axis=-1)
@@ -673,9 +675,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
 
     started = time.perf_counter()
     controls = []
-    control_frames = max(profile.frames // 10, 200)
     for name in CONTROLS:
-        control_checks, _, _ = step_checks(seed, profile, name, frames=control_frames, large=LARGE_SHAPES[:2])
+        control_checks, _, _ = step_checks(seed, profile, name, frames=profile.control_frames, large=LARGE_SHAPES[:2])
         # the reconstruction check confirms which xi was retracted; it is not what the control breaks
         controls.append(ControlResult.from_checks(name, get_variant(name).description, control_checks[1:]))
     timings["controls_s"] = time.perf_counter() - started
@@ -699,36 +700,29 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
                             "trust_radius": STEP_CONFIG.trust_radius},
             "highprec": {"dps": profile.mp_dps, "samples": highprec_samples},
             "long_run": long_run_summary,
-            "control_frames": control_frames,
+            "control_frames": profile.control_frames,
             "timings": timings,
         },
         figures={
-            "conditioning_bound": {
-                "series": [
-                    {"x": figure_conditioning["delta"], "y": figure_conditioning["bound"], "label": "bound sqrt(1 + Delta^2)"},
-                    {"x": figure_conditioning["delta"], "y": figure_conditioning["max_cond_random"],
-                     "label": f"max cond over {figure_conditioning['frames']} random tangents"},
-                    {"x": figure_conditioning["delta"], "y": figure_conditioning["cond_rank_one"], "label": "rank-one xi"},
+            "conditioning_bound": LineFigure(
+                title=f"cond(W + xi) against the trust radius, shape {tuple(figure_conditioning['shape'])}",
+                xlabel="trust radius Delta", ylabel="cond(W + xi)", logx=True, logy=True,
+                series=[
+                    Series(figure_conditioning["delta"], figure_conditioning["bound"], "bound sqrt(1 + Delta^2)"),
+                    Series(figure_conditioning["delta"], figure_conditioning["max_cond_random"],
+                           f"max cond over {figure_conditioning['frames']} random tangents"),
+                    Series(figure_conditioning["delta"], figure_conditioning["cond_rank_one"], "rank-one xi"),
                 ],
-                "title": f"cond(W + xi) against the trust radius, shape {tuple(figure_conditioning['shape'])}",
-                "xlabel": "trust radius Delta",
-                "ylabel": "cond(W + xi)",
-                "logx": True,
-                "logy": True,
-            },
-            "long_run_feasibility": {
-                "series": [
-                    {"x": figure_long_run["steps"], "y": figure_long_run["max_feasibility"],
-                     "label": f"max over {figure_long_run['batch']} frames"},
-                    {"x": figure_long_run["steps"], "y": [figure_long_run["bound"]] * len(figure_long_run["steps"]),
-                     "label": "bound"},
+            ),
+            "long_run_feasibility": LineFigure(
+                title=f"feasibility along a long run, shape {tuple(figure_long_run['shape'])}",
+                xlabel="step", ylabel="||W^T W - I||_F", logx=True, logy=True,
+                series=[
+                    Series(figure_long_run["steps"], figure_long_run["max_feasibility"],
+                           f"max over {figure_long_run['batch']} frames"),
+                    Series(figure_long_run["steps"], [figure_long_run["bound"]] * len(figure_long_run["steps"]), "bound"),
                 ],
-                "title": f"feasibility along a long run, shape {tuple(figure_long_run['shape'])}",
-                "xlabel": "step",
-                "ylabel": "||W^T W - I||_F",
-                "logx": True,
-                "logy": True,
-            },
+            ),
         },
         notes=[
             "The step checks read the direction the step applied ("

@@ -27,7 +27,7 @@ How it is checked
 * Float64: trajectories of profile.steps steps over shape_plan(profile), Q Haar on O(d) (both
   components; d = r where St(d, d) = O(d)) and R Haar on O(r): ||W_t(QW, QG) - Q W_t||,
   ||m_t(QW, QG) - Q m_t||, |v_t(QW, QG) - v_t| (and the right action alike), each against the sum of
-  the running rounding bounds of the two trajectories (p2_scale_independence.
+  the running rounding bounds of the two trajectories (propositions/kit/running_bounds.py
   trajectory_rounding_bound) plus the rounding of the products Q W_0, Q G_t and Q W_t
   (gamma_d sqrt(d) relative in the Frobenius norm: || |Q| |A| ||_F <= sqrt(d) ||A||_F). The left
   Haar check runs frames up to (256, 32) (a Haar Q of O(1024) costs d^2 r per product); the
@@ -70,6 +70,8 @@ from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
 from .kit import tightness
+from .kit.figures import DataFigure
+from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
@@ -92,8 +94,8 @@ from .kit.running_bounds import (
     initial_distance_to_manifold,
     plan_chunks,
     record_trajectory,
-    reduces_to_zero,
     run_trajectory,
+    TRAJECTORY_BOUND_TEXT,
     trajectory_rounding_bound,
     worst_over_steps,
 )
@@ -204,12 +206,12 @@ def _checks(label: str, side: str) -> dict:
     action = "Q W, Q G, Q W_t" if side == "left" else "W R, G R, W_t R"
     derivation = (
         "sum of the running first-order rounding bounds of both float64 trajectories against the common "
-        "exact one (p2_scale_independence.trajectory_rounding_bound), the transformed run starting "
+        "exact one (" + TRAJECTORY_BOUND_TEXT + "), the transformed run starting "
         f"gamma_{n} sqrt({n}) sqrt(r) away and with gradients of relative error gamma_{n} sqrt({n}); plus "
         f"gamma_{n} sqrt({n}) times the norm for the final product"
     )
     return {
-        "W": NumericalCheck(f"{label}_frames", f"max over t of ||W_t({action}) - transformed W_t||_F", derivation),
+        "W": NumericalCheck(f"{label}_frames", f"max over t of ||W_t({action}) - transformed W_t||_F", derivation, tightness_note=tightness.RUNNING_BOUND),
         "m": NumericalCheck(f"{label}_first_moment", "max over t of ||m_t(transformed) - transformed m_t||_F", derivation, tightness_note=tightness.RUNNING_BOUND),
         "v": NumericalCheck(f"{label}_second_moment", "max over t of |v_t(transformed) - v_t|", derivation, tightness_note=tightness.RUNNING_BOUND),
     }
@@ -400,61 +402,61 @@ def symbolic_part() -> SymbolicResult:
     record(
         "P_{QW}(QG + lambda QW) = Q P_W(G + lambda W)",
         r"P_{QW}(QG+\lambda QW) - Q P_W(G+\lambda W) = 0\ \ (Q^\top Q = I)",
-        reduces_to_zero(left),
+        is_zero(left),
     )
     right = expanded(project(W * R, G * R + lam * W * R) - project(W, G + lam * W) * R).subs(R * R.T, I_r)
     record(
         "P_{WR}(GR + lambda WR) = P_W(G + lambda W) R",
         r"P_{WR}(GR+\lambda WR) - P_W(G+\lambda W) R = 0\ \ (R R^\top = I)",
-        reduces_to_zero(right),
+        is_zero(right),
     )
     gram_left = expanded((Q * G).T * (Q * G) - G.T * G).subs(Q.T * Q, I_d)
     record(
         "(QG)^T (QG) = G^T G, so ||QG|| = ||G|| (v and the trust region)",
         r"(QG)^\top QG - G^\top G = 0",
-        reduces_to_zero(gram_left),
+        is_zero(gram_left),
     )
     gram_right = expanded((G * R) * (G * R).T - G * G.T).subs(R * R.T, I_r)
     record(
         "(GR)(GR)^T = G G^T, so ||GR|| = ||G||",
         r"GR(GR)^\top - GG^\top = 0",
-        reduces_to_zero(gram_right),
+        is_zero(gram_right),
     )
     polar_left_orth = expanded((Q * U).T * (Q * U) - I_r).subs(Q.T * Q, I_d).subs(U.T * U, I_r)
     record(
         "(QU)^T (QU) = I for U^T U = I",
         r"(QU)^\top QU - I = 0",
-        reduces_to_zero(polar_left_orth),
+        is_zero(polar_left_orth),
     )
     polar_left_spd = expanded((Q * U).T * (Q * A) - U.T * A).subs(Q.T * Q, I_d)
     record(
         "(QU)^T (QA) = U^T A: the same SPD factor, so polar(QA) = Q polar(A)",
         r"(QU)^\top QA - U^\top A = 0",
-        reduces_to_zero(polar_left_spd),
+        is_zero(polar_left_spd),
     )
     polar_right_orth = expanded((U * R).T * (U * R) - I_r).subs(U.T * U, I_r).subs(R.T * R, I_r)
     record(
         "(UR)^T (UR) = I for U^T U = I, R^T R = I",
         r"(UR)^\top UR - I = 0",
-        reduces_to_zero(polar_right_orth),
+        is_zero(polar_right_orth),
     )
     congruence = expanded((U * R).T * (A * R) - R.T * (U.T * A) * R)
     record(
         "(UR)^T (AR) = R^T (U^T A) R",
         r"(UR)^\top AR - R^\top (U^\top A) R = 0",
-        reduces_to_zero(congruence),
+        is_zero(congruence),
     )
     symmetric = expanded((R.T * H * R).T - R.T * H * R).subs(H.T, H)
     record(
         "R^T H R is symmetric for H = H^T (and SPD as a congruence): polar(AR) = polar(A) R",
         r"(R^\top H R)^\top - R^\top H R = 0\ \ (H^\top = H)",
-        reduces_to_zero(symmetric),
+        is_zero(symmetric),
     )
     transport = expanded(project(Q * W, Q * M) - Q * project(W, M)).subs(Q.T * Q, I_d)
     record(
         "transport P_{QW+}(Qm) = Q P_{W+}(m)",
         r"P_{QW_+}(Qm) - Q P_{W_+}(m) = 0",
-        reduces_to_zero(transport),
+        is_zero(transport),
     )
     return result
 
@@ -511,7 +513,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
 
     checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
 
-    control_frames = max(profile.frames // 40, 32)
+    control_frames = profile.control_frames
     controls = []
     for name, description in (
         ("elementwise_second_moment", "Adam's elementwise second moment: equivariant only under signed permutations"),
@@ -560,8 +562,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
             "bitwise_fractions": fractions,
         },
         figures={
-            "ratio_by_check": {"check": [c.name for c in checks], "max_ratio": [float(c.max_ratio) for c in checks]},
-            "frame_ratio_by_shape": ratio_by_shape,
+            "ratio_by_check": DataFigure({"check": [c.name for c in checks], "max_ratio": [float(c.max_ratio) for c in checks]}),
+            "frame_ratio_by_shape": DataFigure(ratio_by_shape),
         },
         notes=notes,
         inconclusive=inconclusive,

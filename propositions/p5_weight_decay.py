@@ -45,7 +45,9 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import tightness
-from .kit.bounds import projection_error_bound
+from .kit.figures import LineFigure, Series
+from .kit.symbolic import is_zero
+from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, polar_error_bound, projection_error_bound
 from ._common import (
     Claim,
     ClaimResult,
@@ -80,10 +82,6 @@ MAX_DECAY_PER_STEP = 0.5
 # one-step check only, which keeps the default profile within its time budget.
 TRAJECTORY_FRACTION = 4
 TRAJECTORY_MAX_COST = 2**18
-# Controls need no statistics, only a clear miss: they run on this fraction of the frames, on the
-# small shapes.
-CONTROL_FRACTION = 20
-
 CONTROLS = ("euclidean_adamw", "unprojected_decay")
 
 # Polar perturbation constant: ||polar(A) - polar(B)||_F <= (1 + sqrt 2) ||A - B||_F / sigma_min
@@ -97,22 +95,6 @@ POLAR_LIPSCHITZ = 1.0 + math.sqrt(2.0)
 # --------------------------------------------------------------------------------------------
 # Bounds (each from the error analysis in its docstring)
 # --------------------------------------------------------------------------------------------
-
-
-def polar_rounding(d: int, r: int, cond) -> np.ndarray:
-    """Forward error of the float64 polar factor U V^T (thin SVD) of a d x r matrix of condition cond.
-
-    The SVD is backward stable: the computed factors are exact for A + dA with ||dA||_F <= g ||A||_2,
-    where g collects the two phases of LAPACK's algorithm. The Householder bidiagonalisation adds
-    gamma_{2 d r} (Higham 2002, ch. 19, Householder reflectors, applied on the left and the right); the
-    implicit QR iteration on the bidiagonal applies, at about two sweeps per singular value, 2 r
-    sweeps of r - 1 plane rotations on each side, each rotation backward stable to gamma_6 (Higham,
-    ch. 19, plane rotations), which accumulates to gamma_{24 r^2}. The backward error moves the polar factor by at
-    most (1 + sqrt 2) g cond; the loss of orthonormality of the computed U and V adds g each, and the
-    product U V^T adds gamma_r sqrt(r).
-    """
-    g = gamma(2 * d * r) + gamma(24 * r * r)
-    return POLAR_LIPSCHITZ * g * np.asarray(cond) + 2.0 * g + gamma(r) * math.sqrt(r)
 
 
 def decay_projection_bound(d: int, r: int) -> float:
@@ -163,14 +145,15 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
       The trust-region clip is the projection onto a ball (1-Lipschitz) and rounds by
       (gamma_{dr}/2 + 3u) ||xi|| per step.
       The polar factor moves by at most POLAR_LIPSCHITZ ||dxi|| / sigma_min with sigma_min(W + xi)
-      >= 1 - 2 phi for tangent xi (P3), and each of the two retractions rounds by polar_rounding.
+      >= 1 - 2 phi for tangent xi (P3), and each of the two retractions rounds by polar_error_bound
+      (kit/bounds.py) at that condition number.
 
     d = r = 1 (the analysis above divides by sqrt(v^), which is 0 there): St(1, 1) = {-1, +1} and
     T_W = {0}. A float frame w has |w^2 - 1| <= phi, so |w| >= 1 - phi. Whatever either step's xi
     is (rounding noise of P_W, amplified by the scale-free step), the trust region keeps |xi| <= Delta,
     and for Delta < 1 - phi the polar factor of w + xi is sign(w + xi) = sign(w) in both runs: the
     exact results are equal. The 1 x 1 SVD returns |a| and the signs exactly; the bound allows each
-    retraction its general rounding, 2 polar_rounding(1, 1, 1), finite and > 0. (For Delta >= 1 - phi
+    retraction its general rounding, 2 polar_error_bound(1, 1, 1), finite and > 0. (For Delta >= 1 - phi
     the general bound applies, infinite where v^ = 0.)
     """
     d, r = W.shape[-2], W.shape[-1]
@@ -202,9 +185,9 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
     dxi = dxi_exact + 2.0 * (xi_rounding + clip_rounding)
     step_norm = np.minimum(xi_norm, config.trust_radius)
     cond = np.sqrt(1.0 + step_norm**2) / (1.0 - 2.0 * phi)
-    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_rounding(d, r, cond)
+    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_error_bound(d, r, cond)
     if d == 1 and r == 1 and config.trust_radius < 1.0 - phi:
-        return np.full(np.shape(bound), 2.0 * float(polar_rounding(1, 1, 1.0)))
+        return np.full(np.shape(bound), 2.0 * float(polar_error_bound(1, 1, 1.0)))
     # A zero mean square (G = 0) makes the analysis vacuous; no frame of the plan has G = 0, and an
     # infinite bound would show in the statistics rather than pass silently as a small number.
     return np.where(np.isfinite(bound), bound, np.inf)
@@ -216,10 +199,10 @@ def decoupled_decay_bound(d: int, r: int) -> float:
     Exactly, polar(alpha W) = polar(W), and ||polar(W) - W||_F = ||Sigma - I||_F <= ||W^T W - I||_F
     <= phi (|sigma - 1| <= |sigma^2 - 1|). fl(alpha W) = alpha W + dA with |dA| <= u alpha |W|,
     moving the polar factor by <= POLAR_LIPSCHITZ u sqrt(r) (1 + 2 phi); the retraction rounds by
-    polar_rounding at condition 1 + 2 phi. Factor 2 for the dropped O(u^2).
+    polar_error_bound (kit/bounds.py) at condition 1 + 2 phi. Factor 2 for the dropped O(u^2).
     """
     phi = manifold_tolerance(d, r)
-    return 2.0 * (phi + POLAR_LIPSCHITZ * u * math.sqrt(r) * (1 + 2 * phi) + float(polar_rounding(d, r, 1 + 2 * phi)))
+    return 2.0 * (phi + POLAR_LIPSCHITZ * u * math.sqrt(r) * (1 + 2 * phi) + float(polar_error_bound(d, r, 1 + 2 * phi)))
 
 
 def norm_constant_bound(d: int, r: int) -> float:
@@ -237,13 +220,6 @@ def norm_constant_bound(d: int, r: int) -> float:
 # --------------------------------------------------------------------------------------------
 # Symbolic and exact tiers
 # --------------------------------------------------------------------------------------------
-
-
-def _is_zero_matrix(expr) -> bool:
-    value = expr.doit() if hasattr(expr, "doit") else expr
-    if isinstance(value, sp.MatrixBase):
-        return all(sp.simplify(entry) == 0 for entry in value)
-    return bool(getattr(value, "is_ZeroMatrix", False)) or value == 0
 
 
 def symbolic_derivation() -> SymbolicResult:
@@ -271,7 +247,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "P_W(W) = W - W sym(W^T W) = W - W I_r = 0 under W^T W = I",
             r"P_W(W) = W - W\,\mathrm{sym}(W^\top W) = W - W I_r = 0",
-            _is_zero_matrix(decay_projection),
+            is_zero(decay_projection),
         )
     )
     linearity = sp.expand(project(G + lam * W) - project(G) - lam * project(W))
@@ -279,7 +255,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "P_W is linear: P_W(G + lambda W) - P_W(G) - lambda P_W(W) = 0 (no constraint needed)",
             r"P_W(G + \lambda W) - P_W(G) - \lambda P_W(W) = 0",
-            _is_zero_matrix(linearity),
+            is_zero(linearity),
         )
     )
     step_invariance = on_manifold(project(G + lam * W) - project(G))
@@ -287,7 +263,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "hence the coupled decay never reaches the step: P_W(G + lambda W) = P_W(G)",
             r"P_W(G + \lambda W) - P_W(G) = \lambda P_W(W) = 0",
-            _is_zero_matrix(step_invariance),
+            is_zero(step_invariance),
         )
     )
     decayed_gram = on_manifold((alpha * W).T * (alpha * W)) - alpha**2 * identity
@@ -297,7 +273,7 @@ def symbolic_derivation() -> SymbolicResult:
         SymbolicStep(
             "polar(alpha W) = alpha W ((alpha W)^T alpha W)^(-1/2) = alpha W (alpha^2 I)^(-1/2) = W, alpha > 0",
             r"(\alpha W)^\top (\alpha W) = \alpha^2 I_r,\quad \alpha W (\alpha^2 I_r)^{-1/2} = W",
-            _is_zero_matrix(decayed_gram) and _is_zero_matrix(polar_of_decayed),
+            is_zero(decayed_gram) and is_zero(polar_of_decayed),
         )
     )
     norm = sp.Trace(W.T * W).subs(W.T * W, identity).doit() - r
@@ -323,7 +299,7 @@ def symbolic_derivation() -> SymbolicResult:
             "explicit frames (cos t, sin t)^T in St(2,1) and rotation / reflection in O(2) (det +1, -1): P_W(W) = 0",
             r"P_W(W) = 0\ \text{for } W = (\cos\theta, \sin\theta)^\top,\ "
             r"\begin{pmatrix}\cos\varphi & \mp\sin\varphi\\ \sin\varphi & \pm\cos\varphi\end{pmatrix}",
-            all(_is_zero_matrix(M) for M in explicit),
+            all(is_zero(M) for M in explicit),
         )
     )
     # The steps above are about the formula; these run the code's project_tangent itself.
@@ -386,7 +362,8 @@ def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
             f"lambda in {list(LAMBDA_GRID)}, ||G|| over six decades",
             "step_difference_bound: lambda times the rounding residual of P_W(W) plus the rounding of "
             "two projections, relative to ||g|| in the scale-free step, through the 1-Lipschitz trust "
-            "region and the (1 + sqrt 2)/sigma_min-Lipschitz polar factor, plus two retractions' rounding",
+            "region and the (1 + sqrt 2)/sigma_min-Lipschitz polar factor, plus two retractions' rounding, each "
+            + POLAR_ERROR_TEXT,
             tightness_note=tightness.SAME_ROUNDING,
         ),
         "trajectory_weight_decay_invariance": NumericalCheck(
@@ -482,13 +459,13 @@ def _manifold_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
         "decay_projection_zero",
         "||fl(P_W(W))||_F = ||W - W sym(W^T W)||_F for float64 frames",
         "decay_projection_bound: (1 + phi) phi for the float frame's feasibility phi plus the rounding "
-        "of one projection, ((gamma_d + gamma_r) sqrt r + 3u) sqrt r",
+        "of one projection, sqrt(r) times " + PROJECTION_TEXT,
     )
     decoupled = NumericalCheck(
         "decoupled_decay_polar",
         "||polar((1 - lr lambda) W) - W||_F with lr lambda log-uniform on [1e-9, 0.9]",
         "decoupled_decay_bound: ||polar(W) - W|| <= phi, one rounding of alpha W through the polar "
-        "factor, one retraction's rounding",
+        "factor, one retraction's rounding, " + POLAR_ERROR_TEXT,
         tightness_note=tightness.WORST_CASE_SUMS,
     )
     frames = 0
@@ -556,7 +533,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
     optimizer_checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
-    control_frames = max(1, profile.frames // CONTROL_FRACTION)
+    control_frames = profile.control_frames
     controls = []
     for name in CONTROLS:
         # small shapes only: a control has to miss the bound clearly, not be measured everywhere
@@ -593,17 +570,16 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         exact=exact,
         extra=extra,
         figures={
-            "weight_norm": {
-                "series": [
-                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_optimizer"], "label": optimizer},
-                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_euclidean_adamw"], "label": "euclidean_adamw"},
-                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_sqrt_r"], "label": "sqrt(r)"},
+            "weight_norm": LineFigure(
+                title=(f"||W_t||_F under weight decay ({FIGURE_SHAPE[0]} x {FIGURE_SHAPE[1]} frame, "
+                       f"lr = {FIGURE_LR:g}, lambda = {FIGURE_WEIGHT_DECAY:g})"),
+                xlabel="step", ylabel="||W_t||_F",
+                series=[
+                    Series(figures["weight_norm_step"], figures["weight_norm_optimizer"], optimizer),
+                    Series(figures["weight_norm_step"], figures["weight_norm_euclidean_adamw"], "euclidean_adamw"),
+                    Series(figures["weight_norm_step"], figures["weight_norm_sqrt_r"], "sqrt(r)"),
                 ],
-                "title": (f"||W_t||_F under weight decay ({FIGURE_SHAPE[0]} x {FIGURE_SHAPE[1]} frame, "
-                          f"lr = {FIGURE_LR:g}, lambda = {FIGURE_WEIGHT_DECAY:g})"),
-                "xlabel": "step",
-                "ylabel": "||W_t||_F",
-            }
+            )
         },
         notes=notes,
     )

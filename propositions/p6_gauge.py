@@ -54,6 +54,8 @@ import sympy as sp
 from reference_impl import UNIT_ROUNDOFF, feasibility, get_variant, manifold_tolerance, random_point, riemannian_gradient
 
 from .kit import tightness
+from .kit.figures import HistogramFigure
+from .kit.symbolic import is_zero
 from . import attention
 from ._common import (
     Claim,
@@ -82,7 +84,6 @@ VALUE_DIM = 3
 # and targets 10^U(-3, 3) (gradients over twelve decades).
 TOKEN_LOG10_SCALE = (-1.0, 0.5)
 VALUE_LOG10_SCALE = (-3.0, 3.0)
-CONTROL_FRACTION = 20
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,13 +165,6 @@ def torch_bound(errors: attention.RoundingBounds, name: str) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def _zero(expr) -> bool:
-    value = expr.doit() if hasattr(expr, "doit") else expr
-    if isinstance(value, sp.MatrixBase):
-        return all(sp.expand(entry) == 0 for entry in value)
-    return bool(getattr(value, "is_ZeroMatrix", False)) or sp.expand(value) == 0
-
-
 def symbolic_derivation() -> SymbolicResult:
     result = SymbolicResult(
         method="sympy MatrixSymbol algebra with Omega^T = -Omega; explicit entries at n = d = r = 2"
@@ -191,7 +185,7 @@ def symbolic_derivation() -> SymbolicResult:
             "the logits do not move to first order along (W_Q Omega, W_K Omega): d/dt (W_Q + t W_Q Omega)"
             "(W_K + t W_K Omega)^T at t = 0 is W_Q (Omega + Omega^T) W_K^T = 0 for skew Omega",
             r"\tfrac{d}{dt}\big|_0 (W_Q + tW_Q\Omega)(W_K + tW_K\Omega)^\top = W_Q(\Omega + \Omega^\top)W_K^\top = 0",
-            _zero(first_order),
+            is_zero(first_order),
         )
     )
     G_Q = s * X.T * Gbar * X * W_K
@@ -203,7 +197,7 @@ def symbolic_derivation() -> SymbolicResult:
             "W_Q^T G_Q + W_K^T G_K is symmetric for every Gbar, so its skew part vanishes",
             r"W_Q^\top G_Q + W_K^\top G_K = \tfrac{1}{\sqrt r}\big(Q^\top \bar G K + K^\top \bar G^\top Q\big)"
             r" = \big(W_Q^\top G_Q + W_K^\top G_K\big)^\top",
-            _zero(sp.expand(M - M.T)),
+            is_zero(sp.expand(M - M.T)),
         )
     )
     # explicit entries: an arbitrary loss of the logits, its partials g_ij as free symbols
@@ -226,14 +220,14 @@ def symbolic_derivation() -> SymbolicResult:
             "skew(W_Q^T G_Q + W_K^T G_K) = 0 entry by entry",
             r"\mathrm{skew}\Big(\textstyle\sum_{ij} g_{ij}\big(W_Q^\top \partial_{W_Q} L_{ij}"
             r" + W_K^\top \partial_{W_K} L_{ij}\big)\Big) = 0",
-            _zero((Me - Me.T) / 2),
+            is_zero((Me - Me.T) / 2),
         )
     )
     pairing_zero = True
     for k in (2, 3):
         S = sp.Matrix(k, k, lambda i, j: sp.Symbol(f"s_{min(i, j)}{max(i, j)}"))
         upper = sp.Matrix(k, k, lambda i, j: sp.Symbol(f"w_{i}{j}") if i < j else 0)
-        pairing_zero &= _zero((S.T * (upper - upper.T)).trace())
+        pairing_zero &= is_zero((S.T * (upper - upper.T)).trace())
     result.steps.append(
         SymbolicStep(
             "hence the gauge derivative <W_Q^T G_Q + W_K^T G_K, Omega> vanishes: <S, Omega> = 0 for symmetric S, "
@@ -448,7 +442,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     )
 
     control_checks = _gauge_checks("anchored_query_loss:")
-    for d, r, n, chunk_index, count in _plan(profile, frames=max(1, profile.frames // CONTROL_FRACTION), large=()):
+    for d, r, n, chunk_index, count in _plan(profile, frames=profile.control_frames, large=()):
         key = (CLAIM_ID, "control", d, r, n, chunk_index)
         rng = rng_for(seed, *key)
         X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r)
@@ -479,11 +473,10 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         "control_gauge_residual_max": control_checks["gauge_residual"].to_dict()["residual"]["max"],
     }
     figures = {
-        "control_gauge_residual": {
-            **control_checks["gauge_residual"].to_dict()["ratio_histogram"],
-            "title": "gauge residual over its bound for the non-invariant loss (control)",
-            "xlabel": "log10(residual / bound)",
-        },
+        "control_gauge_residual": HistogramFigure.of(
+            control_checks["gauge_residual"].to_dict()["ratio_histogram"],
+            "gauge residual over its bound for the non-invariant loss (control)", "log10(residual / bound)",
+        ),
     }
     return ClaimResult(
         symbolic=symbolic,

@@ -45,6 +45,7 @@ def test_recorded_controls_detected_with_margin():
     result = p1.CLAIM.run(5, SMALL)
     for control in result.controls:
         assert control.detected and control.margin > 1e6
+    assert result.extra["control_frames"] == SMALL.control_frames  # the profile sizes the controls
 
 
 def test_symbolic_derivation_reduces():

@@ -61,10 +61,12 @@ def test_control_as_optimizer_fails(control):
 
 
 def test_figure_shows_adamw_shrinking(real_result):
-    real_series, adamw_series, _ = real_result.figures["weight_norm"]["series"]
-    steps = real_series["x"]
-    real = np.array(real_series["y"])
-    adamw = np.array(adamw_series["y"])
+    figure = real_result.figures["weight_norm"]
+    assert figure.kind == "line"
+    real_series, adamw_series, _ = figure.series
+    steps = real_series.x
+    real = np.array(real_series.y)
+    adamw = np.array(adamw_series.y)
     r = p5.FIGURE_SHAPE[1]
     assert len(real) == len(adamw) == len(steps) == p5.FIGURE_STEPS + 1
     assert np.max(np.abs(real**2 - r)) <= p5.norm_constant_bound(*p5.FIGURE_SHAPE)

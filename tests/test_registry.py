@@ -81,3 +81,13 @@ def test_every_module_of_the_package_imports():
     claims, broken = propositions.discover()
     assert broken == {}
     assert {"P1", "P2", "P3", "P4", "P5", "P6", "crosscheck", "samplers"} <= set(claims)
+
+
+def test_profiles_size_the_controls():
+    """Profile.control_frames is the one control sample size of every claim: positive, far below the
+    claim's own frames, growing with the profile."""
+    from propositions._common import PROFILES
+
+    sizes = [PROFILES[name].control_frames for name in ("quick", "default", "thorough")]
+    assert all(0 < size < PROFILES[name].frames // 2 for size, name in zip(sizes, ("quick", "default", "thorough")))
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]

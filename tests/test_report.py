@@ -9,6 +9,7 @@ import pytest
 
 from certify import claims, report
 from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+from propositions.kit.figures import DataFigure, HistogramFigure, LineFigure, Series
 
 FIGURES = {
     "drift": {"x": [1, 10, 100], "y": [1e-16, "inf", 4e-16], "xlabel": "steps", "ylabel": "||W^T W - I||", "logx": True, "logy": True, "title": "feasibility drift"},
@@ -19,7 +20,7 @@ FIGURES = {
 }
 
 
-def _certificate(claim_id: str, passing: bool) -> dict:
+def _certificate(claim_id: str, passing: bool, figures: dict = FIGURES) -> dict:
     def run(seed, profile, optimizer="stiefel_adam"):
         rng = np.random.default_rng(seed)
         check = NumericalCheck("projector_idempotent", "P(P(G)) against P(G)", "2 gamma_n with n = d")
@@ -34,7 +35,7 @@ def _certificate(claim_id: str, passing: bool) -> dict:
             checks=[check],
             controls=[ControlResult.from_checks("projection_without_sym", "G - W W^T G", [broken])],
             frames=32,
-            figures=FIGURES,
+            figures=figures,
             notes=["the note of " + claim_id],
         )
 
@@ -61,6 +62,30 @@ def test_figure_kinds_follow_the_published_convention():
     assert report.figure_kind(FIGURES["ragged"]) == "data"
     assert report.figure_kind([1, 2, 3]) == "data"
     assert report.figure_kind({"x": [1], "y": [2], "series": "not a list"}) == "data"
+
+
+TYPED = {
+    "typed_line": LineFigure("a typed line", "step", "value", series=[Series([1, 2, 3], [3.0, 2.0, 1.0], "down")], logy=True),
+    "typed_histogram": HistogramFigure([-1.0, 0.0], [4, 5, 0], "a typed histogram", "log10 ratio"),
+    # a data figure whose columns happen to look like a line: the kind decides, not the layout
+    "typed_data": DataFigure({"x": [1, 2], "y": [3, 4]}),
+}
+
+
+def test_report_dispatches_on_the_kind_of_typed_figures(tmp_path):
+    certificate = _certificate("P3", True, TYPED)
+    assert {name: entry["kind"] for name, entry in certificate["figures"].items()} == {
+        "typed_line": "line", "typed_histogram": "histogram", "typed_data": "data"}
+    assert [report.figure_kind(entry) for entry in certificate["figures"].values()] == ["line", "histogram", "data"]
+    assert report.figure_kind({"kind": "spiral", "x": [1], "y": [1]}) == "data"  # an unknown kind is listed, not guessed
+    path, plotted = report.write_report([certificate], tmp_path)
+    assert plotted
+    text = path.read_text()
+    for name in ("typed_line", "typed_histogram"):
+        assert (tmp_path / "figures" / f"P3_{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](figures/P3_{name}.png)" in text
+    assert not (tmp_path / "figures" / "P3_typed_data.png").exists()
+    assert "Figure data `typed_data`:" in text and '{"x": [1, 2], "y": [3, 4]}' in text
 
 
 def test_report_with_matplotlib_draws_every_plot(certificates, tmp_path):

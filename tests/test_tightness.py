@@ -78,3 +78,21 @@ def test_certificate_and_report_carry_the_ratios(tmp_path):
     assert report.LOOSE_MARK in rows["loose"] and report.LOOSE_MARK in rows["excused"]
     assert report.LOOSE_MARK not in rows["tight"]
     assert "Tightness: exact equality by design" in text
+
+
+def test_general_notes_state_no_measured_figure_and_point_to_the_recorded_worst_ratio():
+    """A note is reasoning that holds for every run; how close the worst sample comes is measured, and
+    the certificate records it (max_ratio, worst_case)."""
+    from propositions.kit import tightness
+
+    for note in (tightness.WORST_CASE_SUMS, tightness.RUNNING_BOUND):
+        assert "decade" not in note and "max_ratio" in note
+
+
+def test_bound_texts_name_where_the_bound_lives():
+    from propositions import p4_equivariance as p4
+    from propositions.kit import bounds
+
+    texts = [check.bound_derivation for check in p4._checks("left_haar", "left").values()]
+    assert all("p2_scale_independence" not in text and "propositions/kit/running_bounds.py" in text for text in texts)
+    assert all(bounds.POLAR_ERROR_TEXT in text for text in texts)  # taken from the function's module, not retyped

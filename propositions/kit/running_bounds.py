@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import sympy as sp
 
 from reference_impl import adam
 from reference_impl.adam import StiefelAdamConfig, frobenius
@@ -20,6 +19,7 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
 from .._common import chunk_sizes, u
+from .bounds import POLAR_ERROR_TEXT, polar_error_bound
 
 # The largest frames (up to (1024, 128)) run in the main trajectory check; the other checks use
 # frames up to (128, 16), which keeps one run inside its time budget.
@@ -27,34 +27,31 @@ MEDIUM_SHAPES = ((32, 8), (64, 16), (64, 64), (128, 16))
 
 CHUNK_ENTRIES = 2**18
 
-# Constants of the rounding analysis (see trajectory_rounding_bound).
-POLAR_ROUNDING_FACTOR = 8.0
-
 
 # --------------------------------------------------------------------------------------------
 # Error analysis
 # --------------------------------------------------------------------------------------------
 
 
-def polar_rounding(d: int, r: int, trust_radius: float) -> float:
-    """Absolute rounding of the computed SVD polar factor of A = W + xi, in the Frobenius norm.
+def step_polar_error(d: int, r: int, step_norm, distance=0.0):
+    """polar_error_bound of the retraction W + xi of a step of norm step_norm (scalar or per frame).
 
-    LAPACK's SVD reduces A to bidiagonal form by Householder transformations from both sides and
-    accumulates U and V from them; by Higham (Accuracy and Stability, Thm 19.4) each such reduction
-    has a columnwise backward error gamma~_{d r} ||a_j||, so ||E||_F <= gamma~_{d r} ||A||_F, and the
-    accumulated U, V are orthonormal to gamma~_{d r}. If U S V^T = A + E exactly with U, V exactly
-    orthonormal, U V^T is exactly polar(A + E), which is within ||E|| / sigma_min(A) <= ||E|| of
-    polar(A) (sigma_min >= 1 for tangent xi, see trajectory_rounding_bound). Six contributions of
-    that size (the two one-sided reductions, the orthogonality of U and of V, the bidiagonal SVD and
-    the product U V^T of length r) give POLAR_ROUNDING_FACTOR = 8 times d r u ||A||_F, with
-    ||A||_F^2 = r + ||xi||^2 <= r + Delta^2 (W^T xi skew).
-
-    Frames with d = r meet this bound most closely: for square W, W^T xi is skew, so the singular
-    values of W + xi come in equal pairs, and the computed singular vectors of each pair carry a
-    rounding that the product U V^T does not fully cancel.
+    For tangent xi at a frame within `distance` (< 1) of St(d, r), the singular values of W + xi
+    lie in [1 - distance, sqrt(1 + ||xi||^2) (1 + distance)] (P3(b)), so cond(W + xi) <= sqrt(1 +
+    ||xi||^2) (1 + distance) / (1 - distance).
     """
-    norm_A = math.sqrt(r + min(trust_radius, 1e3) ** 2)
-    return POLAR_ROUNDING_FACTOR * d * r * u * norm_A
+    step_norm = np.asarray(step_norm, dtype=np.float64)
+    distance = np.asarray(distance, dtype=np.float64)
+    cond = np.sqrt(1.0 + step_norm**2) * (1.0 + distance) / (1.0 - distance)
+    return polar_error_bound(d, r, cond)
+
+
+TRAJECTORY_BOUND_TEXT = (
+    "trajectory_rounding_bound (propositions/kit/running_bounds.py), the running first-order bound on a "
+    "float64 trajectory's distance to the exact one: projection (d + r + 5) u ||G~||, mean square (d r + 3) u, "
+    "the polar factor's rounding at cond(W + xi) <= sqrt(1 + ||xi||^2) [" + POLAR_ERROR_TEXT + "], propagated "
+    "through the 1 / sigma_min-Lipschitz polar factor and the quadratic dependence of P_W on W"
+)
 
 
 def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamConfig, *, scale=1.0,
@@ -89,7 +86,9 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
       W+  = polar(W + xi): the polar factor is 1 / sigma_min-Lipschitz (its derivative maps dA to
             P Omega Q^T + (I - P P^T) dA Q S^-1 with |Omega_ij| <= |X_ij - X_ji| / (s_i + s_j)),
             and sigma_min(W + xi) >= 1 - a for tangent xi at a frame within a of St(d, r):
-            a+ = (a + ||dxi||) / (1 - a) + polar_rounding(d, r, Delta).
+            a+ = (a + ||dxi||) / (1 - a) + step_polar_error(d, r, min(||xi||, Delta), a), the
+            rounding of the computed polar factor (kit/bounds.polar_error_bound at the condition
+            number that P3(b) gives for W + xi).
       m+  = P_{W+}(m): b_m+ = dm + (d + r + 4) u ||m|| + 2 ||m|| a+.
     Frames with v = 0 take xi = 0 exactly (g = 0 exactly, the (1, 1) frames), rho = 0 there.
     The amplification per step is about 1 + 4 min(||xi||, Delta) ||G|| / ||m^|| (how much a tilt of
@@ -116,7 +115,6 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
 def _rounding_recursion(G_norm, g_norm, m_norm, v, xi_norm, d, r, beta1, beta2, trust_radius, weight_decay,
                         scale, input_relative_error, a, b_m, b_v, bounds):
     projection_rounding = (d + r + 4) * u
-    e_polar = polar_rounding(d, r, trust_radius)
     for t in range(G_norm.shape[0]):
         Gc = G_norm[t] + weight_decay * math.sqrt(r) / scale
         dg = (projection_rounding + u) * Gc + input_relative_error * G_norm[t] + 2.0 * Gc * a
@@ -125,8 +123,11 @@ def _rounding_recursion(G_norm, g_norm, m_norm, v, xi_norm, d, r, beta1, beta2, 
         moving = (v[t] > 0) & (m_norm[t] > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             rho = np.where(moving, dm / np.where(moving, m_norm[t], 1.0) + dv / (2 * np.where(moving, v[t], 1.0)) + 6 * u, 0.0)
-        dxi = np.minimum(xi_norm[t], trust_radius) * (rho + 2 * u)
-        a = np.where(a < 0.5, (a + dxi) / (1.0 - a) + e_polar, np.inf)
+        step_norm = np.minimum(xi_norm[t], trust_radius)
+        dxi = step_norm * (rho + 2 * u)
+        inside = a < 0.5
+        e_polar = step_polar_error(d, r, step_norm, np.where(inside, a, 0.0))
+        a = np.where(inside, (a + dxi) / (1.0 - a) + e_polar, np.inf)
         b_m = dm + projection_rounding * m_norm[t] + 2 * m_norm[t] * a
         b_v = dv
         bounds["W"][t], bounds["m"][t], bounds["v"][t] = a, b_m, b_v
@@ -211,8 +212,3 @@ def initial_distance_to_manifold(W0):
     gram = np.swapaxes(W0, -1, -2) @ W0
     # ||W - polar(W)|| = ||S - I|| <= ||S^2 - I|| = ||W^T W - I||, plus the rounding of the Gram.
     return np.linalg.norm(gram - np.eye(r), axis=(-2, -1)) + (W0.shape[-2] + 2) * math.sqrt(r) * u
-
-
-def reduces_to_zero(expr) -> bool:
-    expr = sp.expand(expr.doit()) if hasattr(expr, "doit") else sp.expand(expr)
-    return expr == 0 or isinstance(expr, sp.ZeroMatrix) or bool(getattr(expr, "is_ZeroMatrix", False))

@@ -33,6 +33,13 @@ The algebra
     regime of the trust region, say). `x == 0` is True only for the zero element: the generic
     branch (v^ != 0) is the one executed, and that too is recorded.
 
+Zero tests of sympy expressions
+    `is_zero(expr)` is the one test that a sympy expression (a scalar, an explicit Matrix or a
+    MatrixSymbol expression) is identically zero, used by every claim's derivation: it evaluates
+    unevaluated objects (doit), then tries expand and, where that leaves a remainder, simplify,
+    entry by entry for an explicit matrix. It is sound (True only for an expression sympy proves
+    to be 0) and conservative (an identity that neither reduces to 0 is reported as not shown).
+
 What cannot be executed symbolically
     np.linalg.svd / eigh / qr on object arrays: polar_retract, polar_factor, haar_from_gaussian
     and hence `step` as a whole. Stage 8 (the transport m+ = P_{W+}(m)) runs as project_tangent at
@@ -49,6 +56,26 @@ import sympy as sp
 from sympy.polys.rings import ring
 from sympy.polys.groebnertools import groebner
 from sympy.polys.orderings import grevlex
+
+
+def _reduced_zero(value) -> bool:
+    return value == 0 or isinstance(value, sp.ZeroMatrix) or bool(getattr(value, "is_ZeroMatrix", False))
+
+
+def is_zero(expr) -> bool:
+    """True when the sympy expression expr (scalar, Matrix or matrix expression) is identically 0.
+
+    doit() first (Trace, Transpose, MatMul of explicit matrices), then entry by entry for an explicit
+    Matrix; each value is expanded and, only if that leaves something, simplified (module docstring).
+    """
+    value = expr.doit() if hasattr(expr, "doit") else expr
+    if isinstance(value, sp.MatrixBase):
+        return all(is_zero(entry) for entry in value)
+    if _reduced_zero(value):
+        return True
+    if _reduced_zero(sp.expand(value)):
+        return True
+    return _reduced_zero(sp.simplify(value))
 
 
 def exact_rational(value) -> sp.Rational:

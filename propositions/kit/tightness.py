@@ -24,15 +24,17 @@ SAME_ROUNDING = (
 WORST_CASE_SUMS = (
     "the bound is the worst case of Higham's analysis, gamma_n = n u for a sum of length n, attained "
     "only when every rounding error has the same sign and size; independent roundings give about "
-    "sqrt(n) u, so the median ratio falls like 1/sqrt(n) over the shape grid (n up to d r = 131072) "
-    "while the worst samples stay within two decades of the bound"
+    "sqrt(n) u, so the median ratio falls like 1/sqrt(n) over the shape grid (n up to d r = 131072); "
+    "how close the worst sample comes is the check's recorded worst ratio (max_ratio, with the sample "
+    "that attains it in worst_case)"
 )
 
 RUNNING_BOUND = (
     "a running first-order bound over several steps that adds each stage's worst-case rounding "
     "(gamma_n = n u for sums of length n) and propagates it; independent roundings partly cancel "
-    "(about sqrt(n) u per sum, and across steps), so the typical sample sits far below the bound "
-    "while the worst samples stay within two decades of it"
+    "(about sqrt(n) u per sum, and across steps), so the typical sample sits far below the bound; "
+    "how close the worst sample comes is the check's recorded worst ratio (max_ratio, with the sample "
+    "that attains it in worst_case)"
 )
 
 RANDOM_DIRECTION = (

@@ -45,12 +45,13 @@ The one-step bound (first order in u = 2^-53; every quantity evaluated at the mo
                    by at most 3 ||dA|| / sigma_lo, sigma_lo = sigma_min(A) - ||dA|| (perturbation of
                    the polar factor, Higham, Functions of Matrices, ch. 8: 2 / sigma_min, rounded up
                    to cover the rectangular case and the second order); the evaluation rounds by
-                   R = 5 kappa^3 sqrt(r) (n + 1) u, kappa = sigma_max / sigma_lo: for the SVD route
-                   5 kappa sqrt(r) (n + 1) u (p3_conditioning.polar_error_bound); for the Gram route
+                   R, kappa = sigma_max / sigma_lo: for the SVD route polar_error_bound(d, r, kappa)
+                   (propositions/kit/bounds.py, its derivation there); for the Gram route
                    fl(A^T A) errs by gamma_d r sigma_max^2, syevd by sqrt(r) n u sigma_max^2, the
                    inverse square root's derivative is at most lambda_min^(-3/2) / 2, and V's loss of
                    orthogonality and the product A X add 3 sqrt(r) n u kappa + r^2 u kappa: in all
-                   <= 5 kappa^3 sqrt(r) (n + 1) u. E_W = 3 (E_xi + u ||A||) / sigma_lo + R.
+                   <= 5 kappa^3 sqrt(r) (n + 1) u; R is the larger of the two routes.
+                   E_W = 3 (E_xi + u ||A||) / sigma_lo + R.
            m+:     P_{W+}(m) moves by 2 ||m|| E_W with W+ and rounds by e_P ||m||:
                    E_m+ = E_m + 2 ||m|| E_W + e_P ||m||.
     The optimizer and the model are each within these of the exact step at the shared input, so
@@ -90,10 +91,11 @@ from reference_impl import StiefelAdamConfig, get_variant
 
 from . import tightness
 from .._common import NumericalCheck, Profile, projection_error_bound, rng_for, u
+from .bounds import polar_error_bound
 from .model import ModelStep, model_step, tangent_part
 
 MIN_STEPS = 8
-RETRACTION_CONSTANT = 5.0  # R = 5 kappa^3 sqrt(r) (n + 1) u, see the module docstring
+GRAM_RETRACTION_CONSTANT = 5.0  # the Gram route's 5 kappa^3 sqrt(r) (n + 1) u, see the module docstring
 POLAR_PERTURBATION = 3.0  # ||d polar(A)|| <= 3 ||dA|| / sigma_min
 TINY = np.finfo(np.float64).tiny
 
@@ -247,7 +249,8 @@ def one_step_bound(W, G, m_in, v_in, t_in: int, config: StiefelAdamConfig, model
     well_posed = well_posed & (sigma_lo > 0) & np.isfinite(E_xi)
     with np.errstate(divide="ignore", invalid="ignore"):
         kappa = model.sigma_max / sigma_lo
-        E_W = POLAR_PERTURBATION * dA / sigma_lo + RETRACTION_CONSTANT * kappa**3 * math.sqrt(r) * (n + 1) * u
+        retraction = np.maximum(polar_error_bound(d, r, kappa), GRAM_RETRACTION_CONSTANT * kappa**3 * math.sqrt(r) * (n + 1) * u)
+        E_W = POLAR_PERTURBATION * dA / sigma_lo + retraction
     E_m_plus = E_m + 2 * m_norm * E_W + e_P * m_norm
     # Where a bound is 0 its derivation says the step is exact (g = 0, v_in = 0 or m = 0 exactly):
     # the smallest normal float64 keeps the bound > 0 and still asks for exact agreement.
@@ -269,8 +272,10 @@ class _Checks:
             f"trajectory_model_W[{label}]",
             "||W_opt - W_model|| after each step of the optimizer's own trajectories, the model fed the optimizer's input",
             "Twice the one-step bound E_W of propositions/kit/trajectories.py (each float64 evaluation is within "
-            "E_W of the exact step): 3 (E_xi + u||W + xi||) / sigma_lo + 5 kappa^3 sqrt(r)(d r + 1) u, with E_xi "
-            "the rounding of g, m, v, the bias corrections, xi and the cap propagated through -lr m^/(sqrt(v^)+eps).",
+            "E_W of the exact step): 3 (E_xi + u||W + xi||) / sigma_lo + R, R the larger of the SVD route's "
+            "polar_error_bound(d, r, kappa) (propositions/kit/bounds.py) and the Gram route's 5 kappa^3 sqrt(r)(d r + 1) u, "
+            "with E_xi the rounding of g, m, v, the bias corrections, xi and the cap propagated through -lr m^/(sqrt(v^)+eps).",
+            tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.m = NumericalCheck(
             f"trajectory_model_m[{label}]",
@@ -306,11 +311,13 @@ class _Checks:
             "W, m and v of the optimizer's step against the mpmath twin (reference_impl.highprec) at its input",
             "One evaluation's one-step bound E_W, E_m+, E_v, plus (u + 10^(2 - dps)) ||.|| for rounding the twin "
             "to float64 and for the twin's own error at dps digits.",
+            tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.model_twin = NumericalCheck(
             "model_highprec",
             "W, m and v of the model's step against the mpmath twin at the same input (the model itself)",
             "As trajectory_highprec: the model is one float64 evaluation, within E of the exact step.",
+            tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.steps = 0
         self.clipped = 0
