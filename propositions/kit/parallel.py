@@ -32,6 +32,7 @@ the same way, never as a hang.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import traceback
@@ -125,13 +126,14 @@ class Inline:
     def run(self, fn: Callable, calls: Sequence[tuple[tuple, dict]], on_done: Callable[[int], None]) -> list[_Outcome]:
         outcomes = []
         for args, kwargs in calls:
-            outcomes.append(_run_task(fn, args, kwargs))
+            # a copy, as a worker process gets one: no task sees what an earlier task did to its arguments
+            outcomes.append(_run_task(fn, *copy.deepcopy((args, kwargs))))
             on_done(len(outcomes))
         return outcomes
 
     def submit_each(self, fn: Callable, calls: Sequence[tuple[tuple, dict]], on_done: Callable[[int, _Outcome], None]) -> None:
         for index, (args, kwargs) in enumerate(calls):
-            on_done(index, _run_task(fn, args, kwargs))
+            on_done(index, _run_task(fn, *copy.deepcopy((args, kwargs))))
 
     def close(self) -> None:
         pass
