@@ -711,6 +711,8 @@ def single_threaded_blas():
     matrices of this size and, on a busy machine, its spinning threads made one (1024, 128) SVD
     fifty times slower. One thread also makes a re-run's rounding independent of the core count.
     """
+    import numpy  # noqa: F401 (threadpoolctl limits only the libraries already loaded)
+    import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=1)

@@ -98,10 +98,19 @@ def _run_task(fn: Callable, args: tuple, kwargs: dict) -> _Outcome:
     return outcome
 
 
-def _limit_blas_threads() -> None:
+def _limit_blas_threads():
+    """One thread for every BLAS library numpy and scipy load (both loaded first: threadpoolctl
+    limits only the libraries already loaded). A thread count changes how BLAS splits a product,
+    and so its rounding: a worker must run with the thread count of the process it stands in for."""
+    import numpy  # noqa: F401
+    import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(limits=1)
+    return threadpool_limits(limits=1)
+
+
+def _limit_worker_blas_threads() -> None:
+    _limit_blas_threads()  # for the life of the worker process
 
 
 def _worker_start(progress_queue) -> None:
@@ -214,10 +223,10 @@ class Dask:
             from distributed import Client
         except ImportError:
             raise ImportError("--scheduler needs dask.distributed, which is not installed (pip install 'stiefel-adam-certify[distributed]')") from None
-        self.client = address if isinstance(address, Client) else Client(address, set_as_default=False)
+        self.client = address if isinstance(address, Client) else Client(address)
         self._owns_client = not isinstance(address, Client)
         self.scheduler = self.client.scheduler.address
-        self.client.run(_limit_blas_threads)
+        self.client.run(_limit_worker_blas_threads)
         self.workers = len(self.client.scheduler_info(n_workers=-1)["workers"])
 
     def check_preconditions(self) -> list[str]:
@@ -302,12 +311,14 @@ def current():
 
 @contextlib.contextmanager
 def using(executor):
-    """Run the map_tasks calls of the enclosed code on `executor` (closed on exit)."""
+    """Run the map_tasks calls of the enclosed code on `executor` (closed on exit), with one BLAS
+    thread here as in every worker, so that a task rounds the same wherever it runs."""
     global _EXECUTOR
     previous = _EXECUTOR
     _EXECUTOR = executor
     try:
-        yield executor
+        with _limit_blas_threads():
+            yield executor
     finally:
         _EXECUTOR = previous
         executor.close()
