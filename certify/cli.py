@@ -245,11 +245,11 @@ class _Progress:
 
     On a terminal a rich progress display (one bar for the claims, one per running chunk map,
     removed when it completes); otherwise plain lines: one when a claim starts and ends, and for a
-    chunk map of at least PLAIN_MIN_TASKS tasks one at each quarter, so a CI log shows a long
-    thorough run advancing without a line per task.
+    chunk map still running after PLAIN_EVERY_SECONDS one line every PLAIN_EVERY_SECONDS, so a CI
+    log shows a long thorough run advancing while a default run prints what it printed before.
     """
 
-    PLAIN_MIN_TASKS = 8
+    PLAIN_EVERY_SECONDS = 30.0
 
     def __init__(self, out: _Output, claims_total: int):
         import threading
@@ -257,7 +257,7 @@ class _Progress:
         self.out = out
         self.lock = threading.Lock()
         self.bars: dict = {}
-        self.quarters: dict = {}
+        self.last_line: dict = {}
         self.display = None
         if out.rich:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -274,9 +274,11 @@ class _Progress:
         if self.display is not None:
             self.display.__exit__(*exc)
 
-    def claim_started(self, claim_id: str, line: str) -> None:
+    def claim_started(self, claim_id: str, line: str, *, alone: bool = True) -> None:
+        """alone: the claim runs by itself (else several run at once and the bar names none)."""
         if self.display is not None:
-            self.display.update(self.claims, description=f"certifying {claim_id}")
+            if alone:
+                self.display.update(self.claims, description=f"certifying {claim_id}")
         else:
             self.out.line(line)
 
@@ -289,19 +291,21 @@ class _Progress:
         with self.lock:
             if self.display is not None:
                 if label not in self.bars:
-                    self.bars[label] = self.display.add_task(f"  {label}", total=total)
+                    from rich.markup import escape
+
+                    self.bars[label] = self.display.add_task(escape(f"  {label}"), total=total)
                 self.display.update(self.bars[label], completed=done, total=total)
                 if done >= total:
                     self.display.remove_task(self.bars.pop(label))
                 return
-            if total < self.PLAIN_MIN_TASKS:
-                return
-            quarter = 4 * done // total
-            if done and quarter > self.quarters.get(label, 0):
-                self.quarters[label] = quarter
+            now = time.monotonic()
+            if done == 0 or label not in self.last_line:
+                self.last_line[label] = now
+            elif done >= total:
+                self.last_line.pop(label)
+            elif now - self.last_line[label] >= self.PLAIN_EVERY_SECONDS:
+                self.last_line[label] = now
                 self.out.line(f"    {label}: {done}/{total} chunks")
-            if done >= total:
-                self.quarters.pop(label, None)
 
 
 def _forward_progress(executor, progress: _Progress):
@@ -378,7 +382,7 @@ def _run_and_record(ids: list[str], args, out: _Output, command: str, options_fo
             where = f"the dask cluster at {executor.scheduler}" if executor.scheduler else f"{executor.workers} worker processes"
             out.line(f"running {len(to_run)} claims on {where} (seed {args.seed}, profile {args.profile})")
             for claim_id in to_run:
-                progress.claim_started(claim_id, f"{claim_id}: running (seed {args.seed}, profile {args.profile})")
+                progress.claim_started(claim_id, f"{claim_id}: running (seed {args.seed}, profile {args.profile})", alone=False)
 
             def finished(index: int, outcome) -> None:
                 nonlocal internal_errors

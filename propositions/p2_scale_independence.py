@@ -379,7 +379,7 @@ def _chunked(fn, *args, figure=None, **kwargs):
     """fn(*args, figure=figure, **kwargs) with one task per chunk (propositions.kit.parallel), merged
     in chunk order: checks by NumericalCheck.merge, counts added, power_bitwise counts added, and
     each chunk's figure points appended while the figure holds fewer than 400 (fn's own rule)."""
-    partials = map_chunks(_with_figure, fn, *args, figure=figure, **kwargs)
+    partials = map_chunks(_with_figure, fn, *args, figure=figure, task_label=fn.__name__, **kwargs)
     merged = None
     for result, points in partials:
         if merged is None:

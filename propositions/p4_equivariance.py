@@ -318,7 +318,8 @@ def _with_records(seed, profile, optimizer, side, frames, large, label, *, chunk
 
 def _action_check(seed, profile, optimizer, side, frames, large, label, *, extra=None, figure=None, **kwargs):
     """action_check with one task per shape, merged in shape order into `extra` and `figure`."""
-    partials = map_chunks(_with_records, seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure, **kwargs)
+    partials = map_chunks(_with_records, seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure,
+                          task_label=f"action_check[{label}]", **kwargs)
     names = list(partials[0][0][0])
     merged = merge_checks([[checks[name] for name in names] for (checks, _), _, _ in partials])
     for _, part_extra, part_figure in partials:

@@ -428,16 +428,17 @@ def _chunk_task(fn: Callable, index: int, args: tuple, kwargs: dict):
     return fn(*args, chunks=Chunks(index), **kwargs)
 
 
-def map_chunks(fn: Callable, *args, **kwargs) -> list:
+def map_chunks(fn: Callable, *args, task_label: str | None = None, **kwargs) -> list:
     """fn(*args, chunks=Chunks(k), **kwargs) for every chunk k of fn's loop, as tasks; the results in chunk order.
 
     fn must take a keyword `chunks` (a Chunks) and call chunks.take() once per chunk in a fixed
     order; it is called once first with no chunk taken, to count them (its own setup outside the
     chunk loop must be cheap). The caller merges the partial results in the order returned.
+    task_label: what progress reports call these tasks (default fn's name).
     """
     counter = Chunks(only=-1)
     fn(*args, chunks=counter, **kwargs)
-    return map_tasks(_chunk_task, [(fn, index, args, kwargs) for index in range(counter.seen)], label=f"{_LABEL + ' ' if _LABEL else ''}{fn.__name__}")
+    return map_tasks(_chunk_task, [(fn, index, args, kwargs) for index in range(counter.seen)], label=f"{_LABEL + ' ' if _LABEL else ''}{task_label or fn.__name__}")
 
 
 def merge_checks(partials: Iterable[Sequence]) -> list:
