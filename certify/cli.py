@@ -1,16 +1,19 @@
 """The `certify` console script.
 
-    certify all [--out DIR] [--seed S] [--profile quick|default|thorough]
+    certify all [--out DIR] [--seed S] [--profile quick|default|thorough] [--workers N | --scheduler ADDRESS]
     certify list
-    certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME]
+    certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME] [--workers N | --scheduler ADDRESS]
     certify crosscheck [--device cpu|cuda] [--dtype float64|float32|bfloat16] [--out DIR] [--seed S] [--profile P]
-    certify verify FILE... [--report FILE]
+    certify verify FILE... [--report FILE] [--workers N | --scheduler ADDRESS]
     certify cite FILE [--format text|markdown|bibtex]
     certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
 
 Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
-which must then fail).
+which must then fail), --workers $CERTIFY_WORKERS or the CPUs available. --workers N runs the
+claims' chunk tasks (several claims: the claims themselves) in N processes, --scheduler on a dask
+cluster (propositions.kit.parallel); the certificates and their digests do not depend on either
+(docs/certificates.md#parallel-runs). Progress: a rich display on a terminal, plain lines otherwise.
 
 `all` runs every claim of the propositions package (P1..P6, the sampler certificate and, when
 `import torch` works, the torch cross-check, last); `run` and `all` write one
