@@ -59,9 +59,14 @@ def test_chunk_tasks_in_a_pool_give_the_inline_certificate(inline_certificates, 
             _assert_same(sealed, inline_certificates[claim_id])
 
 
-def test_claims_as_tasks_give_the_inline_certificates(inline_certificates, tmp_path):
+def test_claims_as_tasks_give_the_inline_certificates(inline_certificates, tmp_path, capsys):
     """`certify run P1 P5 --workers 2`: each claim runs in a worker process, its chunks inline there."""
     assert cli.main(["run", *CLAIMS, "--profile", "quick", "--workers", "2", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # a log (not a terminal) gets plain lines: what runs where, one line per claim started and done
+    assert lines[0] == "running 2 claims on 2 worker processes (seed 0, profile quick)"
+    assert lines[1:3] == ["P1: running (seed 0, profile quick)", "P5: running (seed 0, profile quick)"]
+    assert sorted(line.split(" in ")[0] for line in lines[3:5]) == ["P1: pass", "P5: pass"]
     for claim_id in CLAIMS:
         certificate = certificate_format.load(tmp_path / f"{claim_id}.json")
         assert certificate["run"]["workers"] == 2 and "--workers 2" in certificate["run"]["command"]

@@ -176,20 +176,28 @@ class Pool:
 
         try:
             for future in as_completed(futures):
-                on_done(futures[future], future.result())
-        except BrokenProcessPool as error:
+                try:
+                    outcome = future.result()
+                except BrokenProcessPool as error:
+                    self._abandon()  # a fresh pool for the next tasks
+                    raise TaskFailed(f"a worker process died while it ran a task ({_one_line(error)})") from None
+                except Exception as error:  # a task or its result that cannot be pickled
+                    raise TaskFailed(f"a task could not be sent to or back from a worker process ({_one_line(error)})") from None
+                on_done(futures[future], outcome)
+        except BaseException:
             for future in futures:
                 future.cancel()
-            self._pool = None  # a fresh pool for the next command's tasks
-            raise TaskFailed(f"a worker process died while it ran a task ({_one_line(error)})") from None
-        except (TaskFailed, KeyboardInterrupt):
-            for future in futures:
-                future.cancel()
+            if not isinstance(sys.exc_info()[1], Exception):  # Ctrl-C: do not wait for the running tasks
+                self._abandon()
             raise
-        except Exception as error:  # a task or its result that cannot be pickled
-            for future in futures:
-                future.cancel()
-            raise TaskFailed(f"a task could not be sent to or back from a worker process ({_one_line(error)})") from None
+
+    def _abandon(self) -> None:
+        """Stop the pool's processes now (a dead worker broke it, or the command was interrupted)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def submit_each(self, fn, calls, on_done) -> None:
         pool = self._executor()
@@ -256,11 +264,15 @@ class Dask:
         index_of = {future.key: index for index, future in enumerate(futures)}
         try:
             for future in as_completed(futures):
-                on_done(index_of[future.key], future.result())
-        except Exception as error:  # a lost worker, a task that cannot be pickled, a closed cluster
+                try:
+                    outcome = future.result()
+                except Exception as error:  # a lost worker, a task that cannot be pickled, a closed cluster
+                    raise TaskFailed(f"the dask cluster at {self.scheduler} could not run a task ({_one_line(error)})") from None
+                on_done(index_of[future.key], outcome)
+        except BaseException:
             for future in futures:
                 future.cancel()
-            raise TaskFailed(f"the dask cluster at {self.scheduler} could not run a task ({_one_line(error)})") from None
+            raise
 
     def run(self, fn, calls, on_done) -> list[_Outcome]:
         return Pool.run(self, fn, calls, on_done)  # the same bookkeeping: results by task index
