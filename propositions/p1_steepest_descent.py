@@ -72,7 +72,7 @@ from ._common import (
     u,
 )
 from .kit.bounds import polar_error_bound
-from .kit.parallel import Chunks, map_chunks, merge_checks
+from .kit.parallel import Chunks, map_chunks, merge_checks, start
 
 CLAIM_ID = "P1"
 CONTROLS = ("canonical_metric_gradient", "projection_without_sym")
@@ -721,7 +721,10 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     """Certificate body of P1 (see the module docstring)."""
     timings = {}
     started = time.perf_counter()
-    symbolic = symbolic_part()
+    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     timings["symbolic_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -751,13 +754,12 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     timings["controls_s"] = time.perf_counter() - started
 
     checks = projector + minimiser + [first_step] + slopes
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
     started = time.perf_counter()
-    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    checks += trajectories.result()
     timings["trajectories_s"] = time.perf_counter() - started
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=checks,
         controls=controls,
         frames=projector_frames + minimiser_info["frames"] + first_step_frames,  # independent draws

@@ -67,7 +67,7 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks
+from .kit.parallel import Chunks, map_chunks, merge_checks, start
 from .kit.directions import step_direction, variant_name
 from .kit.running_bounds import (
     MEDIUM_SHAPES,
@@ -728,7 +728,10 @@ def exact_part(seed: int, samples: int = 6) -> list[dict]:
 
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     get_variant(optimizer)  # ValueError for an unknown name
-    symbolic = symbolic_part()
+    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact_results = exact_part(seed)
     frames = profile.frames
     figure_trajectory = {"c": [], "residual": [], "bound": []}
@@ -744,9 +747,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     power_check, n_power, power_moments = _chunked(bitwise_check, seed, profile, optimizer, frames=frames // 5)
     epsilon_check, n_eps = _chunked(eps_check, seed, profile, optimizer, frames=frames // 5, figure=figure_eps)
     checks = [scale_check, decay_check, power_check, epsilon_check] + scale_moments + decay_moments + [power_moments]
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    checks += trajectories.result()
 
     controls = []
     control_profile = Profile(profile.name, max(profile.frames // 20, 64), profile.steps, profile.long_run_steps,
@@ -787,7 +789,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         inconclusive.append(f"{vacuous_scale + vacuous_decay} frames had a rounding bound >= 2 sqrt(r) at some "
                             "step (vacuous): the trajectory checks do not certify them")
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=checks,
         controls=controls,
         frames=n_scale + n_decay + n_power + n_eps,

@@ -68,7 +68,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks
+from .kit.parallel import Chunks, map_chunks, merge_checks, start
 from .kit.bounds import feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
 from ._symbolic import copied, is_zero_matrix, reduce_with
@@ -668,7 +668,11 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     """Certificate body of P3 (see the module docstring)."""
     timings = {}
     started = time.perf_counter()
-    symbolic = symbolic_part()
+    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    long_run_task = start(long_run, seed, profile, optimizer)  # sequential in time: one task
     timings["symbolic_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -688,7 +692,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     timings["highprec_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    feasibility, long_run_summary, figure_long_run = long_run(seed, profile, optimizer)
+    feasibility, long_run_summary, figure_long_run = long_run_task.result()
     timings["long_run_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -700,14 +704,13 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         controls.append(ControlResult.from_checks(name, get_variant(name).description, control_checks[1:]))
     timings["controls_s"] = time.perf_counter() - started
 
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
     started = time.perf_counter()
-    trajectories = trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    trajectories = trajectories.result()
     timings["trajectories_s"] = time.perf_counter() - started
 
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=step + conditioning + [highprec, feasibility] + trajectories,
         controls=controls,
         frames=step_frames + conditioning_frames,  # independent draws

@@ -70,7 +70,7 @@ from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks
+from .kit.parallel import Chunks, map_chunks, merge_checks, start
 from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
@@ -552,7 +552,10 @@ def exact_part(seed: int) -> list[dict]:
 
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     get_variant(optimizer)  # ValueError for an unknown name
-    symbolic = symbolic_part()
+    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact_results = exact_part(seed)
     frames = profile.frames
     haar_extra: dict = {}
@@ -568,9 +571,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
                                             transform="signed_permutation")
     bitwise, n_bitwise, fractions = _sign_flip_bitwise(seed, frames // 10, profile, optimizer)
     checks = list(left.values()) + list(right.values()) + list(permutation_left.values()) + bitwise
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    checks += trajectories.result()
 
     control_frames = max(profile.frames // 40, 32)
     controls = []
@@ -608,7 +610,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         inconclusive.append("the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
                             + "; ".join(missing_components))
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=checks,
         controls=controls,
         frames=n_left + n_right + n_perm + n_bitwise,

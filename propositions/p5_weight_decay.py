@@ -45,7 +45,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks
+from .kit.parallel import Chunks, map_chunks, merge_checks, start
 from .kit.bounds import projection_error_bound
 from ._common import (
     Claim,
@@ -560,15 +560,17 @@ def norm_figure(seed: int, optimizer: str) -> dict:
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     """Certify P5 with `optimizer` (a reference_impl.VARIANTS name) in place of the real step."""
     get_variant(optimizer)
-    symbolic = symbolic_derivation()
+    symbolic = start(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact = exact_checks(seed)
     # the chunks are tasks of the current executor (propositions.kit.parallel), merged in chunk order
     partials = map_chunks(_manifold_checks, seed, profile)
     manifold_checks, frames = merge_checks(p[0] for p in partials), sum(p[1] for p in partials)
     optimizer_checks = merge_checks(map_chunks(_optimizer_checks, seed, profile, optimizer, profile.frames, "", "step"))
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    optimizer_checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    optimizer_checks += trajectories.result()
     control_frames = max(1, profile.frames // CONTROL_FRACTION)
     controls = []
     for name in CONTROLS:
@@ -599,7 +601,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         "not re-validated as frames.",
     ]
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=manifold_checks + optimizer_checks,
         controls=controls,
         frames=frames,

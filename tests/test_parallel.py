@@ -252,3 +252,16 @@ def test_a_failing_claim_task_is_an_inconclusive_certificate_with_one_line(monke
 def test_workers_and_scheduler_exclude_each_other(capsys):
     assert cli.main(["run", "P1", "--workers", "2", "--scheduler", "tcp://127.0.0.1:1"]) == 2
     assert "--workers and --scheduler exclude each other" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: parallel.Pool(2)], ids=["inline", "pool"])
+def test_a_started_task_gives_its_result_warnings_and_error_at_result(make):
+    with parallel.using(make()), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pending, failing = parallel.start(_warn_and_return, 5), parallel.start(_square_or_fail, 3)
+        assert parallel.map_tasks(_square_or_fail, [2]) == [4]  # other tasks run meanwhile
+        assert caught == []  # nothing before result(): the same order inline and on a pool
+        assert pending.result() == 5 and pending.result() == 5
+        with pytest.raises(parallel.TaskFailed, match=r"^_square_or_fail failed: ArithmeticError: three is not allowed second line"):
+            failing.result()
+    assert [str(w.message) for w in caught] == ["task 5 warns"]

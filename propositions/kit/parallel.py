@@ -204,6 +204,22 @@ class Pool:
         futures = {pool.submit(_run_task, fn, args, kwargs): index for index, (args, kwargs) in enumerate(calls)}
         self._collect(futures, on_done)
 
+    def start(self, fn, args: tuple, kwargs: dict) -> Callable[[], _Outcome]:
+        future = self._executor().submit(_run_task, fn, args, kwargs)
+
+        def outcome() -> _Outcome:
+            from concurrent.futures.process import BrokenProcessPool
+
+            try:
+                return future.result()
+            except BrokenProcessPool as error:
+                self._abandon()
+                raise TaskFailed(f"a worker process died while it ran a task ({_one_line(error)})") from None
+            except Exception as error:
+                raise TaskFailed(f"a task could not be sent to or back from a worker process ({_one_line(error)})") from None
+
+        return outcome
+
     def run(self, fn, calls, on_done) -> list[_Outcome]:
         outcomes: list = [None] * len(calls)
         done = 0
@@ -276,6 +292,17 @@ class Dask:
 
     def run(self, fn, calls, on_done) -> list[_Outcome]:
         return Pool.run(self, fn, calls, on_done)  # the same bookkeeping: results by task index
+
+    def start(self, fn, args: tuple, kwargs: dict) -> Callable[[], _Outcome]:
+        future = self.client.submit(_run_task, fn, args, kwargs, pure=False)
+
+        def outcome() -> _Outcome:
+            try:
+                return future.result()
+            except Exception as error:
+                raise TaskFailed(f"the dask cluster at {self.scheduler} could not run a task ({_one_line(error)})") from None
+
+        return outcome
 
     def close(self) -> None:
         if self._owns_client:
@@ -413,6 +440,37 @@ def map_tasks(fn: Callable, tasks: Iterable, *, label: str | None = None) -> lis
     return results
 
 
+class Pending:
+    """A task started now, its result collected later by result() (see start)."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+        self._fn, self._args, self._kwargs = fn, args, kwargs
+        starter = getattr(_EXECUTOR, "start", None)
+        self._collect = starter(fn, args, kwargs) if starter is not None else None
+        self._outcome: _Outcome | None = None
+
+    def result(self):
+        """fn's result; its warnings are raised here (once), its error is TaskFailed."""
+        if self._outcome is None:
+            if self._collect is not None:
+                self._outcome = self._collect()
+            else:  # inline: run now, on a copy of the arguments as a worker would get them
+                self._outcome = _run_task(self._fn, *copy.deepcopy((self._args, self._kwargs)))
+            for message, category, filename, lineno in self._outcome.warnings:
+                warnings.warn_explicit(message, category, filename, lineno)
+        if self._outcome.error is not None:
+            raise TaskFailed(f"{getattr(self._fn, '__qualname__', self._fn)} failed: {self._outcome.error}")
+        return self._outcome.result
+
+
+def start(fn: Callable, *args, **kwargs) -> Pending:
+    """fn(*args, **kwargs) as a task that starts now on a pool or a cluster and runs while the caller
+    goes on (a claim's symbolic derivation or long run beside its chunk maps); inline, it runs when
+    its result is asked for. Either way its result and warnings arrive at result(), so where it ran
+    does not change the certificate."""
+    return Pending(fn, args, kwargs)
+
+
 # --------------------------------------------------------------------------------------------
 # Chunked loops
 # --------------------------------------------------------------------------------------------
@@ -468,4 +526,4 @@ def merge_checks(partials: Iterable[Sequence]) -> list:
     return merged or []
 
 
-__all__ = ["Inline", "Pool", "Dask", "TaskFailed", "Call", "Chunks", "current", "using", "reporting", "labelled", "map_tasks", "map_chunks", "merge_checks"]
+__all__ = ["Inline", "Pool", "Dask", "TaskFailed", "Call", "Chunks", "Pending", "current", "using", "reporting", "labelled", "map_tasks", "map_chunks", "merge_checks", "start"]
