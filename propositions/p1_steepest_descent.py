@@ -72,7 +72,7 @@ from ._common import (
     u,
 )
 from .kit.bounds import polar_error_bound
-from .kit.parallel import Chunks, map_chunks, merge_checks, start
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 
 CLAIM_ID = "P1"
 CONTROLS = ("canonical_metric_gradient", "projection_without_sym")
@@ -721,10 +721,10 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     """Certificate body of P1 (see the module docstring)."""
     timings = {}
     started = time.perf_counter()
-    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     timings["symbolic_s"] = time.perf_counter() - started
 
     started = time.perf_counter()

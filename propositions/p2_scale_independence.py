@@ -67,7 +67,7 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.directions import step_direction, variant_name
 from .kit.running_bounds import (
     MEDIUM_SHAPES,
@@ -728,10 +728,10 @@ def exact_part(seed: int, samples: int = 6) -> list[dict]:
 
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     get_variant(optimizer)  # ValueError for an unknown name
-    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact_results = exact_part(seed)
     frames = profile.frames
     figure_trajectory = {"c": [], "residual": [], "bound": []}

@@ -68,7 +68,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.bounds import feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
 from ._symbolic import copied, is_zero_matrix, reduce_with
@@ -668,11 +668,11 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     """Certificate body of P3 (see the module docstring)."""
     timings = {}
     started = time.perf_counter()
-    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
-    long_run_task = start(long_run, seed, profile, optimizer)  # sequential in time: one task
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    long_run_task = start_task(long_run, seed, profile, optimizer)  # sequential in time: one task
     timings["symbolic_s"] = time.perf_counter() - started
 
     started = time.perf_counter()

@@ -70,7 +70,7 @@ from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
@@ -552,10 +552,10 @@ def exact_part(seed: int) -> list[dict]:
 
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     get_variant(optimizer)  # ValueError for an unknown name
-    symbolic = start(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact_results = exact_part(seed)
     frames = profile.frames
     haar_extra: dict = {}

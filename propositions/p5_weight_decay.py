@@ -45,7 +45,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.bounds import projection_error_bound
 from ._common import (
     Claim,
@@ -560,10 +560,10 @@ def norm_figure(seed: int, optimizer: str) -> dict:
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     """Certify P5 with `optimizer` (a reference_impl.VARIANTS name) in place of the real step."""
     get_variant(optimizer)
-    symbolic = start(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    symbolic = start_task(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    trajectories = start(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact = exact_checks(seed)
     # the chunks are tasks of the current executor (propositions.kit.parallel), merged in chunk order
     partials = map_chunks(_manifold_checks, seed, profile)

@@ -54,7 +54,7 @@ import sympy as sp
 from reference_impl import UNIT_ROUNDOFF, feasibility, get_variant, manifold_tolerance, random_point, riemannian_gradient
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from . import attention
 from ._common import (
     Claim,
@@ -440,7 +440,7 @@ def layer_checks(seed: int, profile: Profile, optimizer: str, use_torch: bool, c
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     """Certify P6; `optimizer` selects the Riemannian gradient map only (module docstring)."""
     get_variant(optimizer)
-    symbolic = start(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    symbolic = start_task(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
     exact = exact_checks(seed)
     use_torch = profile.name == "thorough"
     notes = []
