@@ -16,11 +16,8 @@ The thorough profile (10^6 frames per claim; tens of minutes on two cores):
 `certify all --workers N` runs whole claims as tasks instead (its chunks then run inline in each
 worker); its wall time is what README.md reports.
 
-Measured on the project's development machine (2 cores shared with other jobs, so the numbers are
-noisy; the load average during the runs was between 2 and 4), default profile, seconds per claim
-with N = 1 / N = 2 and the speed-up:
-
-    see benchmarks/README.md (the table this script prints, with the date and load)
+What it measured on the project's two shared cores, with the load at the time, is in
+benchmarks/README.md.
 """
 
 from __future__ import annotations
