@@ -11,10 +11,13 @@ Modules: `cli` (the console script), `claims` (which claims exist and how one is
 """
 
 # 1.1: statement.docs and environment.rounding_fingerprint (docs/certificates.md)
-SCHEMA_VERSION = "1.1"
+# 1.2: the run record (command, created_utc, timing, workers, scheduler, host) moves from
+#      provenance to `run`, which the digest does not cover: the same evidence, the same digest
+SCHEMA_VERSION = "1.2"
+READABLE_SCHEMA_VERSIONS = ("1.1", "1.2")  # `certify verify` and `cite` read both
 
 # The seed used when none is given on the command line: every default certificate is drawn from it.
 DEFAULT_SEED = 0
 DEFAULT_PROFILE = "default"
 
-__all__ = ["SCHEMA_VERSION", "DEFAULT_SEED", "DEFAULT_PROFILE"]
+__all__ = ["SCHEMA_VERSION", "READABLE_SCHEMA_VERSIONS", "DEFAULT_SEED", "DEFAULT_PROFILE"]

@@ -2,9 +2,14 @@
 
 A certificate is a JSON object with the members required by `certificate.schema.json` (shipped
 beside this module). It is sealed by `digest`: sha256 over the *canonical JSON* of every other
-member, i.e. `json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-allow_nan=False)` encoded as ASCII. Any edit of any member, however small, changes the digest, and
+member except `run` (the record of how this run went: command line, date, wall time, workers,
+host; the evidence does not depend on it, so it is neither sealed nor compared), i.e. `json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+allow_nan=False)` encoded as ASCII. Any edit of any other member, however small, changes the digest, and
 `certify verify` rejects a file whose recorded digest does not match its content.
+
+Schema 1.1 (the layout before `run`: command, created_utc and timing in `provenance`, under the
+digest) is still read: its schema file is certificate.schema-1.1.json and its digest is computed
+the same way (a 1.1 certificate has no `run` member to leave out).
 
 Non-finite numbers never reach the JSON: they are the strings "inf", "-inf", "nan"
 (propositions._common.to_jsonable), so every certificate is strict JSON.
@@ -19,9 +24,11 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from certify import SCHEMA_VERSION
+from certify import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION
 
 DIGEST_ALGORITHM = "sha256"
+# Members the digest does not cover: the digest itself and the run record.
+UNSEALED_MEMBERS = ("digest", "run")
 DOCS_PAGE = "docs/claims.md"
 
 
@@ -44,8 +51,8 @@ def canonical_json(body: dict) -> bytes:
 
 
 def compute_digest(certificate: dict) -> str:
-    """sha256 hex digest over the canonical JSON of the certificate without its 'digest' member."""
-    body = {key: value for key, value in certificate.items() if key != "digest"}
+    """sha256 hex digest over the canonical JSON of the certificate without its 'digest' and 'run' members."""
+    body = {key: value for key, value in certificate.items() if key not in UNSEALED_MEMBERS}
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
@@ -56,26 +63,35 @@ def seal(certificate: dict) -> dict:
     return sealed
 
 
-@lru_cache(maxsize=1)
-def schema() -> dict:
-    """The JSON Schema of a certificate (certify/certificate.schema.json)."""
-    text = resources.files("certify").joinpath("certificate.schema.json").read_text(encoding="utf-8")
+def run_record(certificate: dict) -> dict:
+    """wall_seconds, frames_per_second, command and created_utc of either layout (1.2: `run`; 1.1: `provenance`)."""
+    if "run" in certificate:
+        return certificate["run"]
+    provenance = certificate.get("provenance", {})
+    return {**provenance.get("timing", {}), "command": provenance.get("command"), "created_utc": provenance.get("created_utc")}
+
+
+@lru_cache(maxsize=None)
+def schema(version: str = SCHEMA_VERSION) -> dict:
+    """The JSON Schema of a certificate (certify/certificate.schema.json; older versions beside it)."""
+    name = "certificate.schema.json" if version == SCHEMA_VERSION else f"certificate.schema-{version}.json"
+    text = resources.files("certify").joinpath(name).read_text(encoding="utf-8")
     return json.loads(text)
 
 
-@lru_cache(maxsize=1)
-def _validator():
+@lru_cache(maxsize=None)
+def _validator(version: str = SCHEMA_VERSION):
     import jsonschema
 
-    schema_document = schema()
+    schema_document = schema(version)
     validator_class = jsonschema.validators.validator_for(schema_document)
     validator_class.check_schema(schema_document)
     return validator_class(schema_document)
 
 
-def schema_errors(certificate: object) -> list[str]:
-    """Every way the certificate departs from the schema, one readable line each (empty: valid)."""
-    errors = sorted(_validator().iter_errors(certificate), key=lambda error: list(error.absolute_path))
+def schema_errors(certificate: object, version: str = SCHEMA_VERSION) -> list[str]:
+    """Every way the certificate departs from the schema (of `version`), one readable line each (empty: valid)."""
+    errors = sorted(_validator(version).iter_errors(certificate), key=lambda error: list(error.absolute_path))
     lines = []
     for error in errors:
         where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
@@ -133,8 +149,8 @@ def load(path: Path) -> dict:
     if "schema_version" not in certificate:
         raise CertificateError(f"{path}: not a certificate (no schema_version member)")
     version = certificate["schema_version"]
-    if version != SCHEMA_VERSION:
-        raise CertificateError(f"{path}: certificate of schema version {version!r}; this certify reads schema version {SCHEMA_VERSION!r}")
+    if version not in READABLE_SCHEMA_VERSIONS:
+        raise CertificateError(f"{path}: certificate of schema version {version!r}; this certify reads schema versions {', '.join(map(repr, READABLE_SCHEMA_VERSIONS))}")
     digest = certificate.get("digest")
     if not isinstance(digest, dict) or digest.get("algorithm") != DIGEST_ALGORITHM or not isinstance(digest.get("value"), str):
         raise CertificateError(f"{path}: certificate has no {DIGEST_ALGORITHM} digest")
@@ -147,7 +163,7 @@ def load(path: Path) -> dict:
             f"{path}: digest mismatch: the content was changed after it was certified "
             f"(recorded {digest['value'][:12]}..., content hashes to {actual[:12]}...)"
         )
-    errors = schema_errors(certificate)
+    errors = schema_errors(certificate, version)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise CertificateError(f"{path}: does not match the certificate schema: {errors[0]}{more}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import math
+import platform
 import time
 import traceback
 import warnings
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import propositions
 from propositions._common import decide_verdict
+from propositions.kit import parallel
 from certify import SCHEMA_VERSION
 from certify import certificate as certificate_format
 from certify import environment as environment_record
@@ -182,6 +184,31 @@ def _numerical_part(numerical: dict, seed: int, profile: str, reproduce: str) ->
     }
 
 
+# Members of a claim's `extra` that time the run (wall-clock seconds): they go to the certificate's
+# run record (run.claim_timings), not its evidence, wherever they sit in `extra`.
+RUN_RECORD_KEYS = ("timings", "timings_s", "seconds", "seconds_per_step", "microseconds_per_step")
+
+
+def split_run_record(extra):
+    """(extra without the RUN_RECORD_KEYS members at any depth, those members by path "a/b/key")."""
+    timings: dict = {}
+
+    def strip(value, path):
+        if isinstance(value, dict):
+            kept = {}
+            for key, item in value.items():
+                if key in RUN_RECORD_KEYS:
+                    timings["/".join(path + [str(key)])] = item
+                else:
+                    kept[key] = strip(item, path + [str(key)])
+            return kept
+        if isinstance(value, list):
+            return [strip(item, path + [str(index)]) for index, item in enumerate(value)]
+        return value
+
+    return strip(extra, []), timings
+
+
 def build_certificate(
     claim_id: str,
     *,
@@ -194,11 +221,15 @@ def build_certificate(
     claim=None,
     wall_seconds: float,
     problem: str | None = None,
+    workers: int | None = 1,
+    scheduler: str | None = None,
 ) -> dict:
     """An unsealed certificate from a claim's ClaimResult.to_dict() (data), or a stub when data is None.
 
     problem: why there is no data (import failure, exception in run, schema violation); recorded as
-    the reason the certificate is inconclusive.
+    the reason the certificate is inconclusive. workers / scheduler: how the run's tasks were
+    executed (propositions.kit.parallel), recorded in the run record with command, date and
+    wall time, which the digest does not cover.
     """
     reproduce = reproduce_command(claim_id, seed, profile, optimizer, options)
     if data is None:
@@ -215,6 +246,7 @@ def build_certificate(
             "inconclusive": [problem or "the claim produced no result"],
         }
     verdict, failures, inconclusive = _audited_verdict(data)
+    extra, claim_timings = split_run_record(data.get("extra", {}))
     numerical = _numerical_part(data.get("numerical", {}), seed, profile, reproduce)
     frames = numerical["frames"]
     torch_info = torch_environment(options.get("device", "cpu")) if claim_id == CROSSCHECK_ID and data.get("numerical", {}).get("checks") else None
@@ -235,7 +267,7 @@ def build_certificate(
         "exact": data.get("exact", []),
         "numerical": numerical,
         "controls": data.get("controls", []),
-        "extra": data.get("extra", {}),
+        "extra": extra,
         "figures": data.get("figures", {}),
         "notes": list(data.get("notes", [])),
         "environment": environment_record.environment(torch_info, torch_device=torch_device),
@@ -243,17 +275,21 @@ def build_certificate(
             "project_version": environment_record.project_version(),
             "git_commit": git["commit"],
             "git_tree_clean": git["tree_clean"],
-            "command": command,
             "reproduce": reproduce,
             "seed": seed,
             "profile": profile,
             "optimizer": optimizer,
             "options": dict(options),
+        },
+        "run": {
+            "command": command,
             "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "timing": {
-                "wall_seconds": round(wall_seconds, 6),
-                "frames_per_second": round(frames / wall_seconds, 3) if frames and wall_seconds > 0 else None,
-            },
+            "wall_seconds": round(wall_seconds, 6),
+            "frames_per_second": round(frames / wall_seconds, 3) if frames and wall_seconds > 0 else None,
+            "workers": workers,
+            "scheduler": scheduler,
+            "host": platform.node(),
+            "claim_timings": claim_timings,
         },
     }
 
@@ -273,12 +309,15 @@ def _warning_notes(caught: list) -> list[str]:
     return distinct
 
 
-def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DEFAULT_OPTIMIZER, options: dict | None = None, command: str) -> tuple[dict, str | None]:
+def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DEFAULT_OPTIMIZER, options: dict | None = None, command: str,
+                  workers: int | None = 1, scheduler: str | None = None) -> tuple[dict, str | None]:
     """Run one claim and return (sealed, schema-valid certificate, internal-error line or None).
 
     Never raises for a broken claim: an import failure or an exception inside run() gives an
     inconclusive certificate naming it; a result that does not fit the schema gives an
     inconclusive certificate and the internal-error line (the caller reports it on stderr).
+    workers / scheduler: recorded in the run record (the tasks run on the current executor of
+    propositions.kit.parallel, which the caller sets up).
     """
     options = dict(options or {})
     started = time.perf_counter()
@@ -296,8 +335,10 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
             # warnings (an overflow in a domain scan, say) belong in the certificate, not on the terminal
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                # the protocol hands run() the Profile itself (frames, steps, ...), named by profile
-                result = claim.run(seed, get_profile(profile), optimizer=optimizer, **options)
+                # the protocol hands run() the Profile itself (frames, steps, ...), named by profile;
+                # its map_tasks calls run on the executor the command set up, labelled by the claim
+                with parallel.labelled(claim_id):
+                    result = claim.run(seed, get_profile(profile), optimizer=optimizer, **options)
                 data = result.to_dict()
             if not isinstance(data, dict):
                 raise TypeError(f"ClaimResult.to_dict() returned {type(data).__name__}, not dict")
@@ -306,7 +347,8 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
             data = None
             problem = f"{claim_id} raised while it ran: {describe_error(error)}"
     wall_seconds = time.perf_counter() - started
-    settings = dict(seed=seed, profile=profile, optimizer=optimizer, options=options, command=command, claim=claim, wall_seconds=wall_seconds)
+    settings = dict(seed=seed, profile=profile, optimizer=optimizer, options=options, command=command, claim=claim, wall_seconds=wall_seconds,
+                    workers=workers, scheduler=scheduler)
     internal_error = None
     try:
         built = build_certificate(claim_id, data=data, problem=problem, **settings)

@@ -1,16 +1,19 @@
 """The `certify` console script.
 
-    certify all [--out DIR] [--seed S] [--profile quick|default|thorough]
+    certify all [--out DIR] [--seed S] [--profile quick|default|thorough] [--workers N | --scheduler ADDRESS]
     certify list
-    certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME]
+    certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME] [--workers N | --scheduler ADDRESS]
     certify crosscheck [--device cpu|cuda] [--dtype float64|float32|bfloat16] [--out DIR] [--seed S] [--profile P]
-    certify verify FILE... [--report FILE]
+    certify verify FILE... [--report FILE] [--workers N | --scheduler ADDRESS]
     certify cite FILE [--format text|markdown|bibtex]
     certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
 
 Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
-which must then fail).
+which must then fail), --workers $CERTIFY_WORKERS or the CPUs available. --workers N runs the
+claims' chunk tasks (several claims: the claims themselves) in N processes, --scheduler on a dask
+cluster (propositions.kit.parallel); the certificates and their digests do not depend on either
+(docs/certificates.md#parallel-runs). Progress: a rich display on a terminal, plain lines otherwise.
 
 `all` runs every claim of the propositions package (P1..P6, the sampler certificate and, when
 `import torch` works, the torch cross-check, last); `run` and `all` write one
@@ -51,6 +54,7 @@ from certify import certificate as certificate_format
 from certify import claims
 from certify import report as report_writer
 from certify import verification
+from propositions.kit import parallel
 
 PROFILE_NAMES = ("quick", "default", "thorough")
 CITE_FORMATS = ("text", "markdown", "bibtex")
@@ -85,10 +89,34 @@ _seed = _integer_at_least(0, "seed")
 _positive_count = _integer_at_least(1, "the count")
 
 
+def default_workers() -> int:
+    """The worker processes of a run when --workers is not given: $CERTIFY_WORKERS, else the CPUs
+    this process may use. The certificates are bit for bit the same for any count, so the default
+    is the fastest one, not the most conservative (docs/certificates.md#parallel-runs)."""
+    import os
+
+    text = os.environ.get("CERTIFY_WORKERS")
+    if text:
+        try:
+            return _positive_count(text)
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(f"CERTIFY_WORKERS: {error}") from None
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def _add_execution_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=_positive_count, default=None, metavar="N", help="worker processes for the claims' chunks (default: the CPUs available, or $CERTIFY_WORKERS); the certificates do not depend on N")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS", help="send the tasks to the dask.distributed cluster at ADDRESS (tcp://host:8786) instead of local processes (extra 'distributed')")
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"directory for certificates, REPORT.md and figures/ (default {DEFAULT_OUT})")
     parser.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
     parser.add_argument("--profile", choices=PROFILE_NAMES, default=DEFAULT_PROFILE, help=f"how much evidence to collect (default {DEFAULT_PROFILE})")
+    _add_execution_options(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="check digests, re-run certificates, print the tolerance report")
     verify.add_argument("files", nargs="+", metavar="FILE")
     verify.add_argument("--report", metavar="FILE", help="also write the tolerance report as markdown to FILE")
+    _add_execution_options(verify)
 
     cite = commands.add_parser("cite", help="citation of a certificate: id, statement, verdict, digest, version, reproduce command")
     cite.add_argument("file", metavar="FILE")
@@ -214,20 +243,141 @@ def _require_torch(options: dict, what: str) -> None:
         raise UsageError(f"{what} asks for device cuda, but CUDA is not available here (torch.cuda.is_available() is False)")
 
 
+class _Progress:
+    """Progress of a run: claims done, and the chunk tasks of the claims running now.
+
+    On a terminal a rich progress display (one bar for the claims, one per running chunk map,
+    removed when it completes); otherwise plain lines: one when a claim starts and ends, and for a
+    chunk map still running after PLAIN_EVERY_SECONDS one line every PLAIN_EVERY_SECONDS, so a CI
+    log shows a long thorough run advancing while a default run prints what it printed before.
+    """
+
+    PLAIN_EVERY_SECONDS = 30.0
+
+    def __init__(self, out: _Output, claims_total: int):
+        import threading
+
+        self.out = out
+        self.lock = threading.Lock()
+        self.bars: dict = {}
+        self.last_line: dict = {}
+        self.display = None
+        if out.rich:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.display = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=out.console, transient=True)
+            self.claims = self.display.add_task("certifying", total=claims_total)
+
+    def __enter__(self):
+        if self.display is not None:
+            self.display.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.display is not None:
+            self.display.__exit__(*exc)
+
+    def claim_started(self, claim_id: str, line: str, *, alone: bool = True) -> None:
+        """alone: the claim runs by itself (else several run at once and the bar names none)."""
+        if self.display is not None:
+            if alone:
+                self.display.update(self.claims, description=f"certifying {claim_id}")
+        else:
+            self.out.line(line)
+
+    def claim_done(self) -> None:
+        if self.display is not None:
+            self.display.advance(self.claims)
+
+    def chunks(self, label: str, done: int, total: int) -> None:
+        """A chunk map advanced: `done` of `total` tasks of `label` ("P3 step_checks")."""
+        with self.lock:
+            if self.display is not None:
+                if label not in self.bars:
+                    from rich.markup import escape
+
+                    self.bars[label] = self.display.add_task(escape(f"  {label}"), total=total)
+                self.display.update(self.bars[label], completed=done, total=total)
+                if done >= total:
+                    self.display.remove_task(self.bars.pop(label))
+                return
+            now = time.monotonic()
+            if done == 0 or label not in self.last_line:
+                self.last_line[label] = now
+            elif done >= total:
+                self.last_line.pop(label)
+            elif now - self.last_line[label] >= self.PLAIN_EVERY_SECONDS:
+                self.last_line[label] = now
+                self.out.line(f"    {label}: {done}/{total} chunks")
+
+
+def _forward_progress(executor, progress: _Progress):
+    """A thread that hands the chunk progress of claims running in pool workers to `progress`;
+    returns a function that stops it."""
+    import queue
+    import threading
+
+    source = getattr(executor, "progress_queue", None)
+    if source is None:
+        return lambda: None
+    stop = threading.Event()
+
+    def forward():
+        while not stop.is_set():
+            try:
+                label, done, total = source.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                return
+            progress.chunks(label, done, total)
+
+    thread = threading.Thread(target=forward, daemon=True)
+    thread.start()
+
+    def halt():
+        stop.set()
+        thread.join()
+
+    return halt
+
+
+def _expected_seconds(path: Path, claim_id: str, profile: str) -> float:
+    """How long a claim is expected to take: its last certificate's wall time at this profile, else
+    a large number for a claim that needs an optional package (the torch cross-check), else 0."""
+    try:
+        previous = certificate_format.load(path)
+        if previous["provenance"]["profile"] == profile:
+            return float(certificate_format.run_record(previous)["wall_seconds"])
+    except Exception:  # no usable certificate there: fall back on the claim's kind
+        pass
+    return 1e6 if _requirements(claim_id) else 0.0
+
+
 def _run_and_record(ids: list[str], args, out: _Output, command: str, options_for, notes: list[str], runnable=lambda claim_id: True) -> int:
     """Run claims, write their certificates and the report, print the summary; the exit code.
 
-    runnable(id) is asked just before each claim runs; False skips it (it adds its own note).
+    runnable(id) is asked before the claims run; False skips that claim (it adds its own note).
+    With one worker, or one claim, the claims run here one after another and each claim's chunk
+    tasks go to the executor; with several claims and a pool or a cluster, each claim is a task
+    (its chunks then run inline in its pool worker, or go back to the cluster from a dask worker).
     """
     out_dir = _out_dir(args.out)
     optimizer = getattr(args, "optimizer", claims.DEFAULT_OPTIMIZER)
+    executor = parallel.current()
     started = time.perf_counter()
-    certificates: list[dict] = []
+    by_id: dict[str, dict] = {}
     internal_errors = 0
+    to_run = []
+    for claim_id in ids:
+        if runnable(claim_id):
+            to_run.append(claim_id)
+        else:
+            out.line(notes[-1])
+    settings = dict(seed=args.seed, profile=args.profile, optimizer=optimizer, command=command, workers=executor.workers, scheduler=executor.scheduler)
 
-    def one(claim_id: str) -> dict:
+    def record(claim_id: str, sealed: dict, internal_error: str | None) -> None:
         nonlocal internal_errors
-        sealed, internal_error = claims.certify_claim(claim_id, seed=args.seed, profile=args.profile, optimizer=optimizer, options=options_for(claim_id), command=command)
         if internal_error:
             internal_errors += 1
             error_line(f"{claim_id}: {internal_error}")
@@ -235,31 +385,48 @@ def _run_and_record(ids: list[str], args, out: _Output, command: str, options_fo
             path = certificate_format.write(sealed, out_dir / f"{claim_id}.json")
         except OSError as error:
             raise UsageError(f"cannot write {out_dir / (claim_id + '.json')}: {error.strerror or error}") from None
-        timing = sealed["provenance"]["timing"]
+        timing = certificate_format.run_record(sealed)
         out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
         for reason in sealed["failures"] + sealed["inconclusive"]:
             out.line(f"    {reason}")
-        return sealed
+        by_id[claim_id] = sealed
 
-    if out.rich:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    with _Progress(out, len(to_run)) as progress, parallel.reporting(progress.chunks):
+        if len(to_run) > 1 and not isinstance(executor, parallel.Inline):
+            halt = _forward_progress(executor, progress)
+            where = f"the dask cluster at {executor.scheduler}" if executor.scheduler else f"{executor.workers} worker processes"
+            out.line(f"running {len(to_run)} claims on {where} (seed {args.seed}, profile {args.profile})")
+            for claim_id in to_run:
+                progress.claim_started(claim_id, f"{claim_id}: running (seed {args.seed}, profile {args.profile})", alone=False)
 
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=out.console, transient=True) as progress:
-            task = progress.add_task("certifying", total=len(ids))
-            for claim_id in ids:
-                progress.update(task, description=f"certifying {claim_id}")
-                if runnable(claim_id):
-                    certificates.append(one(claim_id))
-                else:
-                    out.line(notes[-1])
-                progress.advance(task)
-    else:
-        for claim_id in ids:
-            if not runnable(claim_id):
-                out.line(notes[-1])
-                continue
-            out.line(f"{claim_id}: running (seed {args.seed}, profile {args.profile})")
-            certificates.append(one(claim_id))
+            def finished(index: int, outcome) -> None:
+                nonlocal internal_errors
+                claim_id = to_run[index]
+                progress.claim_done()
+                if outcome.error is not None:
+                    internal_errors += 1
+                    error_line(f"{claim_id}: internal error in its worker: {outcome.error}")
+                    return
+                record(claim_id, *outcome.result)
+
+            # longest first (the wall time of the certificate already in DIR for this profile, else
+            # the claims that need an optional package, the cross-check's long runs, first), so
+            # that the longest claim does not start last; the certificates do not depend on the order
+            order = sorted(range(len(to_run)), key=lambda index: -_expected_seconds(out_dir / f"{to_run[index]}.json", to_run[index], args.profile))
+            try:
+                calls = [((to_run[index],), dict(options=options_for(to_run[index]), **settings)) for index in order]
+                executor.submit_each(claims.certify_claim, calls, lambda position, outcome: finished(order[position], outcome))
+            except parallel.TaskFailed as error:
+                error_line(str(error))
+                internal_errors += 1
+            finally:
+                halt()
+        else:
+            for claim_id in to_run:
+                progress.claim_started(claim_id, f"{claim_id}: running (seed {args.seed}, profile {args.profile})")
+                record(claim_id, *claims.certify_claim(claim_id, options=options_for(claim_id), **settings))
+                progress.claim_done()
+    certificates = [by_id[claim_id] for claim_id in to_run if claim_id in by_id]
     total_wall = time.perf_counter() - started
 
     reported = list(certificates)
@@ -385,7 +552,9 @@ def _report_path(text: str | None) -> Path | None:
 
 def _rerun(recorded: dict, command: str) -> tuple[dict, str | None]:
     provenance = recorded["provenance"]
-    return claims.certify_claim(recorded["id"], seed=provenance["seed"], profile=provenance["profile"], optimizer=provenance["optimizer"], options=provenance["options"], command=command)
+    executor = parallel.current()
+    return claims.certify_claim(recorded["id"], seed=provenance["seed"], profile=provenance["profile"], optimizer=provenance["optimizer"], options=provenance["options"], command=command,
+                                workers=executor.workers, scheduler=executor.scheduler)
 
 
 def _verification_header(loaded: list, entries: list) -> list[str]:
@@ -495,7 +664,7 @@ def citation(certificate: dict, style: str = "text") -> str:
             f"reproduce: `{provenance['reproduce']}`" + (f" · [{docs}]({docs})" if docs else ""),
         ]
         return "\n".join(lines)
-    year = str(provenance.get("created_utc", ""))[:4]
+    year = str(certificate_format.run_record(certificate).get("created_utc") or "")[:4]
     fields = {
         "title": f"{{{_bibtex_escape(certificate['id'] + ': ' + certificate['title'])}}}",
         "author": "{stiefel-adam-certify}",
@@ -565,9 +734,38 @@ def single_threaded_blas():
     matrices of this size and, on a busy machine, its spinning threads made one (1024, 128) SVD
     fifty times slower. One thread also makes a re-run's rounding independent of the core count.
     """
+    import numpy  # noqa: F401 (threadpoolctl limits only the libraries already loaded)
+    import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=1)
+
+
+def make_executor(args):
+    """Where the command's tasks run (propositions.kit.parallel): a dask cluster for --scheduler,
+    a process pool for more than one worker, else this process."""
+    if getattr(args, "scheduler", None):
+        if getattr(args, "workers", None) is not None:
+            raise UsageError("--workers and --scheduler exclude each other: the cluster's workers run the tasks")
+        try:
+            executor = parallel.Dask(args.scheduler)
+        except ImportError as error:
+            raise UsageError(str(error)) from None
+        except (OSError, TimeoutError, ValueError) as error:
+            raise UsageError(f"--scheduler {args.scheduler}: cannot connect ({claims.describe_error(error)})") from None
+        try:
+            problems = executor.check_preconditions()
+        except Exception:
+            executor.close()
+            raise
+        if problems:
+            executor.close()
+            raise UsageError(f"--scheduler {args.scheduler}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        return executor
+    if not hasattr(args, "workers"):
+        return parallel.Inline()
+    workers = args.workers if args.workers is not None else default_workers()
+    return parallel.Inline() if workers == 1 else parallel.Pool(workers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -575,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        with single_threaded_blas():
+        with single_threaded_blas(), parallel.using(make_executor(args)):
             return COMMANDS[args.command](args, _Output(), "certify " + shlex.join(argv))
     except (UsageError, certificate_format.CertificateError) as error:
         error_line(str(error))

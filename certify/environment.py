@@ -60,10 +60,16 @@ def blas_info() -> dict:
     try:
         import threadpoolctl  # a dependency; numpy's build configuration below only where it is missing
 
-        libraries = [
-            {k: v for k, v in info.items() if k not in ("filepath",)}
-            for info in threadpoolctl.threadpool_info()
-        ]
+        import numpy
+        import scipy.linalg  # noqa: F401 (loads scipy's own BLAS, which every claim uses)
+
+        # numpy's and scipy's own libraries only, sorted: what else a process happens to have
+        # loaded (torch's OpenMP after an earlier claim, in a worker that ran it) and the order of
+        # loading must not change the record, which the digest covers (docs/certificates.md)
+        roots = tuple(str(Path(module.__file__).resolve().parent.parent / name) for module in (numpy, scipy.linalg) for name in ("numpy", "numpy.libs", "scipy", "scipy.libs"))
+        found = threadpoolctl.threadpool_info()
+        own = [info for info in found if str(info.get("filepath", "")).startswith(roots)] or found
+        libraries = sorted(({k: v for k, v in info.items() if k not in ("filepath",)} for info in own), key=lambda info: json.dumps(info, sort_keys=True))
         return {"source": "threadpoolctl", "libraries": libraries}
     except ImportError:
         pass
@@ -110,14 +116,16 @@ def environment(torch_info: dict | None = None, *, torch_device: str | None = No
     """The environment record of one certificate, with its rounding fingerprint.
 
     torch_info: what the torch cross-check reports about torch and its device, or None; when None
-    and torch was imported by the run (a claim used autograd, say), its version is still recorded.
+    and the claim used torch (torch_device given: P6's autograd cross-check), its version is recorded.
     torch_device: the device ("cpu", "cuda") of a claim whose residuals come from torch; its
     fingerprint then covers torch's kernels there too. None for a claim that does not use torch.
     """
     record = dict(_base_environment())
     if torch_info is not None:
         record["torch"] = dict(torch_info)
-    elif "torch" in sys.modules:
+    elif torch_device is not None and "torch" in sys.modules:
+        # only for a claim that used torch: whether an earlier claim in the same process imported
+        # it depends on which claims a worker happened to run (propositions.kit.parallel)
         record["torch"] = {"version": str(getattr(sys.modules["torch"], "__version__", None))}
     else:
         record["torch"] = None

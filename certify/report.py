@@ -42,6 +42,7 @@ import math
 import re
 from pathlib import Path
 
+from certify import certificate as certificate_format
 from certify.certificate import as_float
 
 REPORT_NAME = "REPORT.md"
@@ -98,7 +99,7 @@ def summary_rows(certificates: list[dict]) -> list[list[str]]:
     """One row per certificate: id, title, verdict, frames, wall s, frames/s, worst ratio, margin."""
     rows = []
     for certificate in certificates:
-        timing = certificate["provenance"]["timing"]
+        timing = certificate_format.run_record(certificate)
         rows.append(
             [
                 certificate["id"],
@@ -331,8 +332,8 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
     lines += [f"## {certificate['id']}: {certificate['title']}", ""]
     lines += [
         f"**Verdict: {certificate['verdict']}** · digest `{certificate['digest']['value'][:16]}` · "
-        f"reproduce: `{provenance['reproduce']}` · {provenance['timing']['wall_seconds']:.2f} s, "
-        f"{format_number(provenance['timing'].get('frames_per_second'))} frames/s",
+        f"reproduce: `{provenance['reproduce']}` · {certificate_format.run_record(certificate)['wall_seconds']:.2f} s, "
+        f"{format_number(certificate_format.run_record(certificate).get('frames_per_second'))} frames/s",
         "",
     ]
     if certificate["statement"]["text"]:
@@ -439,7 +440,7 @@ def render_markdown(certificates: list[dict], sections: dict, *, plots_available
             "",
         ]
     written = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    total = sum(certificate["provenance"]["timing"]["wall_seconds"] for certificate in certificates)
+    total = sum(certificate_format.run_record(certificate)["wall_seconds"] for certificate in certificates)
     frames = sum(certificate["numerical"]["frames"] for certificate in certificates)
     wall_text = f"{total_wall_seconds:.2f} s in all" if total_wall_seconds is not None else f"{total:.2f} s in the claims"
     lines += [f"Written {written}. {len(certificates)} certificate(s), {frames} frames, {wall_text}.", ""]

@@ -16,7 +16,8 @@ compared in two tiers (docs/certificates.md, "How verify decides"):
   statistic, bound and ratio must be bit-identical, since the run is deterministic. Elsewhere the
   residual differences are reported as notes, never as a failure.
 
-Timing and the environment description are never compared.
+The run record (`run`, or the timing in a 1.1 certificate's provenance) and the environment description are never
+compared.
 """
 
 from __future__ import annotations

@@ -208,6 +208,9 @@ class NumericalCheck:
     shapes: list = field(default_factory=list)
     _max_residual: float = 0.0
     _sum_residual: float = 0.0
+    # the float sum of each add(), in order: merge() replays them, so a merged check's sum is the
+    # sequential one bit for bit however the adds were split between partial checks
+    _sum_terms: list = field(default_factory=list)
     _max_ratio: float = -math.inf
     _max_bound: float = 0.0
     _min_bound: float = math.inf
@@ -235,7 +238,9 @@ class NumericalCheck:
         if shape is not None and list(shape) not in self.shapes:
             self.shapes.append(list(shape))
         self._max_residual = max(self._max_residual, float(np.max(residual_for_ratio)))
-        self._sum_residual += float(np.sum(np.where(np.isfinite(residual_for_ratio), residual_for_ratio, 0.0)))
+        term = float(np.sum(np.where(np.isfinite(residual_for_ratio), residual_for_ratio, 0.0)))
+        self._sum_residual += term
+        self._sum_terms.append(term)
         self._max_bound = max(self._max_bound, float(np.max(bound)))
         self._min_bound = min(self._min_bound, float(np.min(bound)))
         with np.errstate(divide="ignore"):
@@ -259,6 +264,38 @@ class NumericalCheck:
                 "key": None if key is None else [str(k) for k in key],
                 **({} if extra is None else dict(extra)),
             }
+
+    def merge(self, other: "NumericalCheck") -> "NumericalCheck":
+        """Fold in `other`, a partial check of the same name filled by later adds; returns self.
+
+        Gives exactly what the adds of `other` made after those of `self` would have given: counts
+        and histogram add, maxima and minima combine, the residual sum replays other's per-add sums
+        in order, the quantile pools are filled in order up to QUANTILE_POOL_SIZE, the shapes keep
+        their first-seen order, and the worst case is the first largest ratio (other's only when
+        strictly larger). Merging partial checks in task order therefore reproduces the sequential
+        loop whatever the split (propositions.kit.parallel).
+        """
+        if other.name != self.name:
+            raise ValueError(f"cannot merge check {other.name!r} into check {self.name!r}")
+        if not other.samples:
+            return self
+        self.samples += other.samples
+        for shape in other.shapes:
+            if shape not in self.shapes:
+                self.shapes.append(list(shape))
+        self._max_residual = max(self._max_residual, other._max_residual)
+        for term in other._sum_terms:
+            self._sum_residual += term
+            self._sum_terms.append(term)
+        self._max_bound = max(self._max_bound, other._max_bound)
+        self._min_bound = min(self._min_bound, other._min_bound)
+        self._ratio_hist = self._ratio_hist + other._ratio_hist
+        self._quantile_pool.extend(other._quantile_pool[: max(QUANTILE_POOL_SIZE - len(self._quantile_pool), 0)])
+        self._ratio_pool.extend(other._ratio_pool[: max(QUANTILE_POOL_SIZE - len(self._ratio_pool), 0)])
+        if other._max_ratio > self._max_ratio:
+            self._max_ratio = other._max_ratio
+            self.worst = None if other.worst is None else dict(other.worst)
+        return self
 
     @property
     def max_ratio(self) -> float:

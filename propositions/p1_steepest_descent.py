@@ -73,6 +73,7 @@ from ._common import (
     u,
 )
 from .kit.bounds import polar_error_bound
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.figures import LineFigure, Series
 
 CLAIM_ID = "P1"
@@ -479,8 +480,12 @@ def exact_part(seed: int) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def projector_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck], int]:
-    """P_W idempotent, self-adjoint, range T_W, kernel N_W, and the gap identity, over shape_plan."""
+def projector_checks(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], int]:
+    """P_W idempotent, self-adjoint, range T_W, kernel N_W, and the gap identity, over shape_plan.
+
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
+    """
+    chunks = chunks or Chunks()
     bound_note = (
         "e_P(d, r) = ((gamma_d + gamma_r) sqrt(r) + 3u) bounds the error of one float64 projection "
         "relative to ||G|| (projection_error_bound); feas = ||W^T W - I|| (measured per frame) bounds the "
@@ -512,6 +517,8 @@ def projector_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
         d, r = batch.d, batch.r
         e_P = projection_error_bound(d, r)
         for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            if not chunks.take():
+                continue
             key = (CLAIM_ID, "projector", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(d, r, rng, (count,))
@@ -574,8 +581,12 @@ def null_space_batched(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.swapaxes(Vh[:, rank:, :], -1, -2), ranks
 
 
-def minimiser_check(seed: int, profile: Profile) -> tuple[list[NumericalCheck], dict]:
-    """Independent minimiser of <G, xi> over unit xi in T_W from an orthonormal basis of T_W."""
+def minimiser_check(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], dict]:
+    """Independent minimiser of <G, xi> over unit xi in T_W from an orthonormal basis of T_W.
+
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
+    """
+    chunks = chunks or Chunks()
     agreement = NumericalCheck(
         "minimiser_independent_basis",
         "||xi_basis - (-P_W(G)/||P_W(G)||)||, xi_basis = -B B^T g/||B^T g|| with B an orthonormal null-space "
@@ -604,6 +615,8 @@ def minimiser_check(seed: int, profile: Profile) -> tuple[list[NumericalCheck], 
         expected_dim = d * r - r * (r + 1) // 2
         # the SVD keeps a (d r) x (d r) V per frame: chunk by that size, not by the frame's
         for chunk_index, count in enumerate(chunk_sizes(batch.count, d * r, d * r)):
+            if not chunks.take():
+                continue
             key = (CLAIM_ID, "minimiser", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(d, r, rng, (count,))
@@ -625,12 +638,14 @@ def minimiser_check(seed: int, profile: Profile) -> tuple[list[NumericalCheck], 
 
 
 def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | None = None,
-                     large=LARGE_SHAPES) -> tuple[NumericalCheck, int]:
+                     large=LARGE_SHAPES, chunks: Chunks | None = None) -> tuple[NumericalCheck, int]:
     """The first step of `optimizer` from a fresh state against R_W(-min(lr sqrt(d r), Delta) P_W(G)/||P_W(G)||).
 
     Each chunk of frames is split in halves, one per configuration of FIRST_STEP_CONFIGS.
     frames / large: the shape plan's total and large shapes (controls run on a smaller plan).
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
     """
+    chunks = chunks or Chunks()
     variant = get_variant(optimizer)
     check = NumericalCheck(
         f"first_step_is_steepest_descent[{optimizer}]",
@@ -649,6 +664,8 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
         if d * r - r * (r + 1) // 2 == 0:
             continue  # T_W = {0} (d = r = 1): P_W(G) = 0, the claim's hypothesis fails
         for chunk_index, count in enumerate(chunk_sizes(max(batch.count, 2), d, r)):
+            if not chunks.take():
+                continue
             key = (CLAIM_ID, "first_step", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W_all = ri.random_point(d, r, rng, (count,))
@@ -669,6 +686,12 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
                           extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
             total += count
     return check, total
+
+
+def _first_step(seed: int, profile: Profile, optimizer: str, **plan) -> tuple[NumericalCheck, int]:
+    """first_step_check with one task per chunk, merged in chunk order."""
+    partials = map_chunks(first_step_check, seed, profile, optimizer, **plan)
+    return merge_checks([p[0]] for p in partials)[0], sum(p[1] for p in partials)
 
 
 def slope_figures(curves: list[dict]) -> dict:
@@ -696,7 +719,10 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     """Certificate body of P1 (see the module docstring)."""
     timings = {}
     started = time.perf_counter()
-    symbolic = symbolic_part()
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     timings["symbolic_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -704,9 +730,13 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     timings["exact_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    projector, projector_frames = projector_checks(seed, profile)
-    minimiser, minimiser_info = minimiser_check(seed, profile)
-    first_step, first_step_frames = first_step_check(seed, profile, optimizer)
+    # the chunks are independent draws: tasks of the current executor, merged in chunk order
+    partials = map_chunks(projector_checks, seed, profile)
+    projector, projector_frames = merge_checks(p[0] for p in partials), sum(p[1] for p in partials)
+    partials = map_chunks(minimiser_check, seed, profile)
+    minimiser = merge_checks(p[0] for p in partials)
+    minimiser_info = {**partials[-1][1], "frames": sum(p[1]["frames"] for p in partials)}
+    first_step, first_step_frames = _first_step(seed, profile, optimizer)
     timings["numerical_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -716,18 +746,17 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     started = time.perf_counter()
     controls = []
     for name in CONTROLS:
-        control_check, _ = first_step_check(seed, profile, name, frames=profile.control_frames, large=CONTROL_LARGE_SHAPES)
+        control_check, _ = _first_step(seed, profile, name, frames=profile.control_frames, large=CONTROL_LARGE_SHAPES)
         controls.append(ControlResult.from_checks(name, get_variant(name).description, [control_check]))
     timings["controls_s"] = time.perf_counter() - started
 
     checks = projector + minimiser + [first_step] + slopes
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
     started = time.perf_counter()
-    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    checks += trajectories.result()
     timings["trajectories_s"] = time.perf_counter() - started
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=checks,
         controls=controls,
         frames=projector_frames + minimiser_info["frames"] + first_step_frames,  # independent draws

@@ -68,6 +68,7 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
 from .kit import tightness
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
@@ -205,14 +206,16 @@ def _draw(seed, d, r, count, steps, label, chunk=0):
 
 
 def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_decay: float, frames: int,
-                     label: str, log10_c_range, figure=None, large=LARGE_SHAPES):
+                     label: str, log10_c_range, figure=None, large=LARGE_SHAPES, chunks: Chunks | None = None):
     """||W_t(c) - W_t(1)|| over T steps against the sum of both runs' rounding bounds.
 
     Returns (check, frames examined, vacuous count, bitwise stats for pure powers of two or None).
     With weight_decay > 0, half of the frames draw c = 2^k (a pure power of two) to report whether
     bitwise equality survives the unscaled decay term (it need not: fl(c G + lambda W) is not
-    c fl(G + lambda W / c)).
+    c fl(G + lambda W / c)). chunks: which chunks this call runs (all by default; one per task
+    under map_chunks, see _chunked).
     """
+    chunks = chunks or Chunks()
     config = StiefelAdamConfig(lr=CONFIG.lr, betas=CONFIG.betas, eps=0.0, trust_radius=CONFIG.trust_radius,
                                weight_decay=weight_decay)
     check = NumericalCheck(
@@ -242,6 +245,8 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
     power_bitwise = {"frames": 0, "bitwise": 0}
     plan = shape_plan(profile, frames=frames, large=large)
     for d, r, count, chunk in plan_chunks(plan):
+        if not chunks.take():
+            continue
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
         log10_c = rng.uniform(*log10_c_range, size=count)
         c = 10.0**log10_c
@@ -308,7 +313,7 @@ def _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, round
         check.add(worst_residual, worst_bound, shape=shape, key=key, seed=seed)
 
 
-def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
+def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int, chunks: Chunks | None = None):
     """c = 2^k, lambda = 0: trajectories bit-identical (max ulps over t and entries, bound 0.5).
 
     Multiplying by a power of two is exact and commutes with rounding to nearest (the significands
@@ -316,7 +321,9 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
     c P_W(G) bit for bit, m scales by c, the sum of squares by c^2, sqrt(c^2 v^) = c sqrt(v^)
     exactly (correctly rounded square root of a power of four times v^), and c m^ / (c sqrt(v^))
     rounds to the same quotient. Hence xi, the trust region, the retraction and W_t are identical.
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
     """
+    chunks = chunks or Chunks()
     config = CONFIG
     check = NumericalCheck(
         name="power_of_two_bitwise",
@@ -336,6 +343,8 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
     )
     examined = 0
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
+        if not chunks.take():
+            continue
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, "bitwise", chunk)
         k = rng.integers(LOG2_C_RANGE_BITWISE[0], LOG2_C_RANGE_BITWISE[1] + 1, size=count)
         c = np.ldexp(1.0, k)
@@ -362,6 +371,39 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int):
     return check, examined, moments
 
 
+def _with_figure(fn, *args, chunks: Chunks, figure=None, **kwargs):
+    """One chunk of fn with a figure of its own: (fn's result, the figure points it collected)."""
+    if figure is None:
+        return fn(*args, chunks=chunks, **kwargs), None
+    figure = {key: [] for key in figure}
+    return fn(*args, chunks=chunks, figure=figure, **kwargs), figure
+
+
+def _chunked(fn, *args, figure=None, **kwargs):
+    """fn(*args, figure=figure, **kwargs) with one task per chunk (propositions.kit.parallel), merged
+    in chunk order: checks by NumericalCheck.merge, counts added, power_bitwise counts added, and
+    each chunk's figure points appended while the figure holds fewer than 400 (fn's own rule)."""
+    partials = map_chunks(_with_figure, fn, *args, figure=figure, task_label=fn.__name__, **kwargs)
+    merged = None
+    for result, points in partials:
+        if merged is None:
+            merged = list(result)
+        else:
+            for position, (mine, theirs) in enumerate(zip(merged, result)):
+                if isinstance(mine, list):
+                    merge_checks([mine, theirs])
+                elif hasattr(mine, "merge"):
+                    mine.merge(theirs)
+                elif isinstance(mine, dict):
+                    merged[position] = {key: mine[key] + theirs[key] for key in mine}
+                elif mine is not None:
+                    merged[position] = mine + theirs
+        if figure is not None and len(figure["c"]) < 400:
+            for key in figure:
+                figure[key] += points[key]
+    return tuple(merged)
+
+
 def eps_prediction_factor(L, trust_radius: float, x):
     """phi = min(L / (1 + x), Delta) / min(L, Delta): the eps step as a multiple of the eps = 0 step.
 
@@ -372,7 +414,7 @@ def eps_prediction_factor(L, trust_radius: float, x):
     return np.minimum(L / (1.0 + x), trust_radius) / np.minimum(L, trust_radius)
 
 
-def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
+def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None, chunks: Chunks | None = None):
     """One step from a fresh state: eps > 0 with gradient c G against the prediction from eps = 0.
 
     The claim says exactly where the eps step lands: W_1(c, eps) = R_W(phi xi_0) with xi_0 the
@@ -381,8 +423,9 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
     (at t = 1 the unclipped eps = 0 step has length lr ||g|| / s = lr sqrt(d r) for every g).
     The residual ||W_1(c, eps) - fl(R_W(fl(phi xi_0)))|| is two-sided (a step that moves less, or
     more, than predicted misses it) and rounding-level in every regime, also where eps dominates
-    and the step is tiny.
+    and the step is tiny. chunks: which chunks this call runs (all by default; see _chunked).
     """
+    chunks = chunks or Chunks()
     config_zero = CONFIG
     config_eps = StiefelAdamConfig(lr=CONFIG.lr, betas=CONFIG.betas, eps=EPS, trust_radius=CONFIG.trust_radius)
     check = NumericalCheck(
@@ -404,6 +447,8 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None):
     plan = shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)
     variant = get_variant(optimizer)
     for d, r, count, chunk in plan_chunks(plan):
+        if not chunks.take():
+            continue
         rng, W0, gradients = _draw(seed, d, r, count, 1, "eps", chunk)
         c = 10.0 ** rng.uniform(*LOG10_C_RANGE_EPS, size=count)
         norms = first_step_norms(W0, gradients[0], config_zero)
@@ -688,29 +733,32 @@ def exact_part(seed: int, samples: int = 6) -> list[dict]:
 
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     get_variant(optimizer)  # ValueError for an unknown name
-    symbolic = symbolic_part()
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact_results = exact_part(seed)
     frames = profile.frames
     figure_trajectory = {"c": [], "residual": [], "bound": []}
     figure_decay = {"c": [], "residual": [], "bound": []}
     figure_eps = {"c": [], "deviation": [], "predicted": [], "residual": [], "bound": [], "x": []}
-    scale_check, n_scale, vacuous_scale, _, scale_moments = trajectory_check(
-        seed, profile, optimizer, weight_decay=0.0, frames=frames * 2 // 5, label="trajectory_scale_invariance",
+    # the chunks of each check are tasks of the current executor (propositions.kit.parallel)
+    scale_check, n_scale, vacuous_scale, _, scale_moments = _chunked(
+        trajectory_check, seed, profile, optimizer, weight_decay=0.0, frames=frames * 2 // 5, label="trajectory_scale_invariance",
         log10_c_range=LOG10_C_RANGE, figure=figure_trajectory)
-    decay_check, n_decay, vacuous_decay, decay_bitwise, decay_moments = trajectory_check(
-        seed, profile, optimizer, weight_decay=WEIGHT_DECAY, frames=frames // 5, label="trajectory_scale_invariance_decay",
+    decay_check, n_decay, vacuous_decay, decay_bitwise, decay_moments = _chunked(
+        trajectory_check, seed, profile, optimizer, weight_decay=WEIGHT_DECAY, frames=frames // 5, label="trajectory_scale_invariance_decay",
         log10_c_range=LOG10_C_RANGE_DECAY, figure=figure_decay, large=MEDIUM_SHAPES)
-    power_check, n_power, power_moments = bitwise_check(seed, profile, optimizer, frames=frames // 5)
-    epsilon_check, n_eps = eps_check(seed, profile, optimizer, frames=frames // 5, figure=figure_eps)
+    power_check, n_power, power_moments = _chunked(bitwise_check, seed, profile, optimizer, frames=frames // 5)
+    epsilon_check, n_eps = _chunked(eps_check, seed, profile, optimizer, frames=frames // 5, figure=figure_eps)
     checks = [scale_check, decay_check, power_check, epsilon_check] + scale_moments + decay_moments + [power_moments]
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    checks += trajectories.result()
 
     controls = []
     control_profile = dataclasses.replace(profile, frames=profile.control_frames)
-    sgd_check, _, _, _, _ = trajectory_check(
-        seed, control_profile, "fixed_step_sgd", weight_decay=0.0, frames=control_profile.frames,
+    sgd_check, _, _, _, _ = _chunked(
+        trajectory_check, seed, control_profile, "fixed_step_sgd", weight_decay=0.0, frames=control_profile.frames,
         label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, large=())
     controls.append(ControlResult.from_checks(
         "fixed_step_sgd", "fixed-step Riemannian SGD W+ = R_W(-lr g): degree one in c", [sgd_check]))
@@ -745,7 +793,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         inconclusive.append(f"{vacuous_scale + vacuous_decay} frames had a rounding bound >= 2 sqrt(r) at some "
                             "step (vacuous): the trajectory checks do not certify them")
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=checks,
         controls=controls,
         frames=n_scale + n_decay + n_power + n_eps,

@@ -68,6 +68,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from reference_impl.adam import frobenius
 
 from .kit import tightness
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, polar_error_bound
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
@@ -294,14 +295,16 @@ def first_moment(W, G, state, config):
     return g, m, allowance
 
 
-def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = None, large=LARGE_SHAPES):
+def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = None, large=LARGE_SHAPES, chunks: Chunks | None = None):
     """Checks (a) and the conditioning of the step's own W + xi, over shape_plan(profile, frames, large).
 
     Each frame takes a step of the optimizer under test at t = 1 from a fresh state; half of them
     take a second one at t = 2 from the state the first step returned (m non-zero and transported). xi is the step's own direction
     (propositions.kit.directions.step_direction: the variant's hook, or the inverse retraction of
-    W_new for a variant without one).
+    W_new for a variant without one). chunks: which chunks this call runs (all by default; one per
+    task under map_chunks, see _step_checks).
     """
+    chunks = chunks or Chunks()
     name = variant_name(optimizer)
     consistency = NumericalCheck(
         f"step_reconstruction[{name}]",
@@ -370,6 +373,8 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
             continue  # T_W = {0}: g = 0, no step
         e_P = projection_error_bound(d, r)
         for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            if not chunks.take():
+                continue
             key = (CLAIM_ID, "step", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(d, r, rng, (count,))
@@ -463,8 +468,19 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
     return [consistency, spread, from_state, tangency, state_tangency, step_cond], total, sorted(sources)
 
 
-def conditioning_checks(seed: int, profile: Profile):
-    """Check (b) over random tangents of norm up to Delta, and the attainment by rank-one tangents."""
+def _step_checks(seed: int, profile: Profile, optimizer, **plan):
+    """step_checks with one task per chunk, merged in chunk order (the direction sources: their union)."""
+    partials = map_chunks(step_checks, seed, profile, optimizer, **plan)
+    sources = sorted(set().union(*(p[2] for p in partials)))
+    return merge_checks(p[0] for p in partials), sum(p[1] for p in partials), sources
+
+
+def conditioning_checks(seed: int, profile: Profile, chunks: Chunks | None = None):
+    """Check (b) over random tangents of norm up to Delta, and the attainment by rank-one tangents.
+
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
+    """
+    chunks = chunks or Chunks()
     delta = STEP_CONFIG.trust_radius
     kappa = math.sqrt(1 + delta**2)
     gram = NumericalCheck(
@@ -504,6 +520,8 @@ def conditioning_checks(seed: int, profile: Profile):
             continue
         e_P = projection_error_bound(d, r)
         for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            if not chunks.take():
+                continue
             key = (CLAIM_ID, "conditioning", d, r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(d, r, rng, (count,))
@@ -652,7 +670,11 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     """Certificate body of P3 (see the module docstring)."""
     timings = {}
     started = time.perf_counter()
-    symbolic = symbolic_part()
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    long_run_task = start_task(long_run, seed, profile, optimizer)  # sequential in time: one task
     timings["symbolic_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -660,8 +682,10 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     timings["exact_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    step, step_frames, direction_sources = step_checks(seed, profile, optimizer)
-    conditioning, conditioning_frames = conditioning_checks(seed, profile)
+    # the chunks are tasks of the current executor (propositions.kit.parallel), merged in chunk order
+    step, step_frames, direction_sources = _step_checks(seed, profile, optimizer)
+    partials = map_chunks(conditioning_checks, seed, profile)
+    conditioning, conditioning_frames = merge_checks(p[0] for p in partials), sum(p[1] for p in partials)
     figure_conditioning = conditioning_figure(seed)
     timings["numerical_s"] = time.perf_counter() - started
 
@@ -670,25 +694,24 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
     timings["highprec_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    feasibility, long_run_summary, figure_long_run = long_run(seed, profile, optimizer)
+    feasibility, long_run_summary, figure_long_run = long_run_task.result()
     timings["long_run_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
     controls = []
     for name in CONTROLS:
-        control_checks, _, _ = step_checks(seed, profile, name, frames=profile.control_frames, large=LARGE_SHAPES[:2])
+        control_checks, _, _ = _step_checks(seed, profile, name, frames=profile.control_frames, large=LARGE_SHAPES[:2])
         # the reconstruction check confirms which xi was retracted; it is not what the control breaks
         controls.append(ControlResult.from_checks(name, get_variant(name).description, control_checks[1:]))
     timings["controls_s"] = time.perf_counter() - started
 
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
     started = time.perf_counter()
-    trajectories = trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    trajectories = trajectories.result()
     timings["trajectories_s"] = time.perf_counter() - started
 
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=step + conditioning + [highprec, feasibility] + trajectories,
         controls=controls,
         frames=step_frames + conditioning_frames,  # independent draws

@@ -70,6 +70,7 @@ from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
 from .kit import tightness
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.figures import DataFigure
 from .kit.symbolic import is_zero
 from .kit.directions import step_direction, variant_name
@@ -218,19 +219,28 @@ def _checks(label: str, side: str) -> dict:
 
 
 def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames: int, large, label: str,
-                 transform: str = "haar", extra: dict | None = None, figure: dict | None = None) -> tuple[dict, int]:
+                 transform: str = "haar", extra: dict | None = None, figure: dict | None = None,
+                 chunks: Chunks | None = None) -> tuple[dict, int]:
     """Trajectories of (W, G_t) and of the transformed (Q W, Q G_t) or (W R, G_t R).
 
     side: "left" (Q in O(d)) or "right" (R in O(r)); transform: "haar" (Haar on O(n), both
     components) or "signed_permutation" (exact products: no input rounding). Returns the three
     checks (W, m, v) and the number of frames. figure, when given, collects per chunk the shape and
-    the worst residual / bound of the frame check.
+    the worst residual / bound of the frame check. chunks: which shapes this call runs (all by
+    default; one shape per task under map_chunks, see _action_check: the Haar draws of a shape's
+    chunks depend on the determinant signs its earlier chunks met).
     """
+    chunks = chunks or Chunks()
     checks = _checks(label, side)
     examined = 0
     components_seen: dict = {}
     config = CONFIG
+    shape, taken = None, False
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)):
+        if (d, r) != shape:
+            shape, taken = (d, r), chunks.take()
+        if not taken:
+            continue
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
         n = d if side == "left" else r
         if transform == "haar":
@@ -289,7 +299,41 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
     return checks, examined
 
 
-def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tuple[list, int, dict]:
+def _merge_counts(into: dict, part: dict) -> None:
+    """Add the counts of `part` into `into`: integers, and the [negative, positive, resampled] lists of by_shape."""
+    for key, value in part.items():
+        if isinstance(value, dict):
+            _merge_counts(into.setdefault(key, {}), value)
+        elif isinstance(value, list):
+            into[key] = [a + b for a, b in zip(into.get(key, [0] * len(value)), value)]
+        else:
+            into[key] = into.get(key, 0) + value
+
+
+def _with_records(seed, profile, optimizer, side, frames, large, label, *, chunks, extra=None, figure=None, **kwargs):
+    """One task of action_check: its result with the extra and figure records of its own."""
+    extra = None if extra is None else {}
+    figure = None if figure is None else {key: [] for key in figure}
+    result = action_check(seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure, chunks=chunks, **kwargs)
+    return result, extra, figure
+
+
+def _action_check(seed, profile, optimizer, side, frames, large, label, *, extra=None, figure=None, **kwargs):
+    """action_check with one task per shape, merged in shape order into `extra` and `figure`."""
+    partials = map_chunks(_with_records, seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure,
+                          task_label=f"action_check[{label}]", **kwargs)
+    names = list(partials[0][0][0])
+    merged = merge_checks([[checks[name] for name in names] for (checks, _), _, _ in partials])
+    for _, part_extra, part_figure in partials:
+        if extra is not None:
+            _merge_counts(extra, part_extra)
+        if figure is not None:
+            for key in figure:
+                figure[key] += part_figure[key]
+    return dict(zip(names, merged)), sum(examined for (_, examined), _, _ in partials)
+
+
+def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunks: Chunks | None = None) -> tuple[list, int, dict]:
     """Sign flips D = diag(+-1) on both sides, through the step under test, from a non-fresh state.
 
     Each frame takes one step from a fresh state, (W1, (m1, v1, t1)) = step(W0, G1, init); then the
@@ -303,8 +347,10 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tu
     variant without a hook has its xi recovered from W+ by the inverse retraction, which is not
     bitwise: its check then holds ||xi(flipped) - D xi|| to both inverses' error bounds plus the
     inverse's sensitivity times ||W+(flipped) - D W+||. Also measures how often a general signed
-    permutation leaves the full step and the projection bit-identical.
+    permutation leaves the full step and the projection bit-identical. chunks: which chunks this
+    call runs (all by default; one per task under map_chunks, see _sign_flip_bitwise).
     """
+    chunks = chunks or Chunks()
     config = CONFIG
     variant = get_variant(optimizer)
     hooked = variant.step_with_direction is not None
@@ -328,6 +374,8 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tu
                                       "projection_signed_permutation_left", "projection_signed_permutation_right")}
     examined = 0
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
+        if not chunks.take():
+            continue
         rng, W0, gradients = _draw(seed, d, r, count, 2, "bitwise", chunk)
         signs_left = rng.choice([-1.0, 1.0], size=(count, d, 1))
         signs_right = rng.choice([-1.0, 1.0], size=(count, 1, r))
@@ -369,6 +417,18 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tu
         examined += count
     fractions = {key: {"bitwise": hit, "frames": total, "fraction": hit / max(total, 1)} for key, (hit, total) in counts.items()}
     return [direction_check, second_moment], examined, fractions
+
+
+def _sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tuple[list, int, dict]:
+    """sign_flip_bitwise with one task per chunk, merged in chunk order (the fractions from the summed counts)."""
+    partials = map_chunks(sign_flip_bitwise, seed, frames, profile, optimizer)
+    counts: dict = {}
+    for _, _, fractions in partials:
+        for key, entry in fractions.items():
+            hit, total = counts.get(key, (0, 0))
+            counts[key] = (hit + entry["bitwise"], total + entry["frames"])
+    fractions = {key: {"bitwise": hit, "frames": total, "fraction": hit / max(total, 1)} for key, (hit, total) in counts.items()}
+    return merge_checks(p[0] for p in partials), sum(p[1] for p in partials), fractions
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,24 +554,27 @@ def exact_part(seed: int) -> list[dict]:
 
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     get_variant(optimizer)  # ValueError for an unknown name
-    symbolic = symbolic_part()
+    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
     exact_results = exact_part(seed)
     frames = profile.frames
     haar_extra: dict = {}
     ratio_by_shape = {"check": [], "d": [], "r": [], "max_ratio": []}
     # A Haar Q of O(1024) costs d^2 r per product: the (1024, 128) frames meet the right action
     # (Haar R in O(128)); the left Haar check goes up to (256, 32).
-    left, n_left = action_check(seed, profile, optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES, "left_haar", extra=haar_extra,
+    # the shapes and chunks are tasks of the current executor (propositions.kit.parallel), merged in order
+    left, n_left = _action_check(seed, profile, optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES, "left_haar", extra=haar_extra,
                                 figure=ratio_by_shape)
-    right, n_right = action_check(seed, profile, optimizer, "right", frames * 2 // 5, LARGE_SHAPES, "right_haar", extra=haar_extra,
+    right, n_right = _action_check(seed, profile, optimizer, "right", frames * 2 // 5, LARGE_SHAPES, "right_haar", extra=haar_extra,
                                   figure=ratio_by_shape)
-    permutation_left, n_perm = action_check(seed, profile, optimizer, "left", frames // 10, MEDIUM_SHAPES, "left_signed_permutation",
+    permutation_left, n_perm = _action_check(seed, profile, optimizer, "left", frames // 10, MEDIUM_SHAPES, "left_signed_permutation",
                                             transform="signed_permutation")
-    bitwise, n_bitwise, fractions = sign_flip_bitwise(seed, frames // 10, profile, optimizer)
+    bitwise, n_bitwise, fractions = _sign_flip_bitwise(seed, frames // 10, profile, optimizer)
     checks = list(left.values()) + list(right.values()) + list(permutation_left.values()) + bitwise
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    checks += trajectories.result()
 
     control_frames = profile.control_frames
     controls = []
@@ -519,8 +582,8 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         ("elementwise_second_moment", "Adam's elementwise second moment: equivariant only under signed permutations"),
         ("qr_retraction", "sign-fixed QR retraction: not equivariant under the right action of O(r)"),
     ):
-        control_left, _ = action_check(seed, profile, name, "left", control_frames, (), "left_haar")
-        control_right, _ = action_check(seed, profile, name, "right", control_frames, (), "right_haar")
+        control_left, _ = _action_check(seed, profile, name, "left", control_frames, (), "left_haar")
+        control_right, _ = _action_check(seed, profile, name, "right", control_frames, (), "right_haar")
         controls.append(ControlResult.from_checks(name, description, [control_left["W"], control_right["W"]]))
 
     missing_components = component_coverage(haar_extra)
@@ -549,7 +612,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         inconclusive.append("the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
                             + "; ".join(missing_components))
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=checks,
         controls=controls,
         frames=n_left + n_right + n_perm + n_bitwise,

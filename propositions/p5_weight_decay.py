@@ -45,6 +45,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import tightness
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.figures import LineFigure, Series
 from .kit.symbolic import is_zero
 from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, polar_error_bound, projection_error_bound
@@ -383,18 +384,22 @@ def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
 
 
 def _optimizer_checks(
-    seed: int, profile: Profile, optimizer: str, frames: int, prefix: str, key: str, large=LARGE_SHAPES
+    seed: int, profile: Profile, optimizer: str, frames: int, prefix: str, key: str, large=LARGE_SHAPES,
+    chunks: Chunks | None = None,
 ) -> list[NumericalCheck]:
     """Steps of `optimizer` with lambda against lambda = 0 (one step and trajectories), ||W_t||^2.
 
     Returns the three checks (step, trajectory, norm) filled over shape_plan(profile, large=large,
-    frames=frames).
+    frames=frames). chunks: which chunks this call runs (all by default; one per task under map_chunks).
     """
+    chunks = chunks or Chunks()
     variant = get_variant(optimizer)
     checks = _new_checks(prefix)
     for shape_index, batch in enumerate(shape_plan(profile, large=large, frames=frames)):
         d, r = batch.d, batch.r
         for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            if not chunks.take():
+                continue
             groups = np.array_split(np.arange(count), min(len(LAMBDA_GRID), count))
             for group_index, group in enumerate(groups):
                 lam = LAMBDA_GRID[(shape_index + chunk_index + group_index) % len(LAMBDA_GRID)]
@@ -453,8 +458,12 @@ def _random_frames(rng: np.random.Generator, d: int, r: int, count: int) -> np.n
     return random_point(d, r, rng, batch=(count,))
 
 
-def _manifold_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck], int]:
-    """fl(P_W(W)) and polar of a decoupled decay, over shape_plan(profile). Optimizer-independent."""
+def _manifold_checks(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], int]:
+    """fl(P_W(W)) and polar of a decoupled decay, over shape_plan(profile). Optimizer-independent.
+
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
+    """
+    chunks = chunks or Chunks()
     projection = NumericalCheck(
         "decay_projection_zero",
         "||fl(P_W(W))||_F = ||W - W sym(W^T W)||_F for float64 frames",
@@ -472,6 +481,8 @@ def _manifold_checks(seed: int, profile: Profile) -> tuple[list[NumericalCheck],
     for batch in shape_plan(profile):
         d, r = batch.d, batch.r
         for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
+            if not chunks.take():
+                continue
             draw_key = (CLAIM_ID, "manifold", d, r, chunk_index)
             rng = rng_for(seed, *draw_key)
             W = _random_frames(rng, d, r, count)
@@ -526,18 +537,22 @@ def norm_figure(seed: int, optimizer: str) -> dict:
 def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
     """Certify P5 with `optimizer` (a reference_impl.VARIANTS name) in place of the real step."""
     get_variant(optimizer)
-    symbolic = symbolic_derivation()
-    exact = exact_checks(seed)
-    manifold_checks, frames = _manifold_checks(seed, profile)
-    optimizer_checks = _optimizer_checks(seed, profile, optimizer, profile.frames, "", "step")
+    symbolic = start_task(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
     from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
 
-    optimizer_checks += trajectory_agreement(seed, profile, optimizer, claim=CLAIM_ID)
+    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
+    exact = exact_checks(seed)
+    # the chunks are tasks of the current executor (propositions.kit.parallel), merged in chunk order
+    partials = map_chunks(_manifold_checks, seed, profile)
+    manifold_checks, frames = merge_checks(p[0] for p in partials), sum(p[1] for p in partials)
+    optimizer_checks = merge_checks(map_chunks(_optimizer_checks, seed, profile, optimizer, profile.frames, "", "step"))
+
+    optimizer_checks += trajectories.result()
     control_frames = profile.control_frames
     controls = []
     for name in CONTROLS:
         # small shapes only: a control has to miss the bound clearly, not be measured everywhere
-        checks = _optimizer_checks(seed, profile, name, control_frames, f"{name}:", f"control:{name}", large=())
+        checks = merge_checks(map_chunks(_optimizer_checks, seed, profile, name, control_frames, f"{name}:", f"control:{name}", large=()))
         controls.append(ControlResult.from_checks(name, get_variant(name).description, checks))
     figures = norm_figure(seed, optimizer)
     extra = {
@@ -563,7 +578,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         "not re-validated as frames.",
     ]
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=manifold_checks + optimizer_checks,
         controls=controls,
         frames=frames,

@@ -54,6 +54,7 @@ import sympy as sp
 from reference_impl import UNIT_ROUNDOFF, feasibility, get_variant, manifold_tolerance, random_point, riemannian_gradient
 
 from .kit import tightness
+from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.figures import HistogramFigure
 from .kit.symbolic import is_zero
 from . import attention
@@ -378,11 +379,14 @@ def _plan(profile: Profile, frames: int | None = None, large=None):
                     yield batch.d, batch.r, n, chunk_index * len(TOKEN_COUNTS) + part_index, part.size
 
 
-def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
-    """Certify P6; `optimizer` selects the Riemannian gradient map only (module docstring)."""
-    get_variant(optimizer)
-    symbolic = symbolic_derivation()
-    exact = exact_checks(seed)
+def layer_checks(seed: int, profile: Profile, optimizer: str, use_torch: bool, chunks: Chunks | None = None):
+    """The gauge checks, finite differences and (use_torch) torch autograd over random attention layers.
+
+    Returns ([gauge_residual, gauge_inner_product, finite_difference, torch_autograd_gradient],
+    torch_available (None: not tried), frames). chunks: which chunks this call runs (all by default;
+    one per task under map_chunks).
+    """
+    chunks = chunks or Chunks()
     checks = _gauge_checks("")
     finite_difference = NumericalCheck(
         "finite_difference_gradient",
@@ -392,16 +396,16 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         "loss) + 2 eps_f / h + 2 u ||W|| ||G|| / h + the gradient's running error bound; h = 2^round(log2 "
         "u^(1/3)) balances truncation O(h^2) and rounding O(u / h)",
     )
-    use_torch = profile.name == "thorough"
     torch_check = NumericalCheck(
         "torch_autograd_gradient",
         "||G_hand - G_torch||_F per parameter, torch autograd in float64",
         "torch_bound: both within the running error bound e_G of attention.rounding_bounds; 4 ||e_G||_F",
     )
-    notes = []
     torch_available = None
     frames = 0
     for d, r, n, chunk_index, count in _plan(profile):
+        if not chunks.take():
+            continue
         key = (CLAIM_ID, "layers", d, r, n, chunk_index)
         rng = rng_for(seed, *key)
         X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r)
@@ -424,6 +428,22 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
                     torch_check.add(difference, torch_bound(errors, name), shape=(d, r), key=key, seed=seed,
                                     extra={"parameter": name, "n": n})
         frames += count
+    return [checks["gauge_residual"], checks["gauge_inner_product"], finite_difference, torch_check], torch_available, frames
+
+
+def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
+    """Certify P6; `optimizer` selects the Riemannian gradient map only (module docstring)."""
+    get_variant(optimizer)
+    symbolic = start_task(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
+    exact = exact_checks(seed)
+    use_torch = profile.name == "thorough"
+    notes = []
+    # the chunks are tasks of the current executor (propositions.kit.parallel), merged in chunk order
+    partials = map_chunks(layer_checks, seed, profile, optimizer, use_torch)
+    gauge_residual, gauge_inner_product, finite_difference, torch_check = merge_checks(p[0] for p in partials)
+    checks = {"gauge_residual": gauge_residual, "gauge_inner_product": gauge_inner_product}
+    torch_available = partials[0][1]
+    frames = sum(p[2] for p in partials)
     numerical = [checks["gauge_residual"], checks["gauge_inner_product"], finite_difference]
     if use_torch and torch_available:
         numerical.append(torch_check)
@@ -479,7 +499,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         ),
     }
     return ClaimResult(
-        symbolic=symbolic,
+        symbolic=symbolic.result(),
         checks=numerical,
         controls=controls,
         frames=frames,

@@ -67,6 +67,7 @@ from scipy import stats
 from reference_impl import VARIANTS, manifold, manifold_tolerance
 from reference_impl.manifold import haar_from_gaussian
 
+from .kit.parallel import Chunks, map_chunks, merge_checks
 from ._common import (
     Claim,
     ClaimResult,
@@ -286,13 +287,21 @@ def _draw(sampler: Sampler, source: str, d: int, r: int, count: int, seed: int, 
         yield key, np.asarray(frames, dtype=np.float64)
 
 
-def run_tests(sampler: Sampler, seed: int, samples: int, prefix: str = "", label: str = "real") -> tuple[list[NumericalCheck], list[dict]]:
-    """All checks of the plan for `sampler`, `samples` draws per shape. Returns (checks, per-test records)."""
+def run_tests(sampler: Sampler, seed: int, samples: int, prefix: str = "", label: str = "real",
+              chunks: Chunks | None = None) -> tuple[list[NumericalCheck], list[dict]]:
+    """All checks of the plan for `sampler`, `samples` draws per shape. Returns (checks, per-test records).
+
+    chunks: which shapes this call tests (all by default; one shape per task under map_chunks, see
+    _run_tests: a shape's statistics need all of its draws at once).
+    """
+    chunks = chunks or Chunks()
     checks = _new_checks(prefix)
     bound = -math.log10(alpha_per_test())
     records = []
     plan = statistical_plan()
     for source, d, r in sorted({(source, shape[0], shape[1]) for _, source, shape in plan}, key=lambda x: (x[0] != "point", x[1], x[2])):
+        if not chunks.take():
+            continue
         first, last, corner, negative_det, angle = [], [], [], [], []
         first_key = None
         for key, W in _draw(sampler, source, d, r, samples, seed, label):
@@ -330,6 +339,21 @@ def run_tests(sampler: Sampler, seed: int, samples: int, prefix: str = "", label
     return list(checks.values()), records
 
 
+def _named_sampler_tests(name: str, *args, chunks: Chunks, **kwargs):
+    """One task of _run_tests: the registered sampler `name` (its lambdas cannot travel to a worker; its name can)."""
+    sampler = reference_sampler() if name == "reference" else CONTROL_SAMPLERS[name]
+    return run_tests(sampler, *args, chunks=chunks, **kwargs)
+
+
+def _run_tests(sampler: Sampler | str, seed: int, samples: int, **kwargs) -> tuple[list[NumericalCheck], list[dict]]:
+    """run_tests with one task per shape for a registered sampler ("reference" or a control's name),
+    merged in shape order; a Sampler object given by the caller runs here, untasked."""
+    if isinstance(sampler, Sampler):
+        return run_tests(sampler, seed, samples, **kwargs)
+    partials = map_chunks(_named_sampler_tests, sampler, seed, samples, task_label="run_tests", **kwargs)
+    return merge_checks(p[0] for p in partials), [record for p in partials for record in p[1]]
+
+
 def resolve_sampler(optimizer: str, sampler) -> tuple[Sampler, list[str]]:
     """The sampler under test: `sampler` (a Sampler or a control name), else the control named by
     `optimizer`, else the reference's (any optimizer variant leaves the samplers unchanged)."""
@@ -352,10 +376,13 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam", sampler=No
     """Certify the samplers (`sampler`, or the control named by `optimizer`, or the reference's)."""
     under_test, notes = resolve_sampler(optimizer, sampler)
     samples = max(CONTROL_SAMPLES, profile.frames)
-    checks, records = run_tests(under_test, seed, samples)
+    # the shapes are tasks of the current executor (propositions.kit.parallel); a registered sampler
+    # travels to them by name
+    registered = under_test.name == "reference" and not isinstance(sampler, Sampler) or CONTROL_SAMPLERS.get(under_test.name) is under_test
+    checks, records = _run_tests(under_test.name if registered else under_test, seed, samples)
     controls, power = [], []
     for name, broken in CONTROL_SAMPLERS.items():
-        control_checks, control_records = run_tests(broken, seed, CONTROL_SAMPLES, prefix=f"{name}:", label=f"control:{name}")
+        control_checks, control_records = _run_tests(name, seed, CONTROL_SAMPLES, prefix=f"{name}:", label=f"control:{name}")
         result = ControlResult.from_checks(name, broken.description, control_checks)
         controls.append(result)
         power.append({"control": name, "check": result.check, "residual": result.residual, "bound": result.bound,

@@ -6,9 +6,17 @@ import os
 # Single-threaded BLAS for the whole session, as the certify command runs (certify.cli
 # single_threaded_blas): the suite batches small matrices, and rounding should not depend on the
 # core count.
+# threadpoolctl limits only the libraries already loaded: load numpy's and scipy's BLAS first.
+import numpy  # noqa: E402,F401
+import scipy.linalg  # noqa: E402,F401
 from threadpoolctl import threadpool_limits
 
 threadpool_limits(limits=1)
+
+# One worker for `certify` commands run by the tests (certify.cli.default_workers): tests/test_cli.py
+# injects fake claims into this process, which a worker process would not see. The parallel paths
+# are exercised, with real claims, by tests/test_parallel.py.
+os.environ.setdefault("CERTIFY_WORKERS", "1")
 
 from hypothesis import HealthCheck, settings
 

@@ -75,8 +75,9 @@ def _changed(value):
 
 
 def test_digest_changes_when_any_field_changes():
+    """Every field but the run record (command, date, wall time, workers, host) is sealed."""
     sealed = _certificate()
-    body = {k: v for k, v in sealed.items() if k != "digest"}
+    body = {k: v for k, v in sealed.items() if k not in ("digest", "run")}
     original = certificate_format.compute_digest(body)
     assert original == sealed["digest"]["value"]
     paths = [path for path in _leaf_paths(body) if path]
@@ -88,6 +89,13 @@ def test_digest_changes_when_any_field_changes():
             node = node[part]
         node[path[-1]] = _changed(node[path[-1]])
         assert certificate_format.compute_digest(edited) != original, path
+    for path in [path for path in _leaf_paths({"run": sealed["run"]}) if len(path) > 1]:
+        edited = copy.deepcopy(sealed)
+        node = edited
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = _changed(node[path[-1]])
+        assert certificate_format.compute_digest(edited) == original, path
 
 
 def test_digest_ignores_key_order_and_only_the_digest_member():
@@ -108,7 +116,7 @@ def test_written_certificate_validates_and_loads(tmp_path):
         assert member in loaded
     for member in ("python", "numpy", "scipy", "sympy", "mpmath", "blas", "cpu", "platform"):
         assert loaded["environment"][member] is not None
-    timing = loaded["provenance"]["timing"]
+    timing = loaded["run"]
     assert timing["wall_seconds"] >= 0 and timing["frames_per_second"] > 0
 
 
@@ -214,7 +222,7 @@ def other_machine(certificate: dict) -> dict:
 def test_compare_ignores_timing_and_the_environment_description():
     recorded = _certificate(seed=2)
     rerun = copy.deepcopy(recorded)
-    rerun["provenance"]["timing"]["wall_seconds"] += 100.0
+    rerun["run"]["wall_seconds"] += 100.0
     rerun["environment"]["cpu"] = "another machine"
     rerun["environment"]["platform"] = "another platform"
     differences, notes = claims.compare(recorded, rerun)
@@ -361,3 +369,35 @@ def test_readme_and_docs_links_resolve_within_the_project():
                 linked_text = linked.read_text(encoding="utf-8")
                 slugs = {re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-") for heading in re.findall(r"^#+ (.*)$", linked_text, re.M)}
                 assert anchor in slugs or f'<a id="{anchor}"></a>' in linked_text, (page.name, path, anchor)
+
+
+def _as_schema_1_1(certificate: dict) -> dict:
+    """The certificate in the layout of schema 1.1: the run record inside provenance, under the digest."""
+    old = copy.deepcopy(certificate)
+    run = old.pop("run")
+    old["schema_version"] = "1.1"
+    old["provenance"].update(command=run["command"], created_utc=run["created_utc"],
+                             timing={"wall_seconds": run["wall_seconds"], "frames_per_second": run["frames_per_second"]})
+    return certificate_format.seal(old)
+
+
+def test_a_schema_1_1_certificate_is_still_read_and_compared(tmp_path):
+    current = _certificate(seed=2)
+    old = _as_schema_1_1(current)
+    path = tmp_path / "P1.json"
+    path.write_text(json.dumps(old))
+    loaded = certificate_format.load(path)
+    assert certificate_format.run_record(loaded)["wall_seconds"] == current["run"]["wall_seconds"]
+    differences, notes = claims.compare(loaded, current)
+    assert differences == [] and notes == ["all 2 worst residuals reproduced bit for bit"]
+    # 1.1 sealed its run record: an edited wall time there is a tampered certificate
+    old["provenance"]["timing"]["wall_seconds"] += 1.0
+    path.write_text(json.dumps(old))
+    with pytest.raises(certificate_format.CertificateError, match="digest mismatch"):
+        certificate_format.load(path)
+    # and a 1.2 certificate in the 1.1 layout does not pass for either
+    bad = copy.deepcopy(_as_schema_1_1(current))
+    bad["schema_version"] = SCHEMA_VERSION
+    path.write_text(json.dumps(certificate_format.seal(bad)))
+    with pytest.raises(certificate_format.CertificateError, match="does not match the certificate schema"):
+        certificate_format.load(path)

@@ -103,7 +103,7 @@ def test_run_passing_claim_exits_0_and_writes_certificate_and_report(registry, c
     certificate = certificate_format.load(tmp_path / "P1.json")
     assert certificate["verdict"] == "pass"
     assert certificate["provenance"]["seed"] == 3 and certificate["provenance"]["profile"] == "quick"
-    assert certificate["provenance"]["command"] == "certify run p1 --out " + str(tmp_path) + " --seed 3 --profile quick"
+    assert certificate["run"]["command"] == "certify run p1 --out " + str(tmp_path) + " --seed 3 --profile quick"
     assert certificate["provenance"]["reproduce"] == "certify run P1 --seed 3 --profile quick"
     assert certificate["statement"]["docs"] == "docs/claims.md#p1"
     assert "[docs/claims.md](../docs/claims.md)" in (tmp_path / "REPORT.md").read_text()

@@ -1,0 +1,267 @@
+"""Parallel certification (propositions.kit.parallel): the same certificate for any executor.
+
+A certificate, digest included, must be bit for bit the same whether its chunk tasks run inline,
+in a pool of 2 or 4 processes, or on a dask cluster, and whether the claims themselves run as tasks
+(`certify run A B --workers N`). That rests on NumericalCheck.merge reproducing the sequential
+adds exactly and on the partial results being merged in task order; the tests below break each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from certify import certificate as certificate_format
+from certify import claims, cli
+from propositions._common import NumericalCheck, to_jsonable
+from propositions.kit import parallel
+
+CLAIMS = ("P1", "P5")  # chunked claims, about three seconds each at the quick profile
+
+
+def _evidence(certificate: dict) -> dict:
+    """Everything the digest covers (all but `run` and `digest`)."""
+    return {key: value for key, value in certificate.items() if key not in certificate_format.UNSEALED_MEMBERS}
+
+
+def _certify(claim_id: str, executor) -> dict:
+    with parallel.using(executor):
+        sealed, internal_error = claims.certify_claim(claim_id, seed=0, profile="quick", command="test", workers=executor.workers, scheduler=executor.scheduler)
+    assert internal_error is None
+    return sealed
+
+
+@pytest.fixture(scope="module")
+def inline_certificates():
+    return {claim_id: _certify(claim_id, parallel.Inline()) for claim_id in CLAIMS}
+
+
+def _assert_same(certificate: dict, reference: dict) -> None:
+    assert certificate["verdict"] == "pass"
+    assert certificate["digest"] == reference["digest"]
+    assert certificate_format.canonical_json(_evidence(certificate)) == certificate_format.canonical_json(_evidence(reference))
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_chunk_tasks_in_a_pool_give_the_inline_certificate(inline_certificates, workers):
+    pool = parallel.Pool(workers)
+    with parallel.using(pool):
+        for claim_id in CLAIMS:
+            sealed, internal_error = claims.certify_claim(claim_id, seed=0, profile="quick", command="test", workers=workers)
+            assert internal_error is None
+            assert sealed["run"]["workers"] == workers
+            _assert_same(sealed, inline_certificates[claim_id])
+
+
+def test_claims_as_tasks_give_the_inline_certificates(inline_certificates, tmp_path, capsys):
+    """`certify run P1 P5 --workers 2`: each claim runs in a worker process, its chunks inline there."""
+    assert cli.main(["run", *CLAIMS, "--profile", "quick", "--workers", "2", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # a log (not a terminal) gets plain lines: what runs where, one line per claim started and done
+    assert lines[0] == "running 2 claims on 2 worker processes (seed 0, profile quick)"
+    assert lines[1:3] == ["P1: running (seed 0, profile quick)", "P5: running (seed 0, profile quick)"]
+    assert sorted(line.split(" in ")[0] for line in lines[3:5]) == ["P1: pass", "P5: pass"]
+    for claim_id in CLAIMS:
+        certificate = certificate_format.load(tmp_path / f"{claim_id}.json")
+        assert certificate["run"]["workers"] == 2 and "--workers 2" in certificate["run"]["command"]
+        _assert_same(certificate, inline_certificates[claim_id])
+
+
+def test_a_dask_cluster_gives_the_inline_certificates(inline_certificates, tmp_path):
+    """Claims as tasks on a 2-worker LocalCluster; their chunks go back to the cluster (worker_client)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
+        assert cli.main(["run", *CLAIMS, "--profile", "quick", "--scheduler", cluster.scheduler_address, "--out", str(tmp_path)]) == 0
+        # and one claim from this process, its chunks on the cluster
+        executor = parallel.Dask(cluster.scheduler_address)
+        single = _certify("P1", executor)
+    for claim_id in CLAIMS:
+        certificate = certificate_format.load(tmp_path / f"{claim_id}.json")
+        assert certificate["run"]["scheduler"] == cluster.scheduler_address
+        _assert_same(certificate, inline_certificates[claim_id])
+    _assert_same(single, inline_certificates["P1"])
+
+
+class _CompletionOrder(parallel.Inline):
+    """An executor that finishes the tasks last to first and hands them back in that order: what a
+    pool whose results were merged in completion order would give."""
+
+    def run(self, fn, calls, on_done):
+        outcomes = [parallel._run_task(fn, args, kwargs) for args, kwargs in reversed(calls)]
+        on_done(len(outcomes))
+        return outcomes
+
+
+def test_merging_in_completion_order_changes_the_certificate(inline_certificates):
+    """The identity above is not automatic: merged in another order, P1's certificate differs."""
+    shuffled = _certify("P1", _CompletionOrder())
+    assert shuffled["digest"] != inline_certificates["P1"]["digest"]
+
+
+def test_the_run_record_is_outside_the_digest(inline_certificates):
+    certificate = json.loads(json.dumps(inline_certificates["P1"]))
+    certificate["run"]["wall_seconds"] += 100.0
+    certificate["run"]["workers"] = 64
+    assert certificate_format.compute_digest(certificate) == certificate["digest"]["value"]
+    certificate["numerical"]["frames"] += 1
+    assert certificate_format.compute_digest(certificate) != certificate["digest"]["value"]
+
+
+# --------------------------------------------------------------------------------------------
+# NumericalCheck.merge
+# --------------------------------------------------------------------------------------------
+
+_values = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def _adds(draw):
+    """A sequence of adds (residuals, bounds, shape, key) and the points that split it into tasks."""
+    count = draw(st.integers(1, 8))
+    adds = []
+    for index in range(count):
+        size = draw(st.integers(1, 6))
+        residual = draw(st.lists(st.one_of(_values, st.just(float("nan")), st.just(float("inf"))), min_size=size, max_size=size))
+        bound = draw(st.lists(st.floats(min_value=1e-3, max_value=1e3), min_size=size, max_size=size))
+        adds.append((np.array(residual), np.array(bound), (draw(st.integers(1, 3)), 1), ("chunk", index)))
+    splits = sorted(draw(st.sets(st.integers(1, count - 1), max_size=count - 1))) if count > 1 else []
+    return adds, splits
+
+
+def _check(adds) -> NumericalCheck:
+    check = NumericalCheck("c", "d", "b")
+    for residual, bound, shape, key in adds:
+        check.add(residual, bound, shape=shape, key=key, seed=0)
+    return check
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # quantiles of pools holding inf
+@given(_adds())
+def test_merge_equals_the_sequential_adds(case):
+    adds, splits = case
+    edges = [0, *splits, len(adds)]
+    partials = [_check(adds[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])]
+    merged = NumericalCheck("c", "d", "b")
+    for partial in partials:
+        merged.merge(partial)
+    assert json.dumps(to_jsonable(merged.to_dict())) == json.dumps(to_jsonable(_check(adds).to_dict()))
+
+
+def test_merge_refuses_another_check():
+    with pytest.raises(ValueError, match="cannot merge check 'other' into check 'c'"):
+        NumericalCheck("c", "d", "b").merge(NumericalCheck("other", "d", "b"))
+
+
+def test_merging_sums_of_partial_sums_is_not_the_sequential_sum():
+    """Why merge replays each add's sum: adding partial sums associates differently, and the mean differs."""
+    # (1 + 2^-53) + 2^-53 = 1 (each half ulp rounds to even), 1 + (2^-53 + 2^-53) = 1 + 2^-52
+    adds = [(np.array([1.0]), np.array([1.0]), (1, 1), (0,))] + [(np.array([2.0**-53]), np.array([1.0]), (1, 1), (i,)) for i in (1, 2)]
+    sequential = _check(adds)
+    assert sequential._sum_residual == 1.0
+    grouped_sum = _check(adds[:1])._sum_residual + _check(adds[1:])._sum_residual
+    assert grouped_sum == 1.0 + 2.0**-52
+    merged = _check(adds[:1]).merge(_check(adds[1:]))
+    assert merged._sum_residual == sequential._sum_residual
+
+
+# --------------------------------------------------------------------------------------------
+# Failures and warnings
+# --------------------------------------------------------------------------------------------
+
+
+def _square_or_fail(x: int) -> int:
+    if x == 3:
+        raise ArithmeticError("three is not allowed\nsecond line")
+    return x * x
+
+
+def _warn_and_return(x: int) -> int:
+    warnings.warn(f"task {x} warns", RuntimeWarning)
+    return x
+
+
+def _die(x: int) -> int:
+    if x == 1:
+        os._exit(7)
+    return x
+
+
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: parallel.Pool(2)], ids=["inline", "pool"])
+def test_a_failing_task_is_one_line_naming_it(make):
+    with parallel.using(make()):
+        assert parallel.map_tasks(_square_or_fail, [0, 1, 2]) == [0, 1, 4]
+        with pytest.raises(parallel.TaskFailed) as failure:
+            parallel.map_tasks(_square_or_fail, [0, 1, 2, 3, 4])
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith("task 4 of 5 of _square_or_fail failed: ArithmeticError: three is not allowed second line (test_parallel.py:")
+
+
+def test_a_dying_worker_is_reported_not_waited_for():
+    with parallel.using(parallel.Pool(2)):
+        with pytest.raises(parallel.TaskFailed, match="a worker process died while it ran a task"):
+            parallel.map_tasks(_die, [0, 1, 2, 3])
+        # the pool is replaced: later tasks run
+        assert parallel.map_tasks(_square_or_fail, [2]) == [4]
+
+
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: parallel.Pool(2)], ids=["inline", "pool"])
+def test_warnings_come_back_in_task_order(make):
+    with parallel.using(make()), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert parallel.map_tasks(_warn_and_return, [0, 1, 2]) == [0, 1, 2]
+    assert [str(w.message) for w in caught] == ["task 0 warns", "task 1 warns", "task 2 warns"]
+    assert all(w.category is RuntimeWarning for w in caught)
+
+
+def test_the_chunk_count_does_not_depend_on_the_workers():
+    """map_chunks counts the chunks with a call that runs none (a chunk key never depends on N)."""
+    seen = []
+
+    def loop(total, chunks):
+        for index in range(total):
+            if chunks.take():
+                seen.append(index)
+        return index
+
+    counter = parallel.Chunks(only=-1)
+    loop(5, chunks=counter)
+    assert counter.seen == 5 and seen == []
+    assert [parallel._chunk_task(loop, k, (5,), {}) for k in range(5)] == [4] * 5 and seen == [0, 1, 2, 3, 4]
+
+
+def test_a_failing_claim_task_is_an_inconclusive_certificate_with_one_line(monkeypatch, tmp_path):
+    """A TaskFailed inside a claim's run does not stop the command: the certificate says what failed."""
+
+    def failing(*args, **kwargs):
+        raise parallel.TaskFailed("task 2 of 9 of projector_checks failed: MemoryError")
+
+    monkeypatch.setattr("propositions.p1_steepest_descent.map_chunks", failing)
+    sealed, internal_error = claims.certify_claim("P1", seed=0, profile="quick", command="test")
+    assert internal_error is None and sealed["verdict"] == "inconclusive"
+    reason = sealed["inconclusive"][0]
+    assert reason.startswith("P1 raised while it ran: TaskFailed: task 2 of 9 of projector_checks failed: MemoryError") and "\n" not in reason
+
+
+def test_workers_and_scheduler_exclude_each_other(capsys):
+    assert cli.main(["run", "P1", "--workers", "2", "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    assert "--workers and --scheduler exclude each other" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: parallel.Pool(2)], ids=["inline", "pool"])
+def test_a_started_task_gives_its_result_warnings_and_error_at_result(make):
+    with parallel.using(make()), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pending, failing = parallel.start(_warn_and_return, 5), parallel.start(_square_or_fail, 3)
+        assert parallel.map_tasks(_square_or_fail, [2]) == [4]  # other tasks run meanwhile
+        assert caught == []  # nothing before result(): the same order inline and on a pool
+        assert pending.result() == 5 and pending.result() == 5
+        with pytest.raises(parallel.TaskFailed, match=r"^_square_or_fail failed: ArithmeticError: three is not allowed second line"):
+            failing.result()
+    assert [str(w.message) for w in caught] == ["task 5 warns"]
