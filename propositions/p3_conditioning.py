@@ -69,6 +69,7 @@ from reference_impl.adam import frobenius
 
 from .kit import tightness
 from .kit.bounds import feasibility_bound, polar_error_bound
+from .kit import observability
 from .kit.directions import step_direction, variant_name
 from ._symbolic import copied, is_zero_matrix, reduce_with
 from ._common import (
@@ -374,14 +375,23 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
             G = wide_scale_gradients(rng, W.shape)
             G_second = G * (10.0 ** rng.uniform(-1.0, 1.0, size=(count, 1, 1))) * rng.standard_normal(W.shape)
             variant = get_variant(optimizer)
+            observable = observability.state_observable(variant)
             state = variant.init(W)
             count_now = count
-            for second in (False, True):
+            for second in (False, True) if observable else (False,):
                 G_t = G_second if second else G
                 direction = step_direction(variant, W, G_t, state, config)
                 sources.add(direction.source)
                 W_new, state_new, xi = direction.W_new, direction.state_new, direction.xi
                 inverse_error = direction.error_bound
+                if not observable:
+                    # a black box's state is its own: the first step from its fresh state, where the
+                    # checker's input moment is m = 0, v = 0, t = 0 (docs/algorithm.md's init)
+                    state = ri.StiefelAdamState(m=np.zeros_like(W), v=np.zeros(W.shape[:-2]), t=0)
+                    for hidden in (from_state, state_tangency):
+                        observability.record(hidden.name, "the preconditioner and the moment the step stores are its hidden state")
+                    observability.record(f"second steps of {consistency.name} and the other step checks",
+                                         "a second step's input moment is the optimizer's hidden state")
                 t = state.t + 1
                 g, m, allowance = first_moment(W, G_t, state, config)
                 bias1 = 1 - beta1**t
@@ -409,22 +419,23 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                 spread.add(spread_residual, 2 * e_max / (1 - e_max) + 2 * inverse_error / np.maximum(norm_xi, 1e-300),
                            shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
-                # the preconditioner stored in the returned state against the step's xi
-                v_state = np.asarray(state_new.v)
-                v_hat = v_state / (1 - beta2**state_new.t)
-                if v_hat.ndim < W.ndim:
-                    v_hat = v_hat[..., None, None]
-                denominator = np.sqrt(v_hat) + config.eps
-                xi_predicted = clip_to_trust_region(-config.lr * m_hat / denominator, config.trust_radius)
-                scale = config.lr / np.min(denominator.reshape(denominator.shape[0], -1), axis=-1)
-                theta_v = bias_correction_error(beta2, state_new.t) + 4 * u
-                theta_m = 2 * bias_correction_error(beta1, t) + 2 * u
-                m_hat_error = frobenius(allowance) / bias1 + theta_m * frobenius(m_hat)
-                unclipped_error = scale * (m_hat_error + frobenius(m_hat) * (theta_v + 4 * u))
-                clip_error = 2 * (gamma(d * r) / 2 + 3 * u) * np.minimum(norm_xi, config.trust_radius)
-                from_state.add(frobenius(xi - xi_predicted),
-                               2 * (unclipped_error + clip_error + 4 * u * norm_xi) + inverse_error,
-                               shape=(d, r), key=step_key, seed=seed, extra={"t": t})
+                if observable:  # a black box's stored v is not observable (recorded above)
+                    # the preconditioner stored in the returned state against the step's xi
+                    v_state = np.asarray(state_new.v)
+                    v_hat = v_state / (1 - beta2**state_new.t)
+                    if v_hat.ndim < W.ndim:
+                        v_hat = v_hat[..., None, None]
+                    denominator = np.sqrt(v_hat) + config.eps
+                    xi_predicted = clip_to_trust_region(-config.lr * m_hat / denominator, config.trust_radius)
+                    scale = config.lr / np.min(denominator.reshape(denominator.shape[0], -1), axis=-1)
+                    theta_v = bias_correction_error(beta2, state_new.t) + 4 * u
+                    theta_m = 2 * bias_correction_error(beta1, t) + 2 * u
+                    m_hat_error = frobenius(allowance) / bias1 + theta_m * frobenius(m_hat)
+                    unclipped_error = scale * (m_hat_error + frobenius(m_hat) * (theta_v + 4 * u))
+                    clip_error = 2 * (gamma(d * r) / 2 + 3 * u) * np.minimum(norm_xi, config.trust_radius)
+                    from_state.add(frobenius(xi - xi_predicted),
+                                   2 * (unclipped_error + clip_error + 4 * u * norm_xi) + inverse_error,
+                                   shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
                 WtXi = _transpose(W) @ xi
                 Wtm_in = _transpose(W) @ state.m
@@ -437,13 +448,14 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                 tangency.add(frobenius(WtXi + _transpose(WtXi)), tangency_bound, shape=(d, r), key=step_key, seed=seed,
                              extra={"t": t})
 
-                m_new = np.asarray(state_new.m)
-                feas_new = feasibility(W_new, validate=False)
-                Wtm_new = _transpose(W_new) @ m_new
-                state_tangency.add(frobenius(Wtm_new + _transpose(Wtm_new)),
-                                   4 * (e_P + feas_new) * (norm_m + frobenius(allowance))
-                                   + 4 * gamma(d) * math.sqrt(r) * frobenius(m_new),
-                                   shape=(d, r), key=step_key, seed=seed, extra={"t": t})
+                if observable:  # a black box's stored m is not observable (recorded above)
+                    m_new = np.asarray(state_new.m)
+                    feas_new = feasibility(W_new, validate=False)
+                    Wtm_new = _transpose(W_new) @ m_new
+                    state_tangency.add(frobenius(Wtm_new + _transpose(Wtm_new)),
+                                       4 * (e_P + feas_new) * (norm_m + frobenius(allowance))
+                                       + 4 * gamma(d) * math.sqrt(r) * frobenius(m_new),
+                                       shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
                 singular = np.linalg.svd(W + xi, compute_uv=False)
                 cond = singular[:, 0] / singular[:, -1]
@@ -451,6 +463,8 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                     cond_bound = 4 * ((d * r + 2) * u + feas + tangency_bound / norm_xi) * kappa
                 step_cond.add(np.maximum(cond - np.sqrt(1 + norm_xi**2), 0.0), cond_bound,
                               shape=(d, r), key=step_key, seed=seed, extra={"t": t})
+                if not observable:
+                    break
                 # the second step on half of the frames (at least one): the non-fresh state is what it adds
                 half = max(1, (count + 1) // 2)
                 W, G_second = W_new[:half], G_second[:half]

@@ -563,15 +563,16 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         checks = _optimizer_checks(seed, profile, name, control_frames, f"{name}:", f"control:{name}", large=())
         controls.append(ControlResult.from_checks(name, get_variant(name).description, checks))
     figures = norm_figure(seed, optimizer)
+    optimizer_name = get_variant(optimizer).name  # a Variant object (an outside implementation) is named
     extra = {
-        "optimizer": optimizer,
+        "optimizer": optimizer_name,
         "weight_decay_grid": list(LAMBDA_GRID),
         "gradient_log10_scale": list(GRADIENT_LOG10_SCALE),
         "lr_log10": list(LR_LOG10),
         "trajectory_steps": profile.steps,
         "figure_settings": {
             "shape": list(FIGURE_SHAPE), "steps": FIGURE_STEPS, "lr": FIGURE_LR,
-            "weight_decay": FIGURE_WEIGHT_DECAY, "optimizer": optimizer,
+            "weight_decay": FIGURE_WEIGHT_DECAY, "optimizer": optimizer_name,
         },
         "figure_final_norm": {
             "optimizer": figures["weight_norm_optimizer"][-1],
@@ -595,7 +596,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         figures={
             "weight_norm": {
                 "series": [
-                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_optimizer"], "label": optimizer},
+                    {"x": figures["weight_norm_step"], "y": figures["weight_norm_optimizer"], "label": optimizer_name},
                     {"x": figures["weight_norm_step"], "y": figures["weight_norm_euclidean_adamw"], "label": "euclidean_adamw"},
                     {"x": figures["weight_norm_step"], "y": figures["weight_norm_sqrt_r"], "label": "sqrt(r)"},
                 ],
