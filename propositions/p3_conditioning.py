@@ -384,6 +384,12 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                 sources.add(direction.source)
                 W_new, state_new, xi = direction.W_new, direction.state_new, direction.xi
                 inverse_error = direction.error_bound
+                # A recovered xi (propositions/kit/directions.py) is within inverse_error of xi*, the exact
+                # inverse of the float W_new; W_new itself is the step's xi retracted with rounding
+                # polar_error_bound(d, r, kappa), which moves xi* by at most `sensitivity` times that.
+                # Together: the distance of the recovered xi from the step's own xi.
+                recovery_error = (inverse_error + direction.inverse.sensitivity * polar_error_bound(d, r, kappa)
+                                  if direction.source == "inverse" else np.zeros(W.shape[:-2]))
                 if not observable:
                     # a black box's state is its own: the first step from its fresh state, where the
                     # checker's input moment is m = 0, v = 0, t = 0 (docs/algorithm.md's init)
@@ -408,15 +414,33 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                 magnitude = np.abs(m_hat)
                 rms = np.sqrt(np.mean(m_hat * m_hat, axis=(-2, -1)))[:, None, None]
                 used = (magnitude >= rms / 16) & (np.abs(m) > 2 * allowance) & (magnitude > 0)
+                # a recovered xi is known to within its error bound; where that reaches ||xi|| (a step
+                # below the rounding of W_new: tiny gradients with eps > 0) not even its signs are
+                # known, and the frame's ratios are not observable
+                # each used entry of a recovered xi moves by at most recovery_error, relative
+                # recovery_error / (|xi_ij| - recovery_error); where that reaches 1/2 (a step near the
+                # rounding of W_new: tiny gradients with eps > 0) the entry's ratio is not observable
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    entry_recovery = np.where(used, recovery_error[:, None, None] / (np.abs(xi) - recovery_error[:, None, None]), 0.0)
+                    entry_recovery = np.where(entry_recovery < 0, np.inf, entry_recovery)
+                recoverable = np.all(entry_recovery < 0.5, axis=(-2, -1))
+                if not np.all(recoverable):
+                    observability.record(f"{spread.name} on steps near the rounding of W_new",
+                                         "the direction recovered from W_new is not known to half its entries' size there")
+                used = used & recoverable[:, None, None]
+                recovery_max = np.max(np.where(used, entry_recovery, 0.0).reshape(count_now, -1), axis=-1)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     ratio = np.where(used, -xi / np.where(used, m_hat, 1.0), np.nan)
                     entry_error = np.where(used, allowance / (np.abs(m) - allowance), 0.0) + 7 * u
                 ratio_max = np.nanmax(ratio.reshape(count_now, -1), axis=-1)
                 ratio_min = np.nanmin(ratio.reshape(count_now, -1), axis=-1)
                 e_max = np.max(entry_error.reshape(count_now, -1), axis=-1)
+                # each ratio is kappa (1 + eta)(1 + rho), |eta| <= e_max, |rho| <= recovery_max
+                e_total = e_max + recovery_max + e_max * recovery_max
                 with np.errstate(divide="ignore", invalid="ignore"):
                     spread_residual = np.where(ratio_min > 0, ratio_max / ratio_min - 1.0, np.inf)
-                spread.add(spread_residual, 2 * e_max / (1 - e_max) + 2 * inverse_error / np.maximum(norm_xi, 1e-300),
+                spread.add(spread_residual[recoverable],
+                           (2 * e_total / (1 - e_total))[recoverable],
                            shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
                 if observable:  # a black box's stored v is not observable (recorded above)
@@ -434,7 +458,7 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                     unclipped_error = scale * (m_hat_error + frobenius(m_hat) * (theta_v + 4 * u))
                     clip_error = 2 * (gamma(d * r) / 2 + 3 * u) * np.minimum(norm_xi, config.trust_radius)
                     from_state.add(frobenius(xi - xi_predicted),
-                                   2 * (unclipped_error + clip_error + 4 * u * norm_xi) + inverse_error,
+                                   2 * (unclipped_error + clip_error + 4 * u * norm_xi) + recovery_error,
                                    shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
                 WtXi = _transpose(W) @ xi
@@ -444,7 +468,9 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                     m_defect = (beta1 * tau_in + (1 - beta1) * 2 * (e_P + feas) * norm_G
                                 + 6 * u * (beta1 * norm_m_in + (1 - beta1) * norm_g))
                     tangency_bound = 4 * (norm_xi / norm_m * m_defect + (gamma(d) * math.sqrt(r) + 4 * u) * norm_xi)
-                tangency_bound = tangency_bound + 2 * (1 + feas) * inverse_error
+                # a recovered xi* = W_new S - W is itself tangent only up to 2 ||W^T W - I||
+                # (propositions/kit/directions.py), plus its distance to the computed xi
+                tangency_bound = tangency_bound + 2 * (1 + feas) * recovery_error + np.where(recovery_error > 0, 2 * feas, 0.0)
                 tangency.add(frobenius(WtXi + _transpose(WtXi)), tangency_bound, shape=(d, r), key=step_key, seed=seed,
                              extra={"t": t})
 
