@@ -488,14 +488,21 @@ class _TorchStepper:
             raise StateNotObservable("a state built by the checker was handed to a torch optimizer (black box)")
         if state.lead != W.shape[:-2]:
             raise StateNotObservable(f"a state of leading axes {state.lead} was used with frames of leading axes {W.shape[:-2]}")
-        parameters = self._parameters(W)
-        optimizer = self._optimizer(parameters, config)
-        if state.payload is not None:
-            optimizer.load_state_dict(copy.deepcopy(state.payload))
-        gradients = [G] if self.batched else [G[index] for index in np.ndindex(*G.shape[:-2])]
-        for parameter, gradient in zip(parameters, gradients):
-            parameter.grad = torch.tensor(np.array(gradient, dtype=np.float64), dtype=self.dtype)
-        optimizer.step()
+        # one intra-op thread, as certify runs BLAS (cli.single_threaded_blas): the frames here are
+        # small, and a thread pool on a shared machine costs more than it gives
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            parameters = self._parameters(W)
+            optimizer = self._optimizer(parameters, config)
+            if state.payload is not None:
+                optimizer.load_state_dict(copy.deepcopy(state.payload))
+            gradients = [G] if self.batched else [G[index] for index in np.ndindex(*G.shape[:-2])]
+            for parameter, gradient in zip(parameters, gradients):
+                parameter.grad = torch.tensor(np.array(gradient, dtype=np.float64), dtype=self.dtype)
+            optimizer.step()
+        finally:
+            torch.set_num_threads(threads)
         with torch.no_grad():
             values = [p.detach().to(torch.float64).cpu().numpy() for p in parameters]
         W_new = values[0].copy() if self.batched else (np.stack(values).reshape(W.shape) if values else np.array(W, copy=True))

@@ -417,7 +417,8 @@ def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options
         warnings.simplefilter("always")
         try:
             with observability.recording() as hidden:
-                result = claim.run(seed, get_profile(profile), optimizer=variant, **options)
+                chosen = get_profile(profile) if isinstance(profile, str) else profile  # a Profile object: tests
+                result = claim.run(seed, chosen, optimizer=variant, **options)
                 data = result.to_dict()
         except adapters.ImplementationError as error:
             data = _implementation_failure(claim_id, str(error))
@@ -450,5 +451,8 @@ def apply_observability(data: dict, hidden: list[dict]) -> dict:
         "no numerical check was run",
         "no control was run, so the certificate could not have failed (docs/algorithm.md#the-controls)")]
     verdict, failures, inconclusive = decide_verdict({**data, "inconclusive": own_inconclusive})
+    # reasons that are not about one check (a misbehaving implementation) are kept as they were
+    failures = list(dict.fromkeys([f for f in data.get("failures", []) if not f.startswith("check ")] + failures))
+    verdict = "fail" if failures else verdict
     data.update(verdict=verdict, failures=failures, inconclusive=inconclusive)
     return data
