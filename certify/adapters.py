@@ -260,7 +260,7 @@ def _numpy_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
         raise AdapterError(f"{spec}: ATTRS must be step, init,step or one object with .init and .step")
     _check_signature(init, "init(W)", 1, spec)
     _check_signature(step, "step(W, G, state, config)", 4, spec)
-    adapter = _NumpyStepper(spec, init, step, flags)
+    adapter = _NumpyStepper(name, init, step, flags)  # messages name the implementation as the user did
     adapter.trial()
     ignored = ()
     return AdaptedVariant(
@@ -406,7 +406,7 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
             manifold = manifold_type()
         except Exception as error:
             raise AdapterError(f"{spec}: manifold {manifold_name} cannot be made: {_one_line(error)}") from None
-    adapter = _TorchStepper(spec, optimizer_class, options, getattr(torch, dtype), manifold, batched)
+    adapter = _TorchStepper(name, optimizer_class, options, getattr(torch, dtype), manifold, batched)
     adapter.trial()
     description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({dtype})"))[1]
     return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=False,

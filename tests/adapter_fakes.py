@@ -1,12 +1,14 @@
 """Outside implementations for the adapter tests, loaded as numpy:adapter_fakes:NAME.
 
-Each `break_pN` is the reference step except in the regime that only claim PN probes, where it makes
-the mistake that PN is about; so each must fail PN and pass the other claims. The regimes:
+Each `break_pN` is reference_impl.step verbatim except in the regime REGIMES["PN"], which only
+claim PN probes, where it makes the mistake that PN is about; so each must fail PN and, seeing the
+reference everywhere else, pass the other claims. `recorder` is the reference step noting which
+regimes its inputs fall in. The regimes:
 
   break_p1  betas = (0.5, 0.9) with eps = 0 (P1's second first-step configuration): the canonical-
             metric gradient G - W G^T W in place of P_W(G)              (not steepest descent)
-  break_p2  a floor 1e-250 added to v: visible only where ||g||^2 / (d r) is below ~1e-230, i.e.
-            gradients scaled by c ~ 10^-120 (P2's range of c)           (scale dependence)
+  break_p2  ||G||^2 < 1e-200 (gradients scaled by c below 10^-100, P2's range of c): a floor
+            1e-210 added to v                                                  (scale dependence)
   break_p3  trust_radius = inf and G != 0: one Newton-Schulz iteration A (3 I - A^T A) / 2 in place of the polar
             factor of A = W + xi (P3's uncapped trajectories)          (inaccurate retraction)
   break_p4  P4's configuration (lr 0.02, eps 1e-8, lambda 0.1): the step divided per column by the
@@ -60,31 +62,52 @@ def _step(W, G, state, config, *, gradient=None, v_floor=0.0, retraction=None, p
     return W_new, StiefelAdamState(m=project_tangent(W_new, m, validate=False), v=v, t=t)
 
 
+# The regime each fake breaks, as a predicate of the step's input: each must be met by its own claim
+# and by no other (tests/test_adapters.py records which claims meet which regime through `recorder`).
+REGIMES = {
+    "P1": lambda W, G, state, config: tuple(config.betas) == (0.5, 0.9) and config.eps == 0,
+    "P2": lambda W, G, state, config: bool(np.any(np.sum(G * G, axis=(-2, -1)) < 1e-200)) and bool(np.any(G != 0)),
+    "P3": lambda W, G, state, config: math.isinf(config.trust_radius) and bool(np.any(G != 0)),
+    "P4": lambda W, G, state, config: (config.lr, config.eps, config.weight_decay) == (0.02, 1e-8, 0.1),
+    "P5": lambda W, G, state, config: config.weight_decay in (1e-6, 1e-3, 1e3),
+}
+
+HITS: set = set()
+
+
+def recorder(W, G, state, config):
+    """reference_impl.step, noting in HITS which regimes its inputs fall in."""
+    HITS.update(name for name, regime in REGIMES.items() if regime(W, G, state, config))
+    return ri.step(W, G, state, config)
+
+
 def break_p1(W, G, state, config):
-    if tuple(config.betas) == (0.5, 0.9) and config.eps == 0:
+    if REGIMES["P1"](W, G, state, config):
         return _step(W, G, state, config, gradient="canonical")
     return ri.step(W, G, state, config)
 
 
 def break_p2(W, G, state, config):
-    return _step(W, G, state, config, v_floor=1e-250)
+    # inside the regime ||g||^2 <= ||G||^2 < 1e-200, so a floor of 1e-210 moves v by >= 1e-7 relative
+    if REGIMES["P2"](W, G, state, config):
+        return _step(W, G, state, config, v_floor=1e-210)
+    return ri.step(W, G, state, config)
 
 
 def break_p3(W, G, state, config):
-    # G = 0 exactly is P2's zero-gradient trajectory (with a warm m); P3's uncapped runs have G != 0
-    if math.isinf(config.trust_radius) and np.any(G != 0):
+    if REGIMES["P3"](W, G, state, config):
         return _step(W, G, state, config, retraction="newton_schulz")
     return ri.step(W, G, state, config)
 
 
 def break_p4(W, G, state, config):
-    if (config.lr, config.eps, config.weight_decay) == (0.02, 1e-8, 0.1):
+    if REGIMES["P4"](W, G, state, config):
         return _step(W, G, state, config, per_column=True)
     return ri.step(W, G, state, config)
 
 
 def break_p5(W, G, state, config):
-    if config.weight_decay in (1e-6, 1e-3, 1e3):
+    if REGIMES["P5"](W, G, state, config):
         return _step(W, G, state, config, unprojected=True)
     return ri.step(W, G, state, config)
 
