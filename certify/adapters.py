@@ -96,7 +96,7 @@ def canonical_spec(text: str) -> str:
     if text in ri.VARIANTS or text in SHORTCUTS or text.startswith(("numpy:", "torch:")):
         return text
     raise AdapterError(
-        f"unknown implementation {text!r}: give a name ({', '.join(known_names())}), numpy:MODULE:CALLABLE or torch:MODULE:CLASS[:JSON]"
+        f"unknown optimizer variant {text!r}; known: {', '.join(known_names())}, or numpy:MODULE:CALLABLE, torch:MODULE:CLASS[:JSON]"
     )
 
 
@@ -139,7 +139,9 @@ def _import(module_name: str, spec: str):
         return importlib.import_module(module_name)
     except Exception as error:  # any import failure is the user's input, reported in one line
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise AdapterError(f"{spec}: module {module_name!r} does not import ({type(error).__name__}: {message})") from None
+        extra = {"geoopt": "bench", "torch": "torch"}.get(module_name.split(".")[0])
+        hint = f"; pip install 'stiefel-adam-certify[{extra}]'" if extra and isinstance(error, ImportError) else ""
+        raise AdapterError(f"{spec}: module {module_name!r} does not import ({type(error).__name__}: {message}){hint}") from None
 
 
 def _attribute(module, name: str, spec: str):

@@ -96,7 +96,7 @@ def test_reference_shortcut_reads_the_state_and_recovers_the_direction():
     ("numpy:adapter_fakes:break_p1:sideways", "unknown flag"),
     ("torch:torch_impl:NoSuchOptimizer", "has no attribute"),
     ("torch:torch_impl:StiefelAdam:{not json", "does not parse"),
-    ("no-such-implementation", "unknown implementation"),
+    ("no-such-implementation", "unknown optimizer variant"),
 ])
 def test_unusable_implementation_exits_2_with_one_line(capsys, tmp_path, spec, message):
     if spec.startswith("torch:"):
