@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import shlex
 import math
 import platform
 import time
@@ -114,7 +115,7 @@ def reproduce_command(claim_id: str, seed: int, profile: str, optimizer: str, op
         command = f"certify run {claim_id}"
     command += f" --seed {seed} --profile {profile}"
     if optimizer != DEFAULT_OPTIMIZER:
-        command += f" --optimizer {optimizer}"
+        command += f" --optimizer {shlex.quote(optimizer)}"
     return command
 
 
@@ -328,7 +329,19 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
         claim = lookup_claim(claim_id)
     except Exception as error:
         problem = f"the claim module of {claim_id} could not be loaded: {describe_error(error)}"
-    if claim is not None:
+    adapted = None
+    if claim is not None and is_adapter_spec(optimizer):
+        # an outside implementation (certify.adapters): resolved here, so that verify re-runs it too
+        adapted, problem = _resolve_implementation(claim_id, optimizer)
+    if problem is not None:
+        pass
+    elif adapted is not None:
+        try:
+            data = _run_adapted(claim, claim_id, seed, profile, adapted, options)
+        except Exception as error:
+            data = None
+            problem = f"{claim_id} raised while it ran: {describe_error(error)}"
+    elif claim is not None:
         try:
             from propositions import get_profile
 
@@ -371,3 +384,117 @@ def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
     """
     comparison = verification.compare(recorded, reproduced)
     return comparison.differences, comparison.notes
+
+
+# --------------------------------------------------------------------------------------------
+# Outside implementations (certify.adapters, docs/adapters.md)
+# --------------------------------------------------------------------------------------------
+
+# The claims whose numerical part runs the optimizer under test. P6 is about gradients of a loss,
+# the sampler certificate about the samplers and the cross-check about torch_impl's own kernel: an
+# outside implementation does not enter them.
+IMPLEMENTATION_CLAIMS = ("P1", "P2", "P3", "P4", "P5")
+
+
+def is_adapter_spec(optimizer) -> bool:
+    """Whether `optimizer` names something other than a reference_impl variant (an adapter spec)."""
+    from reference_impl import VARIANTS
+
+    return isinstance(optimizer, str) and optimizer not in VARIANTS
+
+
+def _resolve_implementation(claim_id: str, spec: str):
+    """(variant, None) for an adapter spec that can run on claim_id, else (None, why not)."""
+    from certify import adapters
+
+    if claim_id not in IMPLEMENTATION_CLAIMS:
+        return None, f"{claim_id} does not run the optimizer under test (only {', '.join(IMPLEMENTATION_CLAIMS)} do)"
+    try:
+        variant = adapters.resolve(spec)
+    except adapters.AdapterError as error:
+        return None, f"the implementation cannot be used: {error}"
+    dtype = getattr(variant, "dtype", "float64")
+    if dtype != "float64":
+        return None, (
+            f"not comparable: {spec} stores its frames in {dtype}, and every bound of {claim_id} is a float64 rounding bound "
+            f"(u = 2^-53); float64 bounds would fail it and a tolerance widened to fit would certify nothing "
+            f"(the float32 kernel is held to float32 bounds by 'certify crosscheck --dtype float32')"
+        )
+    return variant, None
+
+
+def _implementation_failure(claim_id: str, message: str) -> dict:
+    """The result of a claim whose implementation misbehaved: one failing check that says how."""
+    from propositions._common import NumericalCheck, to_jsonable
+
+    check = NumericalCheck(
+        "implementation_output",
+        "every frame the implementation returns is finite, of the input's shape and on St(d, r) within the "
+        "reference's input tolerance 32 (d r + 2 sqrt(r)) u",
+        "the tolerance at which reference_impl.step accepts a frame: an output beyond it cannot be the next step's input",
+    )
+    check.add([math.inf], 1.0, extra={"error": message})
+    return to_jsonable({
+        "verdict": "fail",
+        "failures": [f"the implementation misbehaved: {message}"],
+        "symbolic": {"method": "none (the run stopped at the implementation's output)", "status": "not_applicable", "steps": []},
+        "exact": [],
+        "numerical": {"frames": 0, "dtype": "float64", "checks": [check.to_dict()]},
+        "controls": [],
+        "extra": {},
+        "figures": {},
+        "notes": [],
+        "inconclusive": [],
+    })
+
+
+def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options: dict) -> dict:
+    """claim.run with an outside implementation: its not-observable checks recorded, dropped from the
+    verdict and listed in the certificate; a misbehaving implementation gives a failing result."""
+    from certify import adapters
+    from propositions import get_profile
+    from propositions.kit import observability
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with observability.recording() as hidden:
+                chosen = get_profile(profile) if isinstance(profile, str) else profile  # a Profile object: tests
+                result = claim.run(seed, chosen, optimizer=variant, **options)
+                data = result.to_dict()
+        except adapters.ImplementationError as error:
+            data = _implementation_failure(claim_id, str(error))
+            hidden = []
+    data = apply_observability(data, hidden)
+    data["extra"] = {**data.get("extra", {}), "implementation": adapters.describe(variant)}
+    ignored = list(getattr(variant, "ignored", ()))
+    notes = list(data.get("notes", []))
+    if ignored:
+        notes.append(f"the implementation takes no {', '.join(ignored)}: the claim's setting of it does not reach the implementation")
+    data["notes"] = notes + _warning_notes(caught)
+    return data
+
+
+def apply_observability(data: dict, hidden: list[dict]) -> dict:
+    """Drop the checks recorded as not observable (they hold no sample), list them in
+    extra.not_observable and the notes, and re-derive verdict, failures and inconclusive reasons.
+
+    A check without samples that was not recorded stays, and fails (decide_verdict): only a check the
+    claim said it could not run is left out of the verdict.
+    """
+    names = {entry["check"] for entry in hidden}
+    numerical = dict(data.get("numerical", {}))
+    kept = [c for c in numerical.get("checks", []) if c.get("samples", 0) > 0 or c.get("name") not in names]
+    numerical["checks"] = kept
+    data = {**data, "numerical": numerical}
+    data["extra"] = {**data.get("extra", {}), "not_observable": list(hidden)}
+    data["notes"] = list(data.get("notes", [])) + [f"not observable: {e['check']} ({e['reason']})" for e in hidden]
+    own_inconclusive = [reason for reason in data.get("inconclusive", []) if reason not in (
+        "no numerical check was run",
+        "no control was run, so the certificate could not have failed (docs/algorithm.md#the-controls)")]
+    verdict, failures, inconclusive = decide_verdict({**data, "inconclusive": own_inconclusive})
+    # reasons that are not about one check (a misbehaving implementation) are kept as they were
+    failures = list(dict.fromkeys([f for f in data.get("failures", []) if not f.startswith("check ")] + failures))
+    verdict = "fail" if failures else verdict
+    data.update(verdict=verdict, failures=failures, inconclusive=inconclusive)
+    return data

@@ -2,8 +2,9 @@
 
     certify all [--out DIR] [--seed S] [--profile quick|default|thorough] [--workers N | --scheduler ADDRESS]
     certify list
-    certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME] [--workers N | --scheduler ADDRESS]
+    certify run ID... [--out DIR] [--seed S] [--profile P] [--optimizer NAME | --implementation M:C | --torch-optimizer M:C[:JSON]] [--workers N | --scheduler ADDRESS]
     certify crosscheck [--device cpu|cuda] [--dtype float64|float32|bfloat16] [--out DIR] [--seed S] [--profile P]
+    certify compare IMPL... [--implementation MODULE:CALLABLE]... [--torch-optimizer MODULE:CLASS[:JSON]]... [--out DIR] [--seed S] [--profile P]
     certify verify FILE... [--report FILE] [--workers N | --scheduler ADDRESS]
     certify cite FILE [--format text|markdown|bibtex]
     certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
@@ -19,6 +20,12 @@ cluster (propositions.kit.parallel); the certificates and their digests do not d
 `import torch` works, the torch cross-check, last); `run` and `all` write one
 certificate per claim (DIR/ID.json), DIR/REPORT.md and, with matplotlib, DIR/figures/*.png. The
 report written by `run` also covers the certificates already in DIR that load cleanly.
+
+`compare` runs P1..P5 on each implementation named (certify.adapters: reference_impl, torch_impl,
+torch_impl-float32, geoopt-euclidean, geoopt-canonical, the variants, numpy:/torch: specs), writes
+DIR/compare/<impl>/<claim>.json and the implementation x claim matrix into DIR/REPORT.md, with the
+property probes of certify.probes naming how each implementation differs (docs/adapters.md). Its exit
+code is 0 only when every pair passes.
 
 `verify` first re-checks each file's digest, then re-runs the claim from the recorded seed,
 profile, optimizer and options and compares (certify.verification): the verdict, the pass/fail
@@ -131,7 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the named claims")
     run.add_argument("ids", nargs="+", metavar="ID", help=f"claim ids: {', '.join(claims.ALL_IDS)}")
     _add_run_options(run)
-    run.add_argument("--optimizer", default=claims.DEFAULT_OPTIMIZER, metavar="NAME", help="run against this optimizer variant (default stiefel_adam; a control name must make the claim fail)")
+    run.add_argument("--optimizer", default=claims.DEFAULT_OPTIMIZER, metavar="NAME", help="run against this optimizer: a variant (default stiefel_adam; a control name must make the claim fail), a name of certify.adapters.SHORTCUTS or a numpy:/torch: spec (docs/adapters.md)")
+    run.add_argument("--implementation", metavar="MODULE:CALLABLE", help="a NumPy step (docs/adapters.md): the same as --optimizer numpy:MODULE:CALLABLE")
+    run.add_argument("--torch-optimizer", metavar="MODULE:CLASS[:JSON]", help="a torch.optim.Optimizer (docs/adapters.md): the same as --optimizer torch:MODULE:CLASS[:JSON]")
+
+    compare = commands.add_parser("compare", help="run P1..P5 on several implementations: certificates per pair and a matrix in REPORT.md")
+    compare.add_argument("implementations", nargs="*", metavar="IMPL", help="names (reference_impl, torch_impl, torch_impl-float32, geoopt-euclidean, geoopt-canonical, stiefel_adam, the controls) or numpy:/torch: specs")
+    compare.add_argument("--implementation", action="append", default=[], metavar="MODULE:CALLABLE", help="add a NumPy step (numpy:MODULE:CALLABLE)")
+    compare.add_argument("--torch-optimizer", action="append", default=[], metavar="MODULE:CLASS[:JSON]", help="add a torch optimizer (torch:MODULE:CLASS[:JSON])")
+    compare.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"certificates go to DIR/compare/<impl>/<claim>.json, the matrix into DIR/REPORT.md (default {DEFAULT_OUT})")
+    compare.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
+    compare.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help="how much evidence to collect (default quick)")
 
     crosscheck = commands.add_parser("crosscheck", help="the torch kernel against the float64 reference")
     crosscheck.add_argument("--device", choices=claims.CROSSCHECK_DEVICES, default="cpu")
@@ -233,7 +250,27 @@ def _check_optimizer(name: str) -> None:
     except Exception as error:
         raise UsageError(f"--optimizer {name}: the optimizer variants cannot be loaded ({type(error).__name__}: {error})") from None
     if name not in VARIANTS:
-        raise UsageError(f"unknown optimizer variant {name!r}; known: {', '.join(VARIANTS)}")
+        _resolve_implementation(name)
+
+
+def _resolve_implementation(spec: str):
+    """The Variant of an adapter spec; UsageError (exit 2, one line) when it cannot be used."""
+    from certify import adapters
+
+    try:
+        return adapters.resolve(spec)
+    except adapters.AdapterError as error:
+        raise UsageError(str(error)) from None
+
+
+def _optimizer_from_args(args) -> str:
+    """--optimizer, --implementation and --torch-optimizer as one spec (at most one of them)."""
+    given = [text for text in (args.optimizer if args.optimizer != claims.DEFAULT_OPTIMIZER else None,
+                               f"numpy:{args.implementation}" if args.implementation else None,
+                               f"torch:{args.torch_optimizer}" if args.torch_optimizer else None) if text]
+    if len(given) > 1:
+        raise UsageError("give one of --optimizer, --implementation, --torch-optimizer")
+    return given[0] if given else claims.DEFAULT_OPTIMIZER
 
 
 def _require_torch(options: dict, what: str) -> None:
@@ -503,7 +540,12 @@ def command_run(args, out: _Output, command: str) -> int:
             raise UsageError(str(error)) from None
         if claim_id not in ids:
             ids.append(claim_id)
+    args.optimizer = _optimizer_from_args(args)
     _check_optimizer(args.optimizer)
+    if claims.is_adapter_spec(args.optimizer):
+        outside = [claim_id for claim_id in ids if claim_id not in claims.IMPLEMENTATION_CLAIMS]
+        if outside:
+            raise UsageError(f"{outside[0]} does not run the optimizer under test; an implementation runs on {', '.join(claims.IMPLEMENTATION_CLAIMS)}")
     if claims.CROSSCHECK_ID in ids and args.optimizer != claims.DEFAULT_OPTIMIZER:
         # the cross-check tests the torch kernel, not a reference variant, and `certify crosscheck`
         # (its reproduce command) has no --optimizer: its kernel controls run in every certificate
@@ -716,7 +758,37 @@ def command_mutate(args, out: _Output, command: str) -> int:
     return 0 if not mutation.unexplained(summary) else 1
 
 
+def command_compare(args, out: _Output, command: str) -> int:
+    from certify import compare, probes
+
+    specs = list(args.implementations) + [f"numpy:{x}" for x in args.implementation] + [f"torch:{x}" for x in args.torch_optimizer]
+    if not specs:
+        raise UsageError("name at least one implementation to compare (e.g. certify compare reference_impl torch_impl)")
+    specs = list(dict.fromkeys(specs))
+    variants = {spec: _resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
+    out_dir = _out_dir(args.out)
+    results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
+    found = {}
+    for spec, variant in variants.items():
+        if getattr(variant, "dtype", "float64") == "float64":
+            found[spec] = probes.probe(variant, seed=args.seed)
+    text = compare.markdown(results, found, seed=args.seed, profile=args.profile, wall_seconds=wall_seconds, command=command)
+    try:
+        path = compare.write_matrix(out_dir, text)
+    except OSError as error:
+        raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
+    out.table(["implementation", *claims.IMPLEMENTATION_CLAIMS], compare.matrix_rows(results), title="implementations x claims")
+    for spec, listed in found.items():
+        differing = [f"{p['property']}: {p['finding']}" for p in listed if p["differs"]]
+        if differing:
+            out.line(f"{spec} differs from StiefelAdam in: " + "; ".join(differing))
+    out.line(f"report: {path}; certificates under {out_dir / 'compare'} ({wall_seconds:.1f} s)")
+    expected = {spec: "pass" for spec in specs}
+    return 0 if all(c["verdict"] == expected[spec] for spec in specs for c in results[spec].values()) else 1
+
+
 COMMANDS = {
+    "compare": command_compare,
     "all": command_all,
     "list": command_list,
     "run": command_run,

@@ -648,7 +648,7 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
     chunks = chunks or Chunks()
     variant = get_variant(optimizer)
     check = NumericalCheck(
-        f"first_step_is_steepest_descent[{optimizer}]",
+        f"first_step_is_steepest_descent[{variant.name}]",
         "||W_1 - R_W(-min(lr sqrt(d r), Delta) P_W(G)/||P_W(G)||)||, W_1 the first step of the optimizer "
         "under test from a fresh state with eps = 0 (two configurations: cap inactive and active)",
         "Both sides project G identically; the step's length lr sqrt(d r)/||g|| or Delta/||xi|| carries "
@@ -762,7 +762,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         frames=projector_frames + minimiser_info["frames"] + first_step_frames,  # independent draws
         exact=exact,
         extra={
-            "optimizer": optimizer,
+            "optimizer": get_variant(optimizer).name,
             "minimiser": minimiser_info,
             "first_step_configs": [
                 {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius}

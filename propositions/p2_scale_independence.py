@@ -70,6 +70,7 @@ from reference_impl.manifold import polar_retract, project_tangent, random_point
 from .kit import tightness
 from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.symbolic import is_zero
+from .kit import observability
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
 from .kit.running_bounds import (
@@ -270,8 +271,12 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
                                                     initial_distance=a0)
         bound_scaled = rounding_scaled["W"]
         bound = bound_one + bound_scaled
-        _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled,
-                        (d, r), (CLAIM_ID, label, d, r, chunk), seed)
+        if observability.state_observable(optimizer):
+            _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled,
+                            (d, r), (CLAIM_ID, label, d, r, chunk), seed)
+        else:
+            for hidden in (m_check, v_check):
+                observability.record(hidden.name, "the optimizer's moments m, v are its hidden state")
         worst_residual, worst_bound, worst_t = worst_over_steps(residual, bound)
         # any frame whose bound reaches 2 sqrt(r) (the largest distance between two frames) at any
         # step is not certified there, whichever step its worst ratio falls on
@@ -350,10 +355,13 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int, chun
         c = np.ldexp(1.0, k)
         W_one, states_one = run_trajectory(optimizer, W0, gradients, config)
         W_scaled, states_scaled = run_trajectory(optimizer, W0, c[None, :, None, None] * gradients, config)
+        observable = observability.state_observable(optimizer)
+        if not observable:
+            observability.record(moments.name, "the optimizer's moments m, v are its hidden state")
         with np.errstate(invalid="ignore"):
             ulps = np.max(np.stack([ulps_apart(W_scaled[t], W_one[t]) for t in range(len(W_one))]), axis=0)
-            moment_ulps = []
-            for one, scaled in zip(states_one, states_scaled):
+            moment_ulps = [np.zeros(count)]
+            for one, scaled in zip(states_one, states_scaled) if observable else ():
                 moment_ulps.append(ulps_apart(np.asarray(scaled.m), c[:, None, None] * np.asarray(one.m)))
                 v_one, v_scaled = np.asarray(one.v), np.asarray(scaled.v)
                 c2 = (c * c).reshape((count,) + (1,) * (v_one.ndim - 1))
@@ -365,8 +373,9 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int, chun
         moment_ulps = np.where(np.isnan(moment_ulps), np.inf, moment_ulps)
         check.add(ulps, 0.5, shape=(d, r), key=(CLAIM_ID, "bitwise", d, r, chunk), seed=seed,
                   extra={"log2_c": int(k[int(np.argmax(ulps))])})
-        moments.add(moment_ulps, 0.5, shape=(d, r), key=(CLAIM_ID, "bitwise", d, r, chunk), seed=seed,
-                    extra={"log2_c": int(k[int(np.argmax(moment_ulps))])})
+        if observable:
+            moments.add(moment_ulps, 0.5, shape=(d, r), key=(CLAIM_ID, "bitwise", d, r, chunk), seed=seed,
+                        extra={"log2_c": int(k[int(np.argmax(moment_ulps))])})
         examined += count
     return check, examined, moments
 

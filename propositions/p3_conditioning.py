@@ -70,6 +70,7 @@ from reference_impl.adam import frobenius
 from .kit import tightness
 from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, polar_error_bound
+from .kit import observability
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
 from ._symbolic import copied, reduce_with
@@ -366,6 +367,7 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
     beta1, beta2 = config.betas
     kappa = math.sqrt(1 + config.trust_radius**2)
     total = 0
+    unrecoverable_frames = 0
     sources = set()
     for batch in shape_plan(profile, frames=frames, large=large):
         d, r = batch.d, batch.r
@@ -381,14 +383,29 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
             G = wide_scale_gradients(rng, W.shape)
             G_second = G * (10.0 ** rng.uniform(-1.0, 1.0, size=(count, 1, 1))) * rng.standard_normal(W.shape)
             variant = get_variant(optimizer)
+            observable = observability.state_observable(variant)
             state = variant.init(W)
             count_now = count
-            for second in (False, True):
+            for second in (False, True) if observable else (False,):
                 G_t = G_second if second else G
                 direction = step_direction(variant, W, G_t, state, config)
                 sources.add(direction.source)
                 W_new, state_new, xi = direction.W_new, direction.state_new, direction.xi
                 inverse_error = direction.error_bound
+                # A recovered xi (propositions/kit/directions.py) is within inverse_error of xi*, the exact
+                # inverse of the float W_new; W_new itself is the step's xi retracted with rounding
+                # polar_error_bound(d, r, kappa), which moves xi* by at most `sensitivity` times that.
+                # Together: the distance of the recovered xi from the step's own xi.
+                recovery_error = (inverse_error + direction.inverse.sensitivity * polar_error_bound(d, r, kappa)
+                                  if direction.source == "inverse" else np.zeros(W.shape[:-2]))
+                if not observable:
+                    # a black box's state is its own: the first step from its fresh state, where the
+                    # checker's input moment is m = 0, v = 0, t = 0 (docs/algorithm.md's init)
+                    state = ri.StiefelAdamState(m=np.zeros_like(W), v=np.zeros(W.shape[:-2]), t=0)
+                    for hidden in (from_state, state_tangency):
+                        observability.record(hidden.name, "the preconditioner and the moment the step stores are its hidden state")
+                    observability.record(f"second steps of {consistency.name} and the other step checks",
+                                         "a second step's input moment is the optimizer's hidden state")
                 t = state.t + 1
                 g, m, allowance = first_moment(W, G_t, state, config)
                 bias1 = 1 - beta1**t
@@ -405,33 +422,51 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                 magnitude = np.abs(m_hat)
                 rms = np.sqrt(np.mean(m_hat * m_hat, axis=(-2, -1)))[:, None, None]
                 used = (magnitude >= rms / 16) & (np.abs(m) > 2 * allowance) & (magnitude > 0)
+                # a recovered xi is known to within its error bound; where that reaches ||xi|| (a step
+                # below the rounding of W_new: tiny gradients with eps > 0) not even its signs are
+                # known, and the frame's ratios are not observable
+                # each used entry of a recovered xi moves by at most recovery_error, relative
+                # recovery_error / (|xi_ij| - recovery_error); where that reaches 1/2 (a step near the
+                # rounding of W_new: tiny gradients with eps > 0) the entry's ratio is not observable
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    entry_recovery = np.where(used, recovery_error[:, None, None] / (np.abs(xi) - recovery_error[:, None, None]), 0.0)
+                    entry_recovery = np.where(entry_recovery < 0, np.inf, entry_recovery)
+                # like the entries whose m is within twice its allowance, such frames are left out (counted)
+                recoverable = np.all(entry_recovery < 0.5, axis=(-2, -1))
+                unrecoverable_frames += int(np.sum(~recoverable))
+                used = used & recoverable[:, None, None]
+                recovery_max = np.max(np.where(used, entry_recovery, 0.0).reshape(count_now, -1), axis=-1)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     ratio = np.where(used, -xi / np.where(used, m_hat, 1.0), np.nan)
                     entry_error = np.where(used, allowance / (np.abs(m) - allowance), 0.0) + 7 * u
                 ratio_max = np.nanmax(ratio.reshape(count_now, -1), axis=-1)
                 ratio_min = np.nanmin(ratio.reshape(count_now, -1), axis=-1)
                 e_max = np.max(entry_error.reshape(count_now, -1), axis=-1)
+                # each ratio is kappa (1 + eta)(1 + rho), |eta| <= e_max, |rho| <= recovery_max
+                e_total = e_max + recovery_max + e_max * recovery_max
                 with np.errstate(divide="ignore", invalid="ignore"):
                     spread_residual = np.where(ratio_min > 0, ratio_max / ratio_min - 1.0, np.inf)
-                spread.add(spread_residual, 2 * e_max / (1 - e_max) + 2 * inverse_error / np.maximum(norm_xi, 1e-300),
+                spread.add(spread_residual[recoverable],
+                           (2 * e_total / (1 - e_total))[recoverable],
                            shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
-                # the preconditioner stored in the returned state against the step's xi
-                v_state = np.asarray(state_new.v)
-                v_hat = v_state / (1 - beta2**state_new.t)
-                if v_hat.ndim < W.ndim:
-                    v_hat = v_hat[..., None, None]
-                denominator = np.sqrt(v_hat) + config.eps
-                xi_predicted = clip_to_trust_region(-config.lr * m_hat / denominator, config.trust_radius)
-                scale = config.lr / np.min(denominator.reshape(denominator.shape[0], -1), axis=-1)
-                theta_v = bias_correction_error(beta2, state_new.t) + 4 * u
-                theta_m = 2 * bias_correction_error(beta1, t) + 2 * u
-                m_hat_error = frobenius(allowance) / bias1 + theta_m * frobenius(m_hat)
-                unclipped_error = scale * (m_hat_error + frobenius(m_hat) * (theta_v + 4 * u))
-                clip_error = 2 * (gamma(d * r) / 2 + 3 * u) * np.minimum(norm_xi, config.trust_radius)
-                from_state.add(frobenius(xi - xi_predicted),
-                               2 * (unclipped_error + clip_error + 4 * u * norm_xi) + inverse_error,
-                               shape=(d, r), key=step_key, seed=seed, extra={"t": t})
+                if observable:  # a black box's stored v is not observable (recorded above)
+                    # the preconditioner stored in the returned state against the step's xi
+                    v_state = np.asarray(state_new.v)
+                    v_hat = v_state / (1 - beta2**state_new.t)
+                    if v_hat.ndim < W.ndim:
+                        v_hat = v_hat[..., None, None]
+                    denominator = np.sqrt(v_hat) + config.eps
+                    xi_predicted = clip_to_trust_region(-config.lr * m_hat / denominator, config.trust_radius)
+                    scale = config.lr / np.min(denominator.reshape(denominator.shape[0], -1), axis=-1)
+                    theta_v = bias_correction_error(beta2, state_new.t) + 4 * u
+                    theta_m = 2 * bias_correction_error(beta1, t) + 2 * u
+                    m_hat_error = frobenius(allowance) / bias1 + theta_m * frobenius(m_hat)
+                    unclipped_error = scale * (m_hat_error + frobenius(m_hat) * (theta_v + 4 * u))
+                    clip_error = 2 * (gamma(d * r) / 2 + 3 * u) * np.minimum(norm_xi, config.trust_radius)
+                    from_state.add(frobenius(xi - xi_predicted),
+                                   2 * (unclipped_error + clip_error + 4 * u * norm_xi) + recovery_error,
+                                   shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
                 WtXi = _transpose(W) @ xi
                 Wtm_in = _transpose(W) @ state.m
@@ -440,17 +475,20 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                     m_defect = (beta1 * tau_in + (1 - beta1) * 2 * (e_P + feas) * norm_G
                                 + 6 * u * (beta1 * norm_m_in + (1 - beta1) * norm_g))
                     tangency_bound = 4 * (norm_xi / norm_m * m_defect + (gamma(d) * math.sqrt(r) + 4 * u) * norm_xi)
-                tangency_bound = tangency_bound + 2 * (1 + feas) * inverse_error
+                # a recovered xi* = W_new S - W is itself tangent only up to 2 ||W^T W - I||
+                # (propositions/kit/directions.py), plus its distance to the computed xi
+                tangency_bound = tangency_bound + 2 * (1 + feas) * recovery_error + np.where(recovery_error > 0, 2 * feas, 0.0)
                 tangency.add(frobenius(WtXi + _transpose(WtXi)), tangency_bound, shape=(d, r), key=step_key, seed=seed,
                              extra={"t": t})
 
-                m_new = np.asarray(state_new.m)
-                feas_new = feasibility(W_new, validate=False)
-                Wtm_new = _transpose(W_new) @ m_new
-                state_tangency.add(frobenius(Wtm_new + _transpose(Wtm_new)),
-                                   4 * (e_P + feas_new) * (norm_m + frobenius(allowance))
-                                   + 4 * gamma(d) * math.sqrt(r) * frobenius(m_new),
-                                   shape=(d, r), key=step_key, seed=seed, extra={"t": t})
+                if observable:  # a black box's stored m is not observable (recorded above)
+                    m_new = np.asarray(state_new.m)
+                    feas_new = feasibility(W_new, validate=False)
+                    Wtm_new = _transpose(W_new) @ m_new
+                    state_tangency.add(frobenius(Wtm_new + _transpose(Wtm_new)),
+                                       4 * (e_P + feas_new) * (norm_m + frobenius(allowance))
+                                       + 4 * gamma(d) * math.sqrt(r) * frobenius(m_new),
+                                       shape=(d, r), key=step_key, seed=seed, extra={"t": t})
 
                 singular = np.linalg.svd(W + xi, compute_uv=False)
                 cond = singular[:, 0] / singular[:, -1]
@@ -458,6 +496,8 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                     cond_bound = 4 * ((d * r + 2) * u + feas + tangency_bound / norm_xi) * kappa
                 step_cond.add(np.maximum(cond - np.sqrt(1 + norm_xi**2), 0.0), cond_bound,
                               shape=(d, r), key=step_key, seed=seed, extra={"t": t})
+                if not observable:
+                    break
                 # the second step on half of the frames (at least one): the non-fresh state is what it adds
                 half = max(1, (count + 1) // 2)
                 W, G_second = W_new[:half], G_second[:half]
@@ -465,6 +505,9 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
                                             t=state_new.t)
                 count_now = half
             total += count
+    if unrecoverable_frames:
+        spread.description += (f"; {unrecoverable_frames} frame-steps left out: a direction recovered from W_new "
+                               "that is not known to half of its entries' size (a step near the rounding of W_new)")
     return [consistency, spread, from_state, tangency, state_tangency, step_cond], total, sorted(sources)
 
 

@@ -73,6 +73,7 @@ from .kit import tightness
 from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.figures import DataFigure
 from .kit.symbolic import is_zero
+from .kit import observability
 from .kit.directions import step_direction, variant_name
 from ._common import (
     LARGE_SHAPES,
@@ -274,16 +275,20 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
         bound_base = trajectory_rounding_bound(norms, d, r, config, initial_distance=a0)
         bound_moved = trajectory_rounding_bound(norms, d, r, config, input_relative_error=rounding,
                                                 initial_distance=a0 + rounding * math.sqrt(r))
-        m_base = np.stack([s.m for s in states_base])
-        m_moved = np.stack([s.m for s in states_moved])
-        v_base = np.stack([np.asarray(s.v) for s in states_base])
-        v_moved = np.stack([np.asarray(s.v) for s in states_moved])
-        m_norm = np.sqrt(np.sum(m_base * m_base, axis=(-2, -1)))
         comparisons = {
             "W": (frame_distance(W_moved, act(W_base)), bound_base["W"] + bound_moved["W"] + rounding * math.sqrt(r) * (1 + bound_base["W"])),
-            "m": (frame_distance(m_moved, act(m_base)), bound_base["m"] + bound_moved["m"] + rounding * m_norm),
-            "v": (np.stack([_moment_distance(v_moved[t], v_base[t]) for t in range(len(v_base))]), bound_base["v"] + bound_moved["v"]),
         }
+        if observability.state_observable(optimizer):
+            m_base = np.stack([s.m for s in states_base])
+            m_moved = np.stack([s.m for s in states_moved])
+            v_base = np.stack([np.asarray(s.v) for s in states_base])
+            v_moved = np.stack([np.asarray(s.v) for s in states_moved])
+            m_norm = np.sqrt(np.sum(m_base * m_base, axis=(-2, -1)))
+            comparisons["m"] = (frame_distance(m_moved, act(m_base)), bound_base["m"] + bound_moved["m"] + rounding * m_norm)
+            comparisons["v"] = (np.stack([_moment_distance(v_moved[t], v_base[t]) for t in range(len(v_base))]), bound_base["v"] + bound_moved["v"])
+        else:
+            for hidden in ("m", "v"):
+                observability.record(checks[hidden].name, "the optimizer's moments m, v are its hidden state")
         for key, (residual, bound) in comparisons.items():
             # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
             # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
@@ -354,6 +359,7 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunk
     config = CONFIG
     variant = get_variant(optimizer)
     hooked = variant.step_with_direction is not None
+    observable = observability.state_observable(variant)
     direction_check = NumericalCheck(
         "sign_flip_direction_bitwise" if hooked else "sign_flip_direction",
         "ulps between the step's own xi from (D W, D G, (D m, v, t)) and D xi (and W D alike), second step "
@@ -383,11 +389,17 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunk
         P_right = random_signed_permutation(r, rng, (count,))
         W1, state1 = variant.step(W0, gradients[0], variant.init(W0), config)
         G = gradients[1]
-        base = step_direction(variant, W1, G, state1, config)
+        if observable:
+            base = step_direction(variant, W1, G, state1, config)
+        else:  # a black box's state cannot be flipped by the checker: the first step, from fresh states
+            base = step_direction(variant, W0, gradients[0], variant.init(W0), config)
         key_base = (CLAIM_ID, "bitwise", d, r, chunk)
         for side, flip in (("left", lambda A: signs_left * A), ("right", lambda A: A * signs_right)):
-            state_flipped = StiefelAdamState(m=flip(state1.m), v=state1.v, t=state1.t)
-            moved = step_direction(variant, flip(W1), flip(G), state_flipped, config)
+            if observable:
+                state_flipped = StiefelAdamState(m=flip(state1.m), v=state1.v, t=state1.t)
+                moved = step_direction(variant, flip(W1), flip(G), state_flipped, config)
+            else:
+                moved = step_direction(variant, flip(W0), flip(gradients[0]), variant.init(flip(W0)), config)
             key = key_base + (side,)
             if hooked:
                 direction_check.add(ulps_apart(moved.xi, flip(base.xi)), 0.5, shape=(d, r), key=key, seed=seed)
@@ -397,12 +409,15 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunk
                 residual = np.sqrt(np.sum((moved.xi - flip(base.xi)) ** 2, axis=(-2, -1)))
                 bound = base.error_bound + moved.error_bound + 2 * sensitivity * W_gap
                 direction_check.add(residual, np.where(bound > 0, bound, u), shape=(d, r), key=key, seed=seed)
+            counts[f"full_step_sign_flip_{side}"][0] += int(np.sum(np.all(moved.W_new == flip(base.W_new), axis=(-2, -1))))
+            counts[f"full_step_sign_flip_{side}"][1] += count
+            if not observable:
+                observability.record(second_moment.name, "v+ and t+ are the optimizer's hidden state")
+                continue
             v_ulps = ulps_apart(np.asarray(moved.state_new.v), np.asarray(base.state_new.v))
             if moved.state_new.t != base.state_new.t:
                 v_ulps = np.full(count, np.inf)
             second_moment.add(v_ulps, 0.5, shape=(d, r), key=key, seed=seed)
-            counts[f"full_step_sign_flip_{side}"][0] += int(np.sum(np.all(moved.W_new == flip(base.W_new), axis=(-2, -1))))
-            counts[f"full_step_sign_flip_{side}"][1] += count
             same_m = np.all(np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m)), axis=(-2, -1))
             counts[f"first_moment_sign_flip_{side}"][0] += int(np.sum(same_m))
             counts[f"first_moment_sign_flip_{side}"][1] += count

@@ -41,10 +41,10 @@ import numpy as np
 import sympy as sp
 
 from reference_impl import UNIT_ROUNDOFF, get_variant, manifold_tolerance, random_point
-from reference_impl.adam import StiefelAdamConfig, frobenius
+from reference_impl.adam import StiefelAdamConfig, StiefelAdamState, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
-from .kit import tightness
+from .kit import observability, tightness
 from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.figures import LineFigure, Series
 from .kit.symbolic import is_zero
@@ -394,6 +394,7 @@ def _optimizer_checks(
     """
     chunks = chunks or Chunks()
     variant = get_variant(optimizer)
+    observable = observability.state_observable(variant)
     checks = _new_checks(prefix)
     for shape_index, batch in enumerate(shape_plan(profile, large=large, frames=frames)):
         d, r = batch.d, batch.r
@@ -419,9 +420,11 @@ def _optimizer_checks(
                 state = variant.init(W)
                 W_decayed, _ = variant.step(W, G, state, config)
                 W_free, _ = variant.step(W, G, state, config_free)
+                # a black box's fresh state is, by docs/algorithm.md's init, m = 0, v = 0, t = 0
+                fresh = state if observable else StiefelAdamState(m=np.zeros_like(W), v=np.zeros(W.shape[:-2]), t=0)
                 checks["step_weight_decay_invariance"].add(
                     frobenius(W_decayed - W_free),
-                    step_difference_bound(W, G, state, config, lam),
+                    step_difference_bound(W, G, fresh, config, lam),
                     shape=(d, r), key=draw_key, seed=seed, extra=extra,
                 )
                 checks["norm_constant"].add(
@@ -430,6 +433,10 @@ def _optimizer_checks(
                     shape=(d, r), key=draw_key, seed=seed, extra={**extra, "step": 0},
                 )
                 if trajectory_size == 0:
+                    continue
+                if not observable:  # the bound of a later step reads the state the step holds
+                    observability.record(checks["trajectory_weight_decay_invariance"].name,
+                                         "the bound of a step after the first is written in the optimizer's hidden m, v, t")
                     continue
                 # trajectories on a subset: compare at every step from the same state
                 W_t = W[:trajectory_size]
@@ -555,15 +562,16 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
         checks = merge_checks(map_chunks(_optimizer_checks, seed, profile, name, control_frames, f"{name}:", f"control:{name}", large=()))
         controls.append(ControlResult.from_checks(name, get_variant(name).description, checks))
     figures = norm_figure(seed, optimizer)
+    optimizer_name = get_variant(optimizer).name  # a Variant object (an outside implementation) is named
     extra = {
-        "optimizer": optimizer,
+        "optimizer": optimizer_name,
         "weight_decay_grid": list(LAMBDA_GRID),
         "gradient_log10_scale": list(GRADIENT_LOG10_SCALE),
         "lr_log10": list(LR_LOG10),
         "trajectory_steps": profile.steps,
         "figure_settings": {
             "shape": list(FIGURE_SHAPE), "steps": FIGURE_STEPS, "lr": FIGURE_LR,
-            "weight_decay": FIGURE_WEIGHT_DECAY, "optimizer": optimizer,
+            "weight_decay": FIGURE_WEIGHT_DECAY, "optimizer": optimizer_name,
         },
         "figure_final_norm": {
             "optimizer": figures["weight_norm_optimizer"][-1],
@@ -590,7 +598,7 @@ def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimRe
                        f"lr = {FIGURE_LR:g}, lambda = {FIGURE_WEIGHT_DECAY:g})"),
                 xlabel="step", ylabel="||W_t||_F",
                 series=[
-                    Series(figures["weight_norm_step"], figures["weight_norm_optimizer"], optimizer),
+                    Series(figures["weight_norm_step"], figures["weight_norm_optimizer"], optimizer_name),
                     Series(figures["weight_norm_step"], figures["weight_norm_euclidean_adamw"], "euclidean_adamw"),
                     Series(figures["weight_norm_step"], figures["weight_norm_sqrt_r"], "sqrt(r)"),
                 ],

@@ -89,7 +89,7 @@ import numpy as np
 import reference_impl as ri
 from reference_impl import StiefelAdamConfig, get_variant
 
-from . import tightness
+from . import observability, tightness
 from .._common import NumericalCheck, Profile, projection_error_bound, rng_for, u
 from .bounds import polar_error_bound
 from .model import ModelStep, model_step, tangent_part
@@ -209,8 +209,16 @@ class OneStepBound:
     well_posed: np.ndarray
 
 
-def one_step_bound(W, G, m_in, v_in, t_in: int, config: StiefelAdamConfig, model: ModelStep) -> OneStepBound:
-    """The module docstring's bound for one float64 evaluation of the step at (W, G, m_in, v_in, t_in)."""
+def one_step_bound(W, G, m_in, v_in, t_in: int, config: StiefelAdamConfig, model: ModelStep,
+                   m_in_error=0.0, v_in_error=0.0) -> OneStepBound:
+    """The module docstring's bound for one float64 evaluation of the step at (W, G, m_in, v_in, t_in).
+
+    m_in_error, v_in_error (per frame, default 0): bounds on how far the state the step actually
+    holds may be from (m_in, v_in) (a black box's hidden state, see `_run_black_box`). They enter
+    stages 3 and 4 as beta1 m_in_error and beta2 v_in_error, the exact change of m and v, and are then
+    propagated like rounding: the result bounds the distance of the step at the hidden state from the
+    exact step at (m_in, v_in).
+    """
     d, r = W.shape[-2:]
     n = d * r
     beta1, beta2 = config.betas
@@ -220,10 +228,10 @@ def one_step_bound(W, G, m_in, v_in, t_in: int, config: StiefelAdamConfig, model
     E_g = (e_P + 2 * u) * a
     g = model.g_norm
     m_norm = model.m_norm
-    E_m = (1 - beta1) * E_g + 3 * u * (beta1 * _frobenius(m_in) + (1 - beta1) * g)
+    E_m = (1 - beta1) * E_g + 3 * u * (beta1 * _frobenius(m_in) + (1 - beta1) * g) + beta1 * np.asarray(m_in_error)
     s = g**2 / n
     E_s = (2 * g * E_g + E_g**2) / n + (n + 2) * u * s
-    E_v = (1 - beta2) * E_s + 3 * u * (beta2 * np.asarray(v_in) + (1 - beta2) * s)
+    E_v = (1 - beta2) * E_s + 3 * u * (beta2 * np.asarray(v_in) + (1 - beta2) * s) + beta2 * np.asarray(v_in_error)
     t = t_in + 1
     b1, b2 = model.bias1, model.bias2
     E_m_hat = (E_m + (bias_rounding(beta1, t) + u) * m_norm) / b1
@@ -268,6 +276,8 @@ class _Checks:
 
     def __init__(self, label: str, seed: int):
         self.seed = seed
+        self.label = label
+        self.black_box = False
         self.W = NumericalCheck(
             f"trajectory_model_W[{label}]",
             "||W_opt - W_model|| after each step of the optimizer's own trajectories, the model fed the optimizer's input",
@@ -331,7 +341,10 @@ class _Checks:
             check.add(inf, 1.0 if check is not self.bookkeeping else 0.5, shape=shape, key=key, seed=self.seed, extra=extra)
 
     def list(self) -> list[NumericalCheck]:
+        # a black box's m, v and t are not observable: those checks hold no sample and are recorded
         checks = [self.W, self.m, self.v, self.bookkeeping, self.well_posed]
+        if self.black_box:  # m, v and t are not observable: recorded by _run_black_box, no sample here
+            checks = [self.W, self.well_posed]
         checks += [c for c in (self.twin, self.model_twin) if c.samples]
         radii = ", ".join("inf" if math.isinf(x) else f"{x:g}" for x in sorted(self.trust_radii))
         leads = ", ".join(str(tuple(x)) for x in sorted(self.leads, key=lambda x: (len(x), x)))
@@ -400,6 +413,9 @@ def _compare_with_twin(checks: _Checks, W, G, state, config, out, model, bound, 
 def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int, r: int, lead: tuple,
                     steps: int, key: tuple, twin_dps: int | None) -> None:
     """One batch of trajectories; its samples are added once, in the order (step, frame)."""
+    if not observability.state_observable(variant):
+        _run_black_box(checks, variant, setting, d, r, lead, steps, key)
+        return
     rng = rng_for(checks.seed, *key)
     config = setting.config(d, r)
     shape = (d, r)
@@ -469,6 +485,91 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
         checks.fail_all((frames,), key, shape, error)
 
 
+def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int, r: int, lead: tuple,
+                   steps: int, key: tuple) -> None:
+    """The trajectories of an optimizer whose state is not observable: W only.
+
+    A warm start needs a state built by the checker, which a black box cannot take: those settings
+    are recorded as not observable. From a fresh state the optimizer runs on its own; the model is fed
+    the optimizer's W_k and the same G_k, and keeps its own m, v, t (from m = 0, v = 0, t = 0). The
+    optimizer's hidden (m_k, v_k) then differ from the model's by the rounding of both runs so far,
+    bounded recursively: with e_k >= ||m_k^opt - m_k^model|| and f_k >= |v_k^opt - v_k^model|
+    (e_0 = f_0 = 0: both fresh), the optimizer's step at its hidden state is within E(e_k, f_k) of
+    the exact step at the model's input (one_step_bound with the input errors: beta1 e_k and beta2 f_k
+    enter stages 3 and 4 and are propagated as rounding is), and the model's step within E(0, 0). So
+        ||W_opt - W_model|| <= E_W(e_k, f_k) + E_W(0, 0),
+        e_k+1 = E_m+(e_k, f_k) + E_m+(0, 0),  f_k+1 = E_v(e_k, f_k) + E_v(0, 0).
+    The bound grows with k (the move of the transport P_W+ with W+ feeds back into e), and stays
+    first order in u over the MIN_STEPS to profile.steps steps run here.
+    """
+    rng = rng_for(checks.seed, *key)
+    config = setting.config(d, r)
+    shape = (d, r)
+    if setting.start != "fresh":
+        for name in ("W", "m", "v", "bookkeeping"):
+            observability.record(f"trajectory_model_{name}[{checks.label}] setting {setting.name}",
+                                 "a warm start hands the optimizer a state built by the checker; a black box takes only its own")
+        return
+    for name in ("m", "v", "bookkeeping"):
+        observability.record(f"trajectory_model_{name}[{checks.label}]",
+                             "m, v and t are the optimizer's hidden state (W is compared, with the model keeping its own m, v, t)")
+    W = ri.random_point(d, r, rng, lead)
+    scales = _scales(setting.gradients, lead, rng)
+    frames = int(np.prod(lead, dtype=np.int64))
+    checks.leads.add(lead)
+    checks.trust_radii.add(setting.trust_radius)
+    extra = {"setting": setting.name, "start": setting.start, "gradients": setting.gradients, "lead": list(lead),
+             "lr": config.lr, "betas": list(config.betas), "eps": config.eps, "trust_radius": config.trust_radius,
+             "weight_decay": config.weight_decay, "index_layout": "(step - 1) * frames + frame",
+             "state": "not observable: the model keeps its own m, v, t"}
+    residuals, bounds, posed_flags = [], [], []
+    error = None
+    try:
+        state = variant.init(W)
+    except (ValueError, ArithmeticError) as exception:
+        error = f"init raised {type(exception).__name__}: {exception}"
+    m_model, v_model, t_model = np.zeros_like(W), np.zeros(lead), 0
+    m_error, v_error = np.zeros(lead), np.zeros(lead)
+    for k in range(0 if error else steps):
+        G = _gradient(setting.gradients, W, scales, rng)
+        W_in = np.array(W, copy=True)
+        G_in = np.array(G, copy=True)
+        try:
+            with np.errstate(all="ignore"):
+                W_new, state_new = variant.step(W, G, state, config)
+        except (ValueError, ArithmeticError) as exception:
+            error = f"step {k + 1} raised {type(exception).__name__}: {exception}"
+            break
+        if not (np.array_equal(W_in, W) and np.array_equal(G_in, G)):
+            error = f"step {k + 1} modified its input (docs/algorithm.md: inputs are never modified)"
+            break
+        if np.shape(W_new) != W.shape:
+            error = f"step {k + 1} returned a frame of the wrong shape"
+            break
+        with np.errstate(all="ignore"):
+            model = model_step(W, G, m_model, v_model, t_model, config)
+            held = one_step_bound(W, G, m_model, v_model, t_model, config, model, m_error, v_error)
+            own = one_step_bound(W, G, m_model, v_model, t_model, config, model)
+            posed = np.broadcast_to(held.well_posed & own.well_posed, lead).ravel()
+            residual = np.ravel(_frobenius(np.asarray(W_new) - model.W))
+        residuals.append(np.where(posed, residual, 0.0))
+        bounds.append(np.where(posed, np.ravel(held.W + own.W), 1.0))
+        posed_flags.append(np.where(posed, 0.0, 1.0))
+        checks.steps += frames
+        checks.clipped += int(np.count_nonzero(model.clipped))
+        # carried without the TINY floor of one_step_bound: a bound at the floor is an exact step
+        # (g = 0, m = 0), whose state both runs hold exactly
+        m_error = np.where(held.m > TINY, held.m, 0.0) + np.where(own.m > TINY, own.m, 0.0)
+        v_error = np.where(held.v > TINY, held.v, 0.0) + np.where(own.v > TINY, own.v, 0.0)
+        m_model, v_model, t_model = model.m, model.v, model.t
+        W, state = np.asarray(W_new), state_new
+    if residuals:
+        checks.W.add(np.concatenate(residuals), np.concatenate(bounds), shape=shape, key=key, seed=checks.seed, extra=extra)
+        checks.well_posed.add(np.concatenate(posed_flags), 0.5, shape=shape, key=key, seed=checks.seed, extra=extra)
+    if error is not None:
+        checks.W.add(np.full(frames, np.inf), 1.0, shape=shape, key=key, seed=checks.seed, extra={**extra, "error": error})
+
+
 def _twin_plan(settings: int, profile: Profile) -> set:
     """(setting index, shape) of the bare trajectories the mpmath twin follows: max(1, mp_samples // 2)
     of them (1 quick, 4 default, 12 thorough), every setting before any setting twice."""
@@ -486,6 +587,7 @@ def trajectory_agreement(seed: int, profile: Profile, optimizer="stiefel_adam", 
     variant = get_variant(optimizer)
     claims = tuple(CLAIM_SETTINGS) if claim is None else (claim,)
     checks = _Checks(variant.name, seed)
+    checks.black_box = not observability.state_observable(variant)
     steps = max(MIN_STEPS, profile.steps)
     k = frames_per_batch(profile)
     for claim_id in claims:

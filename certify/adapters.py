@@ -1,0 +1,515 @@
+"""Adapters: put any optimizer of frames on St(d, r) behind the interface the claims run (docs/adapters.md).
+
+The claims run an optimizer through `reference_impl.Variant`: `init(W) -> state` and
+`step(W, G, state, config) -> (W_new, state_new)` on float64 arrays of shape (..., d, r), with the
+hyper-parameters in a `StiefelAdamConfig`. An adapter builds such a Variant around outside code:
+
+  numpy:MODULE:ATTRS[:FLAGS]   a NumPy step with the signature of reference_impl.step. ATTRS is
+                               `init,step` (two callables of MODULE), `step` (init is then
+                               reference_impl.init: m = 0, v = 0 per frame, t = 0) or one object with
+                               `.init` and `.step` attributes (a module, a class instance).
+                               FLAGS (comma separated): `per_frame` (the step takes one (d, r) frame;
+                               the adapter loops over the leading axes), `batched` (it takes
+                               (..., d, r); no trial), `black_box` (W only: its state is not read
+                               even if it is a StiefelAdamState). Without per_frame/batched the
+                               adapter tries a batch of two frames once and falls back to per frame
+                               when the step raises or returns the wrong shape.
+  torch:MODULE:CLASS[:JSON]    a torch.optim.Optimizer driven only through a parameter, its gradient
+                               and step(). JSON holds constructor keywords; three keys are the
+                               adapter's own: "dtype" ("float64" default, "float32"), "manifold"
+                               ("module:Class", e.g. "geoopt:EuclideanStiefel": the parameter is then
+                               a geoopt.ManifoldParameter on that manifold) and "batched" (true
+                               default: one parameter of shape (..., d, r); false: one parameter per
+                               frame). lr, betas, eps, weight_decay and trust_radius come from the
+                               claim's config; those the class does not take are recorded as ignored.
+
+and the named shortcuts of SHORTCUTS (reference_impl, torch_impl, torch_impl-float32,
+geoopt-euclidean, geoopt-canonical, and every name of reference_impl.VARIANTS: the real step
+"stiefel_adam" and its controls).
+
+Observability (propositions.kit.observability): a NumPy implementation whose init returns a
+reference_impl.StiefelAdamState is run with its state read (m, v, t compared with the model, warm
+starts built by the checker); any other implementation, and every torch optimizer (whose state layout
+is its own: torch_impl keeps m untransported until the next step), is a black box: W only, and the
+checks that need its state are recorded as not observable.
+
+Errors: `AdapterError` (a ValueError) for unusable input: a module that does not import, a name
+that is not there, a callable with the wrong signature, a trial step that cannot run; the command
+line reports it in one line and exits 2. `ImplementationError` (a ValueError) for an implementation
+that misbehaves while a claim runs: a frame that is not finite, has the wrong shape, or is off
+St(d, r) beyond the tolerance at which the reference itself accepts an input; the claim's
+certificate then fails with that line as its reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import itertools
+import json
+import math
+
+import numpy as np
+
+import reference_impl as ri
+from propositions.kit.observability import AdaptedVariant, OpaqueState, StateNotObservable
+from reference_impl import StiefelAdamState, Variant
+from reference_impl._validation import check_frame
+
+
+class AdapterError(ValueError):
+    """The implementation cannot be used at all (one line for the command line, exit 2)."""
+
+
+class ImplementationError(ValueError):
+    """The implementation misbehaved during a claim's run (its certificate fails with this line)."""
+
+
+SHORTCUTS: dict[str, tuple[str, str]] = {
+    "reference_impl": ("numpy:reference_impl:init,step", "reference_impl.init / reference_impl.step through the NumPy adapter"),
+    "torch_impl": ("torch:torch_impl:StiefelAdam", "torch_impl.StiefelAdam, float64 parameters"),
+    "torch_impl-float32": ('torch:torch_impl:StiefelAdam:{"dtype": "float32"}', "torch_impl.StiefelAdam, float32 parameters"),
+    "geoopt-euclidean": (
+        'torch:geoopt.optim:RiemannianAdam:{"manifold": "geoopt:EuclideanStiefel"}',
+        "geoopt RiemannianAdam on a ManifoldParameter of geoopt.EuclideanStiefel (float64)",
+    ),
+    "geoopt-canonical": (
+        'torch:geoopt.optim:RiemannianAdam:{"manifold": "geoopt:CanonicalStiefel"}',
+        "geoopt RiemannianAdam on a ManifoldParameter of geoopt.CanonicalStiefel (float64)",
+    ),
+}
+
+TORCH_DTYPES = ("float64", "float32")
+CONFIG_FIELDS = ("lr", "betas", "eps", "weight_decay", "trust_radius")
+NUMPY_FLAGS = ("per_frame", "batched", "black_box")
+
+
+def known_names() -> list[str]:
+    return list(SHORTCUTS) + [name for name in ri.VARIANTS]
+
+
+def canonical_spec(text: str) -> str:
+    """The spec a name or spec stands for: a VARIANTS name or a shortcut stays as it is; a spec
+    without a kind prefix is taken as numpy:..."""
+    text = str(text).strip()
+    if text in ri.VARIANTS or text in SHORTCUTS or text.startswith(("numpy:", "torch:")):
+        return text
+    raise AdapterError(
+        f"unknown optimizer variant {text!r}; known: {', '.join(known_names())}, or numpy:MODULE:CALLABLE, torch:MODULE:CLASS[:JSON]"
+    )
+
+
+def resolve(spec: str) -> Variant:
+    """The Variant for a spec (see the module docstring); AdapterError when it cannot be used."""
+    spec = canonical_spec(spec)
+    if spec in ri.VARIANTS:
+        return ri.VARIANTS[spec]
+    name = spec
+    if spec in SHORTCUTS:
+        spec = SHORTCUTS[spec][0]
+    kind, _, rest = spec.partition(":")
+    if kind == "numpy":
+        return _numpy_variant(name, spec, rest)
+    return _torch_variant(name, spec, rest)
+
+
+def describe(variant) -> dict:
+    """What the certificate records about the implementation under test."""
+    return {
+        "name": variant.name,
+        "spec": getattr(variant, "spec", variant.name),
+        "description": variant.description,
+        "state_observable": bool(getattr(variant, "state_observable", True)),
+        "direction": "the step's own (hook)" if variant.step_with_direction is not None else "recovered by the inverse polar retraction",
+        "dtype": getattr(variant, "dtype", "float64"),
+        "ignored_hyperparameters": list(getattr(variant, "ignored", ())),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def _import(module_name: str, spec: str):
+    if not module_name:
+        raise AdapterError(f"{spec}: no module named (expected MODULE:CALLABLE)")
+    try:
+        return importlib.import_module(module_name)
+    except Exception as error:  # any import failure is the user's input, reported in one line
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        extra = {"geoopt": "bench", "torch": "torch"}.get(module_name.split(".")[0])
+        hint = f"; pip install 'stiefel-adam-certify[{extra}]'" if extra and isinstance(error, ImportError) else ""
+        raise AdapterError(f"{spec}: module {module_name!r} does not import ({type(error).__name__}: {message}){hint}") from None
+
+
+def _attribute(module, name: str, spec: str):
+    value = module
+    for part in name.split("."):
+        if not part or not hasattr(value, part):
+            raise AdapterError(f"{spec}: {module.__name__} has no attribute {name!r}")
+        value = getattr(value, part)
+    return value
+
+
+def _check_signature(function, expected: str, arity: int, spec: str) -> None:
+    if not callable(function):
+        raise AdapterError(f"{spec}: {expected.split('(')[0]} is not callable")
+    try:
+        inspect.signature(function).bind(*range(arity))
+    except TypeError:
+        raise AdapterError(f"{spec}: {getattr(function, '__name__', 'the callable')}{_signature_text(function)} does not take {expected}") from None
+    except ValueError:  # no signature (a builtin): the trial step decides
+        pass
+
+
+def _signature_text(function) -> str:
+    try:
+        return str(inspect.signature(function))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _trial_frames(lead=()):
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(20260901)))
+    W = ri.random_point(5, 2, rng, lead)
+    return W, rng.standard_normal(W.shape)
+
+
+TRIAL_CONFIG = ri.StiefelAdamConfig(lr=0.05, trust_radius=0.5)
+
+
+def _one_line(error: BaseException) -> str:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Output checks (shared)
+# --------------------------------------------------------------------------------------------
+
+
+def _output_tolerance(d: int, r: int, dtype: str) -> float:
+    """The largest ||W^T W - I|| accepted for a frame the implementation returns.
+
+    For float64 it is the reference's own input tolerance (reference_impl.manifold_tolerance,
+    32 (d r + 2 sqrt(r)) u): a frame beyond it could not be the next step's input of the reference.
+    For float32 storage it is torch_impl's tolerance for float32 frames, by the same derivation.
+    """
+    if dtype == "float64":
+        return ri.manifold_tolerance(d, r)
+    u32 = 2.0**-24
+    return 32.0 * d * r * u32 + 4.0 * math.sqrt(r) * u32
+
+
+def _check_output(name: str, W: np.ndarray, W_new, dtype: str) -> np.ndarray:
+    try:
+        W_new = np.asarray(W_new)
+    except Exception as error:
+        raise ImplementationError(f"{name}: the step returned a frame that is not an array ({_one_line(error)})") from None
+    if W_new.shape != W.shape:
+        raise ImplementationError(f"{name}: the step returned a frame of shape {W_new.shape} for input {W.shape}")
+    if not np.issubdtype(W_new.dtype, np.floating):
+        raise ImplementationError(f"{name}: the step returned a frame of dtype {W_new.dtype}, not floating point")
+    W_new = W_new.astype(np.float64, copy=False)
+    if not np.all(np.isfinite(W_new)):
+        bad = int(np.sum(~np.all(np.isfinite(W_new), axis=(-2, -1)))) if W_new.ndim > 2 else 1
+        raise ImplementationError(f"{name}: the step returned a non-finite frame (NaN or inf) in {bad} frame(s)")
+    d, r = W.shape[-2:]
+    gram = np.swapaxes(W_new, -1, -2) @ W_new - np.eye(r)
+    drift = float(np.max(np.sqrt(np.sum(gram * gram, axis=(-2, -1)))))
+    tolerance = _output_tolerance(d, r, dtype)
+    if drift > tolerance:
+        raise ImplementationError(
+            f"{name}: the step moved the frame off St({d}, {r}): ||W^T W - I|| = {drift:.3g} > {tolerance:.3g} (the reference's input tolerance)"
+        )
+    return W_new
+
+
+# --------------------------------------------------------------------------------------------
+# NumPy implementations
+# --------------------------------------------------------------------------------------------
+
+
+def _numpy_parts(spec: str, rest: str):
+    parts = rest.split(":")
+    if len(parts) not in (2, 3):
+        raise AdapterError(f"{spec}: expected numpy:MODULE:ATTRS[:FLAGS] (ATTRS: step, init,step or an object with .init and .step)")
+    module_name, attrs = parts[0], parts[1]
+    flags = tuple(flag for flag in (parts[2].split(",") if len(parts) == 3 else []) if flag)
+    unknown = [flag for flag in flags if flag not in NUMPY_FLAGS]
+    if unknown:
+        raise AdapterError(f"{spec}: unknown flag {unknown[0]!r}; known: {', '.join(NUMPY_FLAGS)}")
+    if "per_frame" in flags and "batched" in flags:
+        raise AdapterError(f"{spec}: give per_frame or batched, not both")
+    return module_name, attrs, flags
+
+
+def _numpy_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
+    module_name, attrs, flags = _numpy_parts(spec, rest)
+    module = _import(module_name, spec)
+    names = [a for a in attrs.split(",")]
+    if len(names) == 2:
+        init, step = (_attribute(module, n, spec) for n in names)
+    elif len(names) == 1:
+        target = _attribute(module, names[0], spec)
+        if hasattr(target, "init") and hasattr(target, "step") and not inspect.isfunction(target):
+            init, step = target.init, target.step
+        else:
+            init, step = ri.init, target
+    else:
+        raise AdapterError(f"{spec}: ATTRS must be step, init,step or one object with .init and .step")
+    _check_signature(init, "init(W)", 1, spec)
+    _check_signature(step, "step(W, G, state, config)", 4, spec)
+    adapter = _NumpyStepper(name, init, step, flags)  # messages name the implementation as the user did
+    adapter.trial()
+    ignored = ()
+    return AdaptedVariant(
+        name, SHORTCUTS.get(name, (None, f"NumPy implementation {module_name}:{attrs}"))[1], (), adapter.init,
+        adapter.step, spec=spec, state_observable=adapter.observable, dtype=adapter.dtype, ignored=ignored,
+    )
+
+
+class _NumpyStepper:
+    """init/step of a NumPy implementation, batched or looped over the leading axes."""
+
+    def __init__(self, spec, init, step, flags):
+        self.spec = spec
+        self._init, self._step = init, step
+        self.per_frame = "per_frame" in flags
+        self.black_box = "black_box" in flags
+        self.observable = False
+        self.dtype = "float64"
+
+    # the trial decides, once, how the implementation is called; it is part of resolving the spec
+    def trial(self) -> None:
+        W, G = _trial_frames()
+        try:
+            state = self._init(W)
+            out = self._step(W, G, state, TRIAL_CONFIG)
+        except Exception as error:
+            raise AdapterError(f"{self.spec}: a step on one (5, 2) frame failed: {_one_line(error)}") from None
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise AdapterError(f"{self.spec}: step must return (W_new, state_new), got {type(out).__name__}")
+        W_new = np.asarray(out[0])
+        if W_new.shape != W.shape:
+            raise AdapterError(f"{self.spec}: step returned a frame of shape {W_new.shape} for input {W.shape}")
+        self.dtype = "float64" if W_new.dtype == np.float64 else str(W_new.dtype)
+        self.observable = not self.black_box and isinstance(state, StiefelAdamState) and isinstance(out[1], StiefelAdamState)
+        if self.per_frame:
+            return
+        W2, G2 = _trial_frames((2,))
+        try:
+            state2 = self._init(W2)
+            W2_new, state2_new = self._step(W2, G2, state2, TRIAL_CONFIG)
+            batched_ok = np.shape(W2_new) == W2.shape
+            if batched_ok and self.observable:
+                batched_ok = np.shape(state2_new.v) == (2,) and np.shape(state2_new.m) == W2.shape
+        except Exception:
+            batched_ok = False
+        self.per_frame = not batched_ok
+
+    def init(self, W):
+        W = np.asarray(W)
+        if W.ndim == 2 or not self.per_frame:
+            state = self._init(W)
+            return state if self.observable else OpaqueState(state, W.shape[:-2])
+        lead = W.shape[:-2]
+        states = [self._init(W[index]) for index in np.ndindex(*lead)]
+        return self._join(states, lead)
+
+    def step(self, W, G, state, config):
+        W = np.asarray(W)
+        if W.ndim == 2 or not self.per_frame:
+            inner = state if self.observable else self._payload(state, W.shape[:-2])
+            W_new, state_new = self._call(W, G, inner, config)
+            W_new = _check_output(self.spec, W, W_new, self.dtype)
+            return W_new, state_new if self.observable else OpaqueState(state_new, W.shape[:-2])
+        lead = W.shape[:-2]
+        frames = self._split(state, lead)
+        results = [self._call(W[index], G[index], frame_state, config) for index, frame_state in zip(np.ndindex(*lead), frames)]
+        W_new = np.stack([np.asarray(w) for w, _ in results]).reshape(W.shape) if results else np.array(W, copy=True)
+        W_new = _check_output(self.spec, W, W_new, self.dtype)
+        return W_new, self._join([s for _, s in results], lead)
+
+    def _call(self, W, G, state, config):
+        out = self._step(W, G, state, config)
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise ImplementationError(f"{self.spec}: step returned {type(out).__name__}, not (W_new, state_new)")
+        return out
+
+    def _payload(self, state, lead):
+        if not isinstance(state, OpaqueState):
+            raise StateNotObservable("a state built by the checker was handed to a black-box implementation")
+        if state.lead != tuple(lead):
+            raise StateNotObservable(f"a state of leading axes {state.lead} was used with frames of leading axes {tuple(lead)}")
+        return state.payload
+
+    def _split(self, state, lead):
+        if self.observable:
+            m, v = np.asarray(state.m), np.asarray(state.v)
+            return [StiefelAdamState(m=m[index], v=v[index] if v.shape[: len(lead)] == lead else v, t=state.t) for index in np.ndindex(*lead)]
+        return list(self._payload(state, lead))
+
+    def _join(self, states, lead):
+        if not self.observable:
+            return OpaqueState(states, lead)
+        if not states:
+            return StiefelAdamState(m=np.zeros(lead + (0, 0)), v=np.zeros(lead), t=0)
+        m = np.stack([np.asarray(s.m) for s in states])
+        v = np.stack([np.asarray(s.v) for s in states])
+        return StiefelAdamState(m=m.reshape(lead + m.shape[1:]), v=v.reshape(lead + v.shape[1:]), t=states[0].t)
+
+
+# --------------------------------------------------------------------------------------------
+# torch optimizers
+# --------------------------------------------------------------------------------------------
+
+
+def _torch_parts(spec: str, rest: str):
+    module_name, _, tail = rest.partition(":")
+    class_name, _, options_text = tail.partition(":")
+    if not module_name or not class_name:
+        raise AdapterError(f"{spec}: expected torch:MODULE:CLASS[:JSON]")
+    options = {}
+    if options_text:
+        try:
+            options = json.loads(options_text)
+        except json.JSONDecodeError as error:
+            raise AdapterError(f"{spec}: the keyword JSON does not parse ({error.msg} at character {error.pos})") from None
+        if not isinstance(options, dict):
+            raise AdapterError(f"{spec}: the keyword JSON must be an object, got {type(options).__name__}")
+    return module_name, class_name, options
+
+
+def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
+    try:
+        import torch
+    except Exception:
+        raise AdapterError(f"{spec}: needs torch, which is not installed (pip install 'stiefel-adam-certify[torch]')") from None
+    module_name, class_name, options = _torch_parts(spec, rest)
+    options = dict(options)
+    dtype = options.pop("dtype", "float64")
+    if dtype not in TORCH_DTYPES:
+        raise AdapterError(f"{spec}: dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
+    manifold_name = options.pop("manifold", None)
+    batched = options.pop("batched", True)
+    if not isinstance(batched, bool):
+        raise AdapterError(f"{spec}: batched must be true or false, got {batched!r}")
+    optimizer_class = _attribute(_import(module_name, spec), class_name, spec)
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+        raise AdapterError(f"{spec}: {module_name}.{class_name} is not a torch.optim.Optimizer class")
+    manifold = None
+    if manifold_name is not None:
+        manifold_module, _, manifold_class = str(manifold_name).partition(":")
+        manifold_type = _attribute(_import(manifold_module, spec), manifold_class or "?", spec)
+        try:
+            manifold = manifold_type()
+        except Exception as error:
+            raise AdapterError(f"{spec}: manifold {manifold_name} cannot be made: {_one_line(error)}") from None
+    adapter = _TorchStepper(name, optimizer_class, options, getattr(torch, dtype), manifold, batched)
+    adapter.trial()
+    description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({dtype})"))[1]
+    return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=False,
+                          dtype=dtype, ignored=adapter.ignored)
+
+
+class _TorchStepper:
+    """A torch.optim.Optimizer as a pure step: each call builds the parameter and the optimizer, loads
+    the state snapshot the previous call returned, sets .grad and calls step(); the new snapshot
+    (a deep copy of state_dict()) is the returned OpaqueState. A state can so be reused (P5 takes two
+    steps from one state), and the optimizer sees only parameters, gradients and step()."""
+
+    def __init__(self, spec, optimizer_class, options, dtype, manifold, batched):
+        self.spec = spec
+        self.optimizer_class = optimizer_class
+        self.options = options
+        self.dtype = dtype
+        self.manifold = manifold
+        self.batched = batched
+        self.ignored: tuple[str, ...] = ()
+
+    def _parameters(self, W):
+        import torch
+
+        frames = [W] if self.batched else [W[index] for index in np.ndindex(*W.shape[:-2])]
+        parameters = []
+        for frame in frames:
+            data = torch.tensor(np.array(frame, dtype=np.float64), dtype=self.dtype)
+            if self.manifold is not None:
+                import geoopt
+
+                parameters.append(geoopt.ManifoldParameter(data, manifold=self.manifold))
+            else:
+                parameters.append(torch.nn.Parameter(data))
+        return parameters
+
+    def _hyperparameters(self, config) -> dict:
+        values = {"lr": config.lr, "betas": tuple(config.betas), "eps": config.eps,
+                  "weight_decay": config.weight_decay, "trust_radius": config.trust_radius}
+        return {key: value for key, value in values.items() if key not in self.ignored}
+
+    def _optimizer(self, parameters, config):
+        return self.optimizer_class(parameters, **self._hyperparameters(config), **self.options)
+
+    def trial(self) -> None:
+        """Find the hyper-parameters the class takes (a keyword it rejects is dropped and recorded)
+        and take one step, so that unusable input is reported before any claim runs."""
+        W, G = _trial_frames((2,) if self.batched else ())
+        ignored = []
+        for _ in range(len(CONFIG_FIELDS) + 1):
+            try:
+                self._optimizer(self._parameters(W), TRIAL_CONFIG)
+                break
+            except TypeError as error:
+                rejected = [key for key in CONFIG_FIELDS if key not in ignored and f"'{key}'" in str(error)]
+                if not rejected:
+                    raise AdapterError(f"{self.spec}: the optimizer cannot be made: {_one_line(error)}") from None
+                ignored.append(rejected[0])
+                self.ignored = tuple(ignored)
+            except Exception as error:
+                raise AdapterError(f"{self.spec}: the optimizer cannot be made: {_one_line(error)}") from None
+        try:
+            self.step(W, G, self.init(W), TRIAL_CONFIG)
+        except ImplementationError:
+            pass  # it runs; misbehaving output is for the claims to report
+        except Exception as error:
+            raise AdapterError(f"{self.spec}: a trial step failed: {_one_line(error)}") from None
+
+    def init(self, W):
+        check_frame("W", W)
+        return OpaqueState(None, np.shape(W)[:-2])
+
+    def step(self, W, G, state, config):
+        import torch
+
+        W = np.asarray(W)
+        G = np.asarray(G)
+        if not isinstance(state, OpaqueState):
+            raise StateNotObservable("a state built by the checker was handed to a torch optimizer (black box)")
+        if state.lead != W.shape[:-2]:
+            raise StateNotObservable(f"a state of leading axes {state.lead} was used with frames of leading axes {W.shape[:-2]}")
+        # one intra-op thread, as certify runs BLAS (cli.single_threaded_blas): the frames here are
+        # small, and a thread pool on a shared machine costs more than it gives
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            parameters = self._parameters(W)
+            optimizer = self._optimizer(parameters, config)
+            if state.payload is not None:
+                optimizer.load_state_dict(copy.deepcopy(state.payload))
+            gradients = [G] if self.batched else [G[index] for index in np.ndindex(*G.shape[:-2])]
+            for parameter, gradient in zip(parameters, gradients):
+                parameter.grad = torch.tensor(np.array(gradient, dtype=np.float64), dtype=self.dtype)
+            optimizer.step()
+        finally:
+            torch.set_num_threads(threads)
+        with torch.no_grad():
+            values = [p.detach().to(torch.float64).cpu().numpy() for p in parameters]
+        W_new = values[0].copy() if self.batched else (np.stack(values).reshape(W.shape) if values else np.array(W, copy=True))
+        W_new = _check_output(self.spec, W, W_new, "float64" if self.dtype == torch.float64 else "float32")
+        return W_new, OpaqueState(copy.deepcopy(optimizer.state_dict()), W.shape[:-2])
+
+
+__all__ = ["AdapterError", "ImplementationError", "SHORTCUTS", "canonical_spec", "describe", "known_names", "resolve"]

@@ -1,0 +1,157 @@
+"""`certify compare IMPL...`: the claims on several implementations, side by side (docs/adapters.md).
+
+Each implementation (a name of certify.adapters.SHORTCUTS or reference_impl.VARIANTS, or a
+numpy:/torch: spec) runs every claim of claims.IMPLEMENTATION_CLAIMS through claims.certify_claim,
+exactly as `certify run ID --optimizer SPEC` would: one sealed certificate per pair, written to
+OUT/compare/<label>/<claim>.json (each one verifiable with `certify verify`). The matrix of verdicts
+(implementation x claim) goes into OUT/REPORT.md between two markers, replacing an earlier matrix
+and leaving the rest of the file (the report of `certify all`) as it is.
+
+A cell reads
+  pass                         every check that could run passed and every control was detected
+  fail: CHECK (margin M)       the failing check with the largest worst residual/bound M
+  not comparable               the implementation stores frames in another dtype than float64
+  inconclusive: REASON         the claim could not run (the reason in one line)
+and "; K not observable" when K checks needed the implementation's hidden state (listed below the
+matrix, never counted as passed). Below the matrix, per implementation: what it is, the
+hyper-parameters it ignores, and the property probes of certify.probes (trust region, step length,
+direction, retraction), measured on its first step, which name the property that differs.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from certify import certificate as certificate_format
+from certify import claims
+
+MATRIX_BEGIN = "<!-- certify compare: begin -->"
+MATRIX_END = "<!-- certify compare: end -->"
+
+
+def label(spec: str) -> str:
+    """A directory name for an implementation: the name itself, or the spec with odd characters replaced."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_") or "implementation"
+
+
+def _ratio_text(value) -> str:
+    ratio = certificate_format.as_float(value)
+    return f"{ratio:.3g}"
+
+
+def cell(certificate: dict) -> str:
+    """The matrix cell of one certificate (see the module docstring)."""
+    hidden = certificate.get("extra", {}).get("not_observable", [])
+    suffix = f"; {len(hidden)} not observable" if hidden else ""
+    verdict = certificate["verdict"]
+    if verdict == "pass":
+        return "pass" + suffix
+    if verdict == "fail":
+        failing = [c for c in certificate["numerical"]["checks"] if not c.get("passed", False)]
+        if failing:
+            worst = max(failing, key=lambda c: certificate_format.as_float(c.get("max_ratio")))
+            return f"fail: {worst['name']} (margin {_ratio_text(worst.get('max_ratio'))}){suffix}"
+        return f"fail: {certificate['failures'][0] if certificate['failures'] else 'see certificate'}{suffix}"
+    reasons = certificate.get("inconclusive", [])
+    if reasons and reasons[0].startswith("not comparable"):
+        return "not comparable"
+    return f"inconclusive: {reasons[0] if reasons else 'see certificate'}"
+
+
+def run(specs: list[str], *, out_dir: Path, seed: int, profile: str, command: str, progress=print) -> tuple[dict, float]:
+    """Certify every (implementation, claim) pair; returns ({spec: {claim: certificate}}, wall seconds)."""
+    started = time.perf_counter()
+    results: dict[str, dict] = {}
+    for spec in specs:
+        directory = out_dir / "compare" / label(spec)
+        directory.mkdir(parents=True, exist_ok=True)
+        results[spec] = {}
+        for claim_id in claims.IMPLEMENTATION_CLAIMS:
+            sealed, internal_error = claims.certify_claim(claim_id, seed=seed, profile=profile, optimizer=spec, command=command)
+            if internal_error:
+                progress(f"{spec} {claim_id}: {internal_error}")
+            certificate_format.write(sealed, directory / f"{claim_id}.json")
+            results[spec][claim_id] = sealed
+            progress(f"{spec} {claim_id}: {cell(sealed)} in {sealed['provenance']['timing']['wall_seconds']:.2f} s")
+    return results, time.perf_counter() - started
+
+
+def matrix_rows(results: dict) -> list[list[str]]:
+    return [[spec] + [cell(results[spec][claim_id]) for claim_id in claims.IMPLEMENTATION_CLAIMS] for spec in results]
+
+
+def _escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_seconds: float, command: str) -> str:
+    header = ["implementation"] + list(claims.IMPLEMENTATION_CLAIMS)
+    lines = [
+        MATRIX_BEGIN,
+        "## Implementations compared",
+        "",
+        f"`{command}`: seed {seed}, profile {profile}, {wall_seconds:.1f} s in all. Each cell is the certificate "
+        "`compare/<implementation>/<claim>.json` beside this report (`certify verify` re-runs it). "
+        "*not observable*: checks that need the implementation's hidden state (m, v, t), which a black box does "
+        "not expose: they are listed below and are not counted as passed. *margin*: worst residual/bound of the "
+        "failing check.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in matrix_rows(results)]
+    lines.append("")
+    for spec, row in results.items():
+        any_certificate = next(iter(row.values()))
+        implementation = any_certificate.get("extra", {}).get("implementation")
+        lines.append(f"### {spec}")
+        lines.append("")
+        if implementation:
+            lines.append(
+                f"{implementation['description']} (`{implementation['spec']}`); state "
+                f"{'observable' if implementation['state_observable'] else 'not observable (black box: W only)'}; direction "
+                f"{implementation['direction']}; dtype {implementation['dtype']}"
+                + (f"; ignores {', '.join(implementation['ignored_hyperparameters'])}" if implementation["ignored_hyperparameters"] else "")
+                + "."
+            )
+        else:
+            lines.append(f"A reference_impl variant ({spec}), run as `certify run ID --optimizer {spec}`.")
+        lines.append("")
+        for claim_id, certificate in row.items():
+            failures = certificate.get("failures", [])
+            hidden = certificate.get("extra", {}).get("not_observable", [])
+            if failures:
+                lines.append(f"- {claim_id} failures: " + "; ".join(_escape(f) for f in failures[:4]) + (" ..." if len(failures) > 4 else ""))
+            if certificate["verdict"] == "inconclusive":
+                lines.append(f"- {claim_id}: " + "; ".join(_escape(r) for r in certificate.get("inconclusive", [])[:2]))
+            if hidden:
+                lines.append(f"- {claim_id} not observable: " + "; ".join(_escape(e["check"]) for e in hidden))
+        found = probes.get(spec)
+        if found:
+            lines.append("")
+            lines.append("Property probes (first step from a fresh state, float64; certify/probes.py):")
+            lines.append("")
+            lines.append("| property | StiefelAdam | measured | differs |")
+            lines.append("|---|---|---|---|")
+            for probe in found:
+                lines.append(f"| {_escape(probe['property'])} | {_escape(probe['expected'])} | {_escape(probe['measured'])} | "
+                             f"{'**yes**: ' + _escape(probe['finding']) if probe['differs'] else 'no'} |")
+        lines.append("")
+    lines.append(MATRIX_END)
+    return "\n".join(lines) + "\n"
+
+
+def write_matrix(out_dir: Path, text: str) -> Path:
+    """Put the matrix into out_dir/REPORT.md: replace the text between the markers, or append it."""
+    path = out_dir / "REPORT.md"
+    existing = path.read_text(encoding="utf-8") if path.exists() else "# Certificates\n\n"
+    if MATRIX_BEGIN in existing and MATRIX_END in existing:
+        before, rest = existing.split(MATRIX_BEGIN, 1)
+        after = rest.split(MATRIX_END, 1)[1]
+        updated = before + text.rstrip("\n") + after
+    else:
+        updated = existing.rstrip("\n") + "\n\n" + text
+    path.write_text(updated, encoding="utf-8")
+    return path

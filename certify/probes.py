@@ -1,0 +1,212 @@
+"""Property probes: which property of StiefelAdam an implementation's first step has, measured.
+
+The claims say *that* an implementation differs (a check fails, with its margin); these probes say
+*how*, each from the implementation's own first step from a fresh state (float64 frames, a few shapes,
+seeded draws), through init/step only:
+
+  direction     A tiny step (lr sqrt(d r) = 1e-7, eps = 0, no cap): its direction xi, recovered by
+                the inverse polar retraction, against -P_W(G) (the embedded-metric gradient,
+                StiefelAdam) and against -(G - W G^T W) (the canonical-metric gradient). A retraction
+                that is not polar bends the recovered xi by O(step) = 1e-7 relative, rounding by
+                about u / 1e-7 ~ 1e-9, so 1 - cos above 1e-6 is a different direction.
+  step length   The same step: ||xi|| / (lr sqrt(d r)) is 1 for the mean-square second moment
+                ||g||^2 / (d r); a sum of squares ||g||^2 gives 1 / sqrt(d r).
+  trust region  lr sqrt(d r) = 100 with Delta = 0.1: a polar step of length <= Delta moves W by at most
+                2 Delta (the polar factor of W + xi is the nearest frame to it, so
+                ||W_1 - W|| <= ||W_1 - (W + xi)|| + ||xi|| <= 2 ||xi||); without a cap the frame moves
+                by O(sqrt(2 r)).
+  retraction    A step of moderate length (lr sqrt(d r) = 0.3, no cap) against three retractions along
+                the step's own tiny-step direction u: polar(W + a u), the sign-fixed QR factor qf(W + a u)
+                and the Cayley retraction with velocity u; a is fitted per frame (bounded Brent search).
+                The direction is known to about 1e-7 relative, so the right retraction fits to about
+                1e-7 ||W_1 - W||; a fit below 1e-5 ||W_1 - W|| names it.
+  v^ = 0        G = 0 from a fresh state with eps = 0: StiefelAdam's xi is 0 where v^ = 0 (never 0/0),
+                so W_1 = polar(W), within the polar factor's rounding of W.
+
+These are diagnostics for the compare report, not certificates: the verdicts are the claims'.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+import reference_impl as ri
+from propositions._common import rng_for
+from propositions.kit.directions import inverse_polar_retraction
+
+PROBE_SHAPES = ((5, 2), (8, 3), (16, 4))
+PROBE_FRAMES = 6
+TINY_STEP = 1e-7
+DIRECTION_TOLERANCE = 1e-6
+LENGTH_TOLERANCE = 1e-6
+FIT_TOLERANCE = 1e-5
+
+
+def _frobenius(A):
+    return np.sqrt(np.sum(A * A, axis=(-2, -1)))
+
+
+def _inner(A, B):
+    return np.sum(A * B, axis=(-2, -1))
+
+
+def _draw(seed, d, r, label):
+    rng = rng_for(seed, "probe", label, d, r)
+    W = ri.random_point(d, r, rng, (PROBE_FRAMES,))
+    return W, rng.standard_normal(W.shape)
+
+
+def _first_step(variant, W, G, config):
+    return np.asarray(variant.step(W, G, variant.init(W), config)[0])
+
+
+def _config(d, r, step_length, trust_radius=math.inf):
+    return ri.StiefelAdamConfig(lr=step_length / math.sqrt(d * r), betas=(0.9, 0.999), eps=0.0, trust_radius=trust_radius)
+
+
+def _qr(A):
+    Q, R = np.linalg.qr(A)
+    signs = np.where(np.diagonal(R) < 0, -1.0, 1.0)
+    return Q * signs[None, :]
+
+
+def _cayley(W, u, a):
+    d = W.shape[0]
+    v = u - 0.5 * W @ (W.T @ u)  # A W = u for tangent u (Wen-Yin): A = v W^T - W v^T
+    A = v @ W.T - W @ v.T
+    return np.linalg.solve(np.eye(d) - 0.5 * a * A, (np.eye(d) + 0.5 * a * A) @ W)
+
+
+RETRACTIONS = {
+    "polar": lambda W, u, a: ri.polar_factor(W + a * u),
+    "QR (sign-fixed)": lambda W, u, a: _qr(W + a * u),
+    "Cayley": _cayley,
+}
+
+
+def _fit(retraction, W, u, W1) -> float:
+    """min over a of ||W1 - R_W(a u)|| / ||W1 - W||, for one frame."""
+    scale = float(np.linalg.norm(W1 - W))
+    if scale == 0:
+        return 0.0
+    best = minimize_scalar(lambda a: float(np.linalg.norm(W1 - retraction(W, u, a))), bounds=(0.0, 4.0 * scale + 1e-12),
+                           method="bounded", options={"xatol": 1e-15 * max(scale, 1.0), "maxiter": 500})
+    return float(best.fun) / scale
+
+
+def probe(variant, seed: int = 0) -> list[dict]:
+    """The probes of the module docstring for a Variant; each a dict (property, expected, measured,
+    differs, finding). A probe whose step raises reports the one-line reason as its measurement."""
+    results = []
+
+    def guarded(name, expected, body):
+        try:
+            results.append({"property": name, "expected": expected, **body()})
+        except Exception as error:  # the implementation's own error is the measurement
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            results.append({"property": name, "expected": expected, "measured": f"the step raised: {message}",
+                            "differs": True, "finding": f"the step raised ({message})"})
+
+    directions: dict = {}
+
+    def direction_and_length():
+        cos_embedded, cos_canonical, lengths = [], [], []
+        for d, r in PROBE_SHAPES:
+            W, G = _draw(seed, d, r, "direction")
+            W1 = _first_step(variant, W, G, _config(d, r, TINY_STEP))
+            xi = inverse_polar_retraction(W, W1).xi
+            directions[(d, r)] = (W, G, xi / _frobenius(xi)[:, None, None])
+            embedded = -ri.project_tangent(W, G, validate=False)
+            canonical = -(G - W @ np.swapaxes(G, -1, -2) @ W)
+            norm_xi = _frobenius(xi)
+            cos_embedded.append(_inner(xi, embedded) / (norm_xi * _frobenius(embedded)))
+            cos_canonical.append(_inner(xi, canonical) / (norm_xi * _frobenius(canonical)))
+            lengths.append(norm_xi / (TINY_STEP))
+        return np.concatenate(cos_embedded), np.concatenate(cos_canonical), lengths
+
+    measured: dict = {}
+
+    def direction():
+        cos_e, cos_c, lengths = direction_and_length()
+        measured["lengths"] = lengths
+        worst = float(np.min(cos_e))
+        differs = 1.0 - worst > DIRECTION_TOLERANCE
+        finding = ""
+        if differs:
+            if 1.0 - float(np.min(cos_c)) <= DIRECTION_TOLERANCE:
+                finding = "the step follows the canonical-metric gradient G - W G^T W, not P_W(G)"
+            else:
+                finding = "the first step is along neither -P_W(G) nor the canonical gradient -(G - W G^T W)"
+        return {"measured": f"min cos(xi, -P_W(G)) = {worst:.9f}; min cos(xi, -(G - W G^T W)) = {float(np.min(cos_c)):.9f}",
+                "differs": differs, "finding": finding}
+
+    def step_length():
+        lengths = measured.get("lengths")
+        if lengths is None:
+            raise RuntimeError("the direction probe did not run")
+        ratios = np.concatenate(lengths)
+        sum_form = np.concatenate([length * math.sqrt(d * r) for length, (d, r) in zip(lengths, PROBE_SHAPES)])
+        low, high = float(np.min(ratios)), float(np.max(ratios))
+        differs = max(abs(low - 1), abs(high - 1)) > LENGTH_TOLERANCE
+        finding = ""
+        if differs:
+            if float(np.max(np.abs(sum_form - 1))) <= LENGTH_TOLERANCE:
+                finding = "v is the sum of squares ||g||^2, not the mean square ||g||^2 / (d r): the first step has length lr, not lr sqrt(d r)"
+            else:
+                finding = f"the first step's length is not lr sqrt(d r) (ratio in [{low:.4g}, {high:.4g}])"
+        return {"measured": f"||xi|| / (lr sqrt(d r)) in [{low:.9g}, {high:.9g}]", "differs": differs, "finding": finding}
+
+    def trust_region():
+        delta = 0.1
+        worst = 0.0
+        for d, r in PROBE_SHAPES:
+            W, G = _draw(seed, d, r, "trust")
+            W1 = _first_step(variant, W, G, _config(d, r, 100.0, delta))
+            worst = max(worst, float(np.max(_frobenius(W1 - W))) / delta)
+        differs = worst > 2.0 * (1 + 1e-12)
+        return {"measured": f"max ||W_1 - W|| / Delta = {worst:.4g} (Delta = {delta}, lr sqrt(d r) = 100)", "differs": differs,
+                "finding": "no trust region: the step is not capped at Delta" if differs else ""}
+
+    def retraction():
+        if not directions:
+            raise RuntimeError("the direction probe did not run")
+        fits = {name: 0.0 for name in RETRACTIONS}
+        for d, r in PROBE_SHAPES:
+            W, G, u = directions[(d, r)]
+            W1 = _first_step(variant, W, G, _config(d, r, 0.3))
+            for name, retraction_map in RETRACTIONS.items():
+                fits[name] = max(fits[name], max(_fit(retraction_map, W[i], u[i], W1[i]) for i in range(W.shape[0])))
+        best = min(fits, key=fits.get)
+        text = "; ".join(f"{name} {value:.2g}" for name, value in fits.items())
+        if fits[best] > FIT_TOLERANCE:
+            return {"measured": f"relative misfit: {text}", "differs": True,
+                    "finding": "the retraction is none of polar, QR, Cayley along the step's own direction"}
+        return {"measured": f"relative misfit: {text}", "differs": best != "polar",
+                "finding": f"{best} retraction, not the polar one" if best != "polar" else ""}
+
+    def zero_gradient():
+        worst = 0.0
+        for d, r in PROBE_SHAPES:
+            W, _ = _draw(seed, d, r, "zero")
+            try:
+                W1 = _first_step(variant, W, np.zeros_like(W), _config(d, r, 0.3))
+            except ValueError as error:
+                if "non-finite" in str(error):
+                    return {"measured": "W_1 is NaN", "differs": True, "finding": "no guard where v^ = 0: the step divides 0 by 0"}
+                raise
+            # xi = 0: W_1 = polar(W), within the polar factor's rounding 5 sqrt(r) (d r + 1) u
+            # (p3_conditioning.polar_error_bound at cond 1) of W, plus W's own distance to St(d, r)
+            allowed = 5 * math.sqrt(r) * (d * r + 1) * ri.UNIT_ROUNDOFF + ri.manifold_tolerance(d, r)
+            worst = max(worst, float(np.max(_frobenius(W1 - W))) / allowed)
+        return {"measured": f"max ||W_1 - W|| / rounding allowance = {worst:.3g}", "differs": worst > 1.0,
+                "finding": "the step moves W with a zero gradient" if worst > 1.0 else ""}
+
+    guarded("first-step direction", "-P_W(G) (embedded metric)", direction)
+    guarded("first-step length", "lr sqrt(d r) (v = ||g||^2 / (d r))", step_length)
+    guarded("trust region", "||xi|| <= Delta", trust_region)
+    guarded("retraction", "polar", retraction)
+    guarded("G = 0, eps = 0", "W_1 = polar(W) (xi = 0 where v^ = 0)", zero_gradient)
+    return results
