@@ -164,3 +164,20 @@ def test_sharper_drift_term_is_tried_before_forming_g():
         with counter:
             functional.gradient_norm_squared(W, G, WtG, drift)
         assert counter.count == products, drift
+
+
+def test_a_frames_step_does_not_depend_on_the_other_frames_of_its_batch():
+    """The route of ||P_W G~||^2 is chosen per frame: a frame whose gradient forces the explicit
+    route (a mostly normal G~) must leave its neighbours' steps bit for bit as they are alone."""
+    d, r = 32, 4
+    W, rng = _frames(3, d, r, "per-frame route")
+    W = W.double()
+    G = torch.from_numpy(rng.standard_normal(W.shape))
+    symmetric = torch.from_numpy(rng.standard_normal((r, r)))
+    # frame 2: G~ = W S + a tiny tangent part, where the r x r identity would cancel
+    G[2] = W[2] @ (symmetric + symmetric.mT) + 1e-9 * functional.project_tangent(W[2:3], G[2:3])[0]
+    m, v = torch.zeros_like(W), torch.zeros(3, dtype=torch.float64)
+    together = functional.stiefel_adam_step(W, G, m, v, 0)
+    alone = functional.stiefel_adam_step(W[:2], G[:2], m[:2], v[:2], 0)
+    for batch_result, alone_result in zip(together, alone):
+        assert torch.equal(batch_result[:2], alone_result)

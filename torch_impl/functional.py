@@ -266,8 +266,8 @@ def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.T
     this total is at most the rounding that step_error_bound allows the explicit route
     ||fl(G~ - W Sigma)||^2: d r u ||g||^2 + 2 (d + r + 2) sqrt(r) u ||g|| ||G~|| (the sum of squares
     and the projection error). Where the coarse drift term ||Sigma||_F^2 is what fails, the sharper
-    ||Sigma^2||_F (one r x r product, r / d of a d x r^2 one) is tried; otherwise (any frame of the
-    batch) g = G~ - W Sigma is formed: one more d x r^2 product. Shapes: W, G~ (B, d, r),
+    ||Sigma^2||_F (one r x r product, r / d of a d x r^2 one) is tried; otherwise g = G~ - W Sigma is formed
+    (one more d x r^2 product, for the batch when any frame needs it) and used for those frames. Shapes: W, G~ (B, d, r),
     WtG (B, r, r); returns (B,).
     """
     d, r = W.shape[-2], W.shape[-1]
@@ -279,14 +279,20 @@ def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.T
     cross = torch.sqrt(sigma_sq * gradient_sq)
     rounding = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
     explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * torch.sqrt(identity.clamp(min=0) * gradient_sq))
-    if bool(torch.all(rounding + drift * sigma_sq <= explicit_error)):
+    # the route is chosen per frame, from that frame's quantities only: a frame's result must not
+    # depend on the other frames of its batch (a shared decision made a frame at scale 2^-120
+    # round differently when another frame of the batch had scale 2^-300)
+    identity_ok = rounding + drift * sigma_sq <= explicit_error
+    if bool(identity_ok.all()):
         return identity
-    if bool(torch.all(rounding < explicit_error)):
+    sharper = ~identity_ok & (rounding < explicit_error)
+    if bool(sharper.any()):
         sigma_squared_sq = torch.linalg.vector_norm(torch.bmm(sigma, sigma), dim=(-2, -1))
-        if bool(torch.all(rounding + drift * sigma_squared_sq <= explicit_error)):
+        identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
+        if bool(identity_ok.all()):
             return identity
     g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
-    return torch.linalg.vector_norm(g, dim=(-2, -1)).square()
+    return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
 
 
 def second_moment(v: torch.Tensor, g_squared: torch.Tensor, beta2: float, size: int) -> torch.Tensor:
