@@ -458,12 +458,19 @@ def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with observability.recording() as hidden:
+            # inline: an outside implementation's not-observable records are kept in this process, and
+            # the implementation need not be importable in worker processes
+            with observability.recording() as hidden, parallel.using(parallel.Inline()):
                 chosen = get_profile(profile) if isinstance(profile, str) else profile  # a Profile object: tests
                 result = claim.run(seed, chosen, optimizer=variant, **options)
                 data = result.to_dict()
         except adapters.ImplementationError as error:
             data = _implementation_failure(claim_id, str(error))
+            hidden = []
+        except parallel.TaskFailed as error:  # raised inside a chunk task
+            if error.error_type != adapters.ImplementationError.__name__:
+                raise
+            data = _implementation_failure(claim_id, error.error_message)
             hidden = []
     data = apply_observability(data, hidden)
     data["extra"] = {**data.get("extra", {}), "implementation": adapters.describe(variant)}

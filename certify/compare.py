@@ -74,7 +74,7 @@ def run(specs: list[str], *, out_dir: Path, seed: int, profile: str, command: st
                 progress(f"{spec} {claim_id}: {internal_error}")
             certificate_format.write(sealed, directory / f"{claim_id}.json")
             results[spec][claim_id] = sealed
-            progress(f"{spec} {claim_id}: {cell(sealed)} in {sealed['provenance']['timing']['wall_seconds']:.2f} s")
+            progress(f"{spec} {claim_id}: {cell(sealed)} in {certificate_format.run_record(sealed)['wall_seconds']:.2f} s")
     return results, time.perf_counter() - started
 
 

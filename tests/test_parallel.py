@@ -201,6 +201,9 @@ def test_a_failing_task_is_one_line_naming_it(make):
     message = str(failure.value)
     assert "\n" not in message
     assert message.startswith("task 4 of 5 of _square_or_fail failed: ArithmeticError: three is not allowed second line (test_parallel.py:")
+    # the exception's class and message travel with it: a caller tells an expected error from a crash
+    assert failure.value.error_type == "ArithmeticError"
+    assert failure.value.error_message == "three is not allowed second line"
 
 
 def test_a_dying_worker_is_reported_not_waited_for():

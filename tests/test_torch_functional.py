@@ -181,3 +181,20 @@ def test_a_frames_step_does_not_depend_on_the_other_frames_of_its_batch():
     alone = functional.stiefel_adam_step(W[:2], G[:2], m[:2], v[:2], 0)
     for batch_result, alone_result in zip(together, alone):
         assert torch.equal(batch_result[:2], alone_result)
+
+
+@pytest.mark.parametrize("k", [-200, -100, 100, 200])
+def test_the_step_is_bitwise_invariant_under_power_of_two_gradient_scales(k):
+    """eps = 0: W+ of 2^k G equals W+ of G bit for bit and m scales by 2^k exactly, for a batch of
+    frames at scales 1, 2^-200, 2^200, 10^-3 (P2 through the torch kernel). Every quantity of degree
+    2 in the gradient stays a normal float64 (|exponent| <= 800 < 1022); one of degree 4 would not."""
+    d, r = 16, 4
+    W, rng = _frames(4, d, r, "power of two")
+    W = W.double()
+    scales = torch.tensor([1.0, 2.0**-200, 2.0**200, 1e-3], dtype=torch.float64)[:, None, None]
+    G = torch.from_numpy(rng.standard_normal(W.shape)) * scales
+    m, v = torch.zeros_like(W), torch.zeros(4, dtype=torch.float64)
+    W1, m1, v1 = functional.stiefel_adam_step(W, G, m, v, 0, eps=0.0)
+    W2, m2, v2 = functional.stiefel_adam_step(W, G * 2.0**k, m, v, 0, eps=0.0)
+    assert torch.equal(W2, W1)
+    assert torch.equal(m2, m1 * 2.0**k)

@@ -273,12 +273,15 @@ def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.T
     d, r = W.shape[-2], W.shape[-1]
     u = unit_roundoff(W.dtype)
     sigma = _sym(WtG)
-    gradient_sq = torch.linalg.vector_norm(G_decayed, dim=(-2, -1)).square()
-    sigma_sq = torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
+    gradient_norm = torch.linalg.vector_norm(G_decayed, dim=(-2, -1))
+    sigma_norm = torch.linalg.vector_norm(sigma, dim=(-2, -1))
+    gradient_sq, sigma_sq = gradient_norm.square(), sigma_norm.square()
     identity = gradient_sq - sigma_sq
-    cross = torch.sqrt(sigma_sq * gradient_sq)
+    # every term of the route test is of degree 2 in G~ (no product of two squares, which underflows
+    # for |log2 scale| > ~250), so the test, like the step, is exactly invariant under G~ -> 2^k G~
+    cross = sigma_norm * gradient_norm
     rounding = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
-    explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * torch.sqrt(identity.clamp(min=0) * gradient_sq))
+    explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * identity.clamp(min=0).sqrt() * gradient_norm)
     # the route is chosen per frame, from that frame's quantities only: a frame's result must not
     # depend on the other frames of its batch (a shared decision made a frame at scale 2^-120
     # round differently when another frame of the batch had scale 2^-300)

@@ -42,7 +42,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 
 class TaskFailed(RuntimeError):
-    """A task raised, or its worker died: one line naming the task and the error."""
+    """A task raised, or its worker died: one line naming the task and the error.
+
+    error_type / error_message: the class name and the message of the exception the task raised
+    (None when the worker died), so that a caller can tell an expected error from a crash."""
+
+    def __init__(self, message: str, error_type: str | None = None, error_message: str | None = None):
+        super().__init__(message)
+        self.error_type = error_type
+        self.error_message = error_message
 
 
 # --------------------------------------------------------------------------------------------
@@ -56,6 +64,8 @@ class _Outcome:
 
     result: Any = None
     error: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
     warnings: list = field(default_factory=list)
 
 
@@ -92,6 +102,7 @@ def _run_task(fn: Callable, args: tuple, kwargs: dict) -> _Outcome:
             frames = traceback.extract_tb(error.__traceback__)
             where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
             outcome.error = _one_line(error) + where
+            outcome.error_type, outcome.error_message = type(error).__name__, " ".join(str(error).split())
         finally:
             _EXECUTOR = previous
     outcome.warnings = [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
@@ -435,7 +446,8 @@ def map_tasks(fn: Callable, tasks: Iterable, *, label: str | None = None) -> lis
         for message, category, filename, lineno in outcome.warnings:
             warnings.warn_explicit(message, category, filename, lineno)
         if outcome.error is not None:
-            raise TaskFailed(f"task {index + 1} of {len(calls)} of {getattr(fn, '__qualname__', fn)} failed: {outcome.error}")
+            raise TaskFailed(f"task {index + 1} of {len(calls)} of {getattr(fn, '__qualname__', fn)} failed: {outcome.error}",
+                             outcome.error_type, outcome.error_message)
         results.append(outcome.result)
     return results
 
@@ -459,7 +471,8 @@ class Pending:
             for message, category, filename, lineno in self._outcome.warnings:
                 warnings.warn_explicit(message, category, filename, lineno)
         if self._outcome.error is not None:
-            raise TaskFailed(f"{getattr(self._fn, '__qualname__', self._fn)} failed: {self._outcome.error}")
+            raise TaskFailed(f"{getattr(self._fn, '__qualname__', self._fn)} failed: {self._outcome.error}",
+                             self._outcome.error_type, self._outcome.error_message)
         return self._outcome.result
 
 
