@@ -410,23 +410,29 @@ def _compare_with_twin(checks: _Checks, W, G, state, config, out, model, bound, 
                   extra={"quantities": ["W", "m", "v"]})
 
 
+def _start_batch(checks: _Checks, setting: TrajectorySetting, d: int, r: int, lead: tuple, key: tuple):
+    """The draws and the record of one batch of trajectories, white box or black box alike:
+    (rng, config, W_0, gradient scales, frame count, the worst case's extra fields)."""
+    rng = rng_for(checks.seed, *key)
+    config = setting.config(d, r)
+    W = ri.random_point(d, r, rng, lead)
+    scales = _scales(setting.gradients, lead, rng)
+    checks.leads.add(lead)
+    checks.trust_radii.add(setting.trust_radius)
+    extra = {"setting": setting.name, "start": setting.start, "gradients": setting.gradients, "lead": list(lead),
+             "lr": config.lr, "betas": list(config.betas), "eps": config.eps, "trust_radius": config.trust_radius,
+             "weight_decay": config.weight_decay, "index_layout": "(step - 1) * frames + frame"}
+    return rng, config, W, scales, int(np.prod(lead, dtype=np.int64)), extra
+
+
 def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int, r: int, lead: tuple,
                     steps: int, key: tuple, twin_dps: int | None) -> None:
     """One batch of trajectories; its samples are added once, in the order (step, frame)."""
     if not observability.state_observable(variant):
         _run_black_box(checks, variant, setting, d, r, lead, steps, key)
         return
-    rng = rng_for(checks.seed, *key)
-    config = setting.config(d, r)
+    rng, config, W, scales, frames, extra = _start_batch(checks, setting, d, r, lead, key)
     shape = (d, r)
-    W = ri.random_point(d, r, rng, lead)
-    scales = _scales(setting.gradients, lead, rng)
-    frames = int(np.prod(lead, dtype=np.int64))
-    checks.leads.add(lead)
-    checks.trust_radii.add(setting.trust_radius)
-    extra = {"setting": setting.name, "start": setting.start, "gradients": setting.gradients, "lead": list(lead),
-             "lr": config.lr, "betas": list(config.betas), "eps": config.eps, "trust_radius": config.trust_radius,
-             "weight_decay": config.weight_decay, "index_layout": "(step - 1) * frames + frame"}
     collected = {name: ([], []) for name in ("W", "m", "v", "bookkeeping", "well_posed")}
     error = None
     if setting.start == "fresh":
@@ -502,8 +508,6 @@ def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int,
     The bound grows with k (the move of the transport P_W+ with W+ feeds back into e), and stays
     first order in u over the MIN_STEPS to profile.steps steps run here.
     """
-    rng = rng_for(checks.seed, *key)
-    config = setting.config(d, r)
     shape = (d, r)
     if setting.start != "fresh":
         for name in ("W", "m", "v", "bookkeeping"):
@@ -513,15 +517,8 @@ def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int,
     for name in ("m", "v", "bookkeeping"):
         observability.record(f"trajectory_model_{name}[{checks.label}]",
                              "m, v and t are the optimizer's hidden state (W is compared, with the model keeping its own m, v, t)")
-    W = ri.random_point(d, r, rng, lead)
-    scales = _scales(setting.gradients, lead, rng)
-    frames = int(np.prod(lead, dtype=np.int64))
-    checks.leads.add(lead)
-    checks.trust_radii.add(setting.trust_radius)
-    extra = {"setting": setting.name, "start": setting.start, "gradients": setting.gradients, "lead": list(lead),
-             "lr": config.lr, "betas": list(config.betas), "eps": config.eps, "trust_radius": config.trust_radius,
-             "weight_decay": config.weight_decay, "index_layout": "(step - 1) * frames + frame",
-             "state": "not observable: the model keeps its own m, v, t"}
+    rng, config, W, scales, frames, extra = _start_batch(checks, setting, d, r, lead, key)
+    extra["state"] = "not observable: the model keeps its own m, v, t"
     residuals, bounds, posed_flags = [], [], []
     error = None
     try:
