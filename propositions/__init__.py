@@ -15,7 +15,8 @@ import importlib
 import pkgutil
 import re
 
-from ._common import Claim, ClaimResult, Profile, PROFILES, get_profile
+from ._common import ClaimResult, Profile, PROFILES, get_profile
+from .kit.protocol import Claim
 
 
 class UnknownClaim(ValueError):

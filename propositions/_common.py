@@ -1,7 +1,7 @@
-"""The small protocol that every proposition module shares, and the bookkeeping of a certificate.
+"""The bookkeeping of a certificate that every proposition module shares.
 
-A proposition module exposes one `Claim` (its registry entry). `Claim.run(seed, profile,
-optimizer)` returns a `ClaimResult`: the symbolic derivation, the exact-arithmetic tier, the
+A proposition module exposes one `Claim` (propositions.kit.protocol: a declarative recipe run by
+`run_claim`). `Claim.run(seed, profile, optimizer)` returns a `ClaimResult`: the symbolic derivation, the exact-arithmetic tier, the
 numerical checks, the controls and any proposition-specific evidence, all JSON-able through
 `ClaimResult.to_dict()`. The `certify` package wraps that into a certificate; nothing here knows
 about files, digests or the command line.
@@ -505,27 +505,6 @@ def _ratio_text(value) -> str:
         return f"{float(value):.3g}"
     except (TypeError, ValueError):
         return str(value)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A registry entry. run(seed, profile, optimizer="stiefel_adam") -> ClaimResult.
-
-    optimizer names a variant of reference_impl.VARIANTS that takes the place of the real step in
-    the numerical part (tests run every claim against the controls it must catch: `controls`).
-    """
-
-    id: str
-    title: str
-    statement: str
-    latex: str
-    controls: tuple[str, ...]
-    run: Callable[..., ClaimResult]
-    # importable packages the run needs beyond the core dependencies (e.g. ("torch",)); a claim
-    # whose requirement is missing is skipped by `certify all` with a note, never failed
-    requires: tuple[str, ...] = ()
-    # the keyword options run() takes and their defaults (e.g. device and dtype of the cross-check)
-    default_options: tuple[tuple[str, str], ...] = ()
 
 
 def to_jsonable(obj):

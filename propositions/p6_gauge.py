@@ -54,14 +54,12 @@ import sympy as sp
 from reference_impl import UNIT_ROUNDOFF, feasibility, get_variant, manifold_tolerance, random_point, riemannian_gradient
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
+from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.figures import HistogramFigure
 from .kit.symbolic import is_zero
 from . import attention
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from ._common import (
-    Claim,
-    ClaimResult,
-    ControlResult,
     NumericalCheck,
     Profile,
     SymbolicResult,
@@ -74,7 +72,6 @@ from ._common import (
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P6"
-CONTROLS = ("anchored_query_loss",)
 
 # Tokens per layer; every shape gets each count. n = 1 is left out: a one-token softmax is the
 # constant 1, so G_Q = G_K = 0 exactly and the gauge residual would be zero by construction.
@@ -166,10 +163,12 @@ def torch_bound(errors: attention.RoundingBounds, name: str) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def symbolic_derivation() -> SymbolicResult:
-    result = SymbolicResult(
-        method="sympy MatrixSymbol algebra with Omega^T = -Omega; explicit entries at n = d = r = 2"
-    )
+SYMBOLIC_METHOD = "sympy MatrixSymbol algebra with Omega^T = -Omega; explicit entries at n = d = r = 2"
+
+
+def symbolic_derivation() -> list[SymbolicStep]:
+    """The derivation's steps (seed-independent: run_claim derives them once per process)."""
+    result = SymbolicResult(SYMBOLIC_METHOD)
     n, d, r = sp.symbols("n d r", integer=True, positive=True)
     X = sp.MatrixSymbol("X", n, d)
     W_Q = sp.MatrixSymbol("W_Q", d, r)
@@ -253,7 +252,7 @@ def symbolic_derivation() -> SymbolicResult:
             sp.simplify(difference) == 0,
         )
     )
-    return result
+    return result.steps
 
 
 EXACT_CASES = ((2, 2, 2), (3, 3, 2), (4, 4, 3))  # (n, d, r)
@@ -431,83 +430,70 @@ def layer_checks(seed: int, profile: Profile, optimizer: str, use_torch: bool, c
     return [checks["gauge_residual"], checks["gauge_inner_product"], finite_difference, torch_check], torch_available, frames
 
 
-def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
-    """Certify P6; `optimizer` selects the Riemannian gradient map only (module docstring)."""
-    get_variant(optimizer)
-    symbolic = start_task(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
-    exact = exact_checks(seed)
-    use_torch = profile.name == "thorough"
-    notes = []
-    # the chunks are tasks of the current executor (propositions.kit.parallel), merged in chunk order
-    partials = map_chunks(layer_checks, seed, profile, optimizer, use_torch)
+def layers_part(ctx: Context) -> Evidence:
+    """The gauge checks, finite differences and, in the thorough profile, torch autograd over random
+    attention layers (the chunks of layer_checks, merged in chunk order)."""
+    use_torch = ctx.profile.name == "thorough"
+    partials = map_chunks(layer_checks, ctx.seed, ctx.profile, ctx.optimizer, use_torch)
     gauge_residual, gauge_inner_product, finite_difference, torch_check = merge_checks(p[0] for p in partials)
-    checks = {"gauge_residual": gauge_residual, "gauge_inner_product": gauge_inner_product}
     torch_available = partials[0][1]
-    frames = sum(p[2] for p in partials)
-    numerical = [checks["gauge_residual"], checks["gauge_inner_product"], finite_difference]
+    checks = [gauge_residual, gauge_inner_product, finite_difference]
     if use_torch and torch_available:
-        numerical.append(torch_check)
+        checks.append(torch_check)
+        note = "torch autograd cross-checks the hand-written gradients (thorough profile)."
     elif use_torch:
-        notes.append("torch is not importable: the autograd cross-check was skipped (finite differences remain).")
+        note = "torch is not importable: the autograd cross-check was skipped (finite differences remain)."
     else:
-        notes.append(
+        note = (
             "the torch autograd cross-check runs in the thorough profile only (importing torch alone "
             "exceeds the time budget of the quick and default profiles); finite differences check the "
             "gradients in every profile."
         )
-    notes.append("r = 1 frames have no gauge group (every 1 x 1 skew matrix is 0): their residuals are 0 exactly.")
-    notes.append(
-        f"optimizer {optimizer!r} selects the gradient map riemannian_gradient(W, G, 0, variant) of the "
-        "gauge-orthogonality check only; P6 is about gradients, not steps."
+    return Evidence(
+        checks=checks,
+        frames=sum(p[2] for p in partials),
+        notes=[note],
+        extra={
+            "gradient_map": f"riemannian_gradient(W, G, 0, variant={getattr(ctx.optimizer, 'name', ctx.optimizer)!r})",
+            "token_counts": list(TOKEN_COUNTS),
+            "value_dim": VALUE_DIM,
+            "token_log10_scale": list(TOKEN_LOG10_SCALE),
+            "value_log10_scale": list(VALUE_LOG10_SCALE),
+            "finite_difference_step": attention.FD_STEP,
+            "torch_cross_check": bool(use_torch and torch_available),
+        },
     )
 
-    control_checks = _gauge_checks("anchored_query_loss:")
-    for d, r, n, chunk_index, count in _plan(profile, frames=profile.control_frames, large=()):
+
+def anchored_query_loss(ctx: Context) -> Evidence:
+    """The control: the attention loss + 1/2 ||W_Q - A||^2 (not gauge invariant) through the same
+    gauge checks, with the real gradient map (P6's control is the loss, not the optimizer)."""
+    checks = _gauge_checks("anchored_query_loss:")
+    for d, r, n, chunk_index, count in _plan(ctx.profile, frames=ctx.profile.control_frames, large=()):
         key = (CLAIM_ID, "control", d, r, n, chunk_index)
-        rng = rng_for(seed, *key)
+        rng = rng_for(ctx.seed, *key)
         X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r)
         _, grads, fwd = attention.loss_and_gradients(X, W_Q, W_K, W_V, Y)
         omega, omega_norm = random_skew(rng, count, r)
         anchor = rng.standard_normal(W_Q.shape)
         # the loss + 1/2 ||W_Q - A||^2: its gradient in W_Q gains W_Q - A
         G_Q = grads.W_Q + (W_Q - anchor)
-        _gauge_sample(control_checks, optimizer, X, W_Q, W_K, G_Q, grads.W_K, fwd, grads, omega, omega_norm,
-                      shape=(d, r), key=key, seed=seed)
-    controls = [
-        ControlResult.from_checks(
-            "anchored_query_loss",
-            "attention loss + 1/2 ||W_Q - A||^2 for a fixed Gaussian A: not gauge invariant, gauge "
-            "component -skew(W_Q^T A)",
-            control_checks.values(),
-        )
-    ]
-    extra = {
-        "optimizer": optimizer,
-        "gradient_map": f"riemannian_gradient(W, G, 0, variant={optimizer!r})",
-        "token_counts": list(TOKEN_COUNTS),
-        "value_dim": VALUE_DIM,
-        "token_log10_scale": list(TOKEN_LOG10_SCALE),
-        "value_log10_scale": list(VALUE_LOG10_SCALE),
-        "finite_difference_step": attention.FD_STEP,
-        "torch_cross_check": bool(use_torch and torch_available),
-        "control_gauge_residual_max": control_checks["gauge_residual"].to_dict()["residual"]["max"],
-    }
-    figures = {
-        "control_gauge_residual": HistogramFigure.of(
-            control_checks["gauge_residual"].to_dict()["ratio_histogram"],
-            "gauge residual over its bound for the non-invariant loss (control)", "log10(residual / bound)",
-        ),
-    }
-    return ClaimResult(
-        symbolic=symbolic.result(),
-        checks=numerical,
-        controls=controls,
-        frames=frames,
-        exact=exact,
-        extra=extra,
-        figures=figures,
-        notes=notes,
+        _gauge_sample(checks, "stiefel_adam", X, W_Q, W_K, G_Q, grads.W_K, fwd, grads, omega, omega_norm,
+                      shape=(d, r), key=key, seed=ctx.seed)
+    return Evidence(
+        checks=list(checks.values()),
+        extra={"gauge_residual_max": checks["gauge_residual"].to_dict()["residual"]["max"]},
+        figures={
+            "control_gauge_residual": HistogramFigure.of(
+                checks["gauge_residual"].to_dict()["ratio_histogram"],
+                "gauge residual over its bound for the non-invariant loss (control)", "log10(residual / bound)",
+            ),
+        },
     )
+
+
+def _prepare(ctx: Context) -> None:
+    get_variant(ctx.optimizer)  # P6 selects a gradient map only; an unknown name is refused at once
 
 
 CLAIM = Claim(
@@ -525,6 +511,21 @@ CLAIM = Claim(
         r" + \langle \operatorname{grad}_{W_K} f, W_K\Omega\rangle = 0"
         r"\ \ \forall\,\Omega = -\Omega^\top"
     ),
-    controls=CONTROLS,
-    run=run,
+    symbolic=Symbolic(SYMBOLIC_METHOD, symbolic_derivation),
+    exact=exact_checks,
+    parts=(Part("layers", layers_part),),
+    controls=(
+        Control(
+            "anchored_query_loss",
+            anchored_query_loss,
+            "attention loss + 1/2 ||W_Q - A||^2 for a fixed Gaussian A: not gauge invariant, gauge "
+            "component -skew(W_Q^T A)",
+        ),
+    ),
+    notes=(
+        "r = 1 frames have no gauge group (every 1 x 1 skew matrix is 0): their residuals are 0 exactly.",
+        "optimizer selects the gradient map riemannian_gradient(W, G, 0, variant) of the gauge-orthogonality "
+        "check only; P6 is about gradients, not steps.",
+    ),
+    prepare=_prepare,
 )

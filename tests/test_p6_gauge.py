@@ -13,6 +13,7 @@ from hypothesis import given, settings
 import reference_impl as ri
 from propositions import attention
 from propositions import p6_gauge as p6
+from propositions.kit.protocol import derive_symbolic
 from propositions._common import NumericalCheck, Profile, rng_for
 
 from strategies import seeds
@@ -32,13 +33,13 @@ def _unit_directions(rng, W_Q, W_V):
 @settings(max_examples=3, deadline=None)
 @given(seed=seeds)
 def test_gauge_claim_passes(seed):
-    result = p6.run(seed, SMALL)
+    result = p6.CLAIM.run(seed, SMALL)
     assert result.verdict == "pass", result.failures()
     assert result.frames >= SMALL.frames
 
 
 def test_certificate_content():
-    body = p6.run(5, SMALL).to_dict()
+    body = p6.CLAIM.run(5, SMALL).to_dict()
     assert body["symbolic"]["status"] == "proved"
     assert all(e["passed"] for e in body["exact"]) and len(body["exact"]) == 3
     names = {c["name"] for c in body["numerical"]["checks"]}
@@ -58,7 +59,7 @@ def test_certificate_content():
 @pytest.mark.parametrize("optimizer", ["canonical_metric_gradient", "projection_without_sym"])
 def test_every_gradient_map_is_gauge_orthogonal(optimizer):
     # P6 is about gradients: the gradient maps of the controls also annihilate gauge directions
-    assert p6.run(2, SMALL, optimizer=optimizer).verdict == "pass"
+    assert p6.CLAIM.run(2, SMALL, optimizer=optimizer).verdict == "pass"
 
 
 def test_check_fails_on_a_loss_that_is_not_gauge_invariant():
@@ -134,5 +135,5 @@ def test_gauge_bounds_positive_and_riemannian_gradient_is_gauge_orthogonal():
 
 
 def test_symbolic_tier_proves_the_identity():
-    symbolic = p6.symbolic_derivation()
+    symbolic = derive_symbolic(p6.CLAIM.symbolic)
     assert symbolic.status == "proved" and len(symbolic.steps) >= 5

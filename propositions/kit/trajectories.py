@@ -81,6 +81,7 @@ What would make it fail
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -93,6 +94,7 @@ from . import observability, tightness
 from .._common import NumericalCheck, Profile, projection_error_bound, rng_for, u
 from .bounds import polar_error_bound
 from .model import ModelStep, model_step, tangent_part
+from .protocol import Context, Evidence, Part
 
 MIN_STEPS = 8
 GRAM_RETRACTION_CONSTANT = 5.0  # the Gram route's 5 kappa^3 sqrt(r) (n + 1) u, see the module docstring
@@ -598,3 +600,14 @@ def trajectory_agreement(seed: int, profile: Profile, optimizer="stiefel_adam", 
                     twin_dps = profile.mp_dps if lead == () and (index, (d, r)) in twins else None
                     _run_trajectory(checks, variant, setting, d, r, lead, steps, key, twin_dps)
     return checks.list()
+
+
+def trajectory_evidence(ctx: Context, claim: str) -> Evidence:
+    """The trajectory checks of one claim's settings as a part's Evidence (trajectory_agreement)."""
+    return Evidence(checks=trajectory_agreement(ctx.seed, ctx.profile, ctx.optimizer, claim=claim))
+
+
+def trajectory_part(claim: str) -> Part:
+    """The optimizer's own trajectories against the model, step by step, with the settings of
+    `claim` (CLAIM_SETTINGS): a background part of each of the claims P1..P5."""
+    return Part("trajectories", functools.partial(trajectory_evidence, claim=claim), background=True)

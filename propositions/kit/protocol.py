@@ -1,0 +1,246 @@
+"""A claim as a declarative recipe, and the one function that runs every recipe.
+
+A claim module states *what* its certificate holds; `run_claim` decides *how* it is run, in one
+place for every claim:
+
+    CLAIM = Claim(
+        id="P7", title=..., statement=..., latex=...,
+        symbolic=Symbolic(METHOD, derive),          # derive() -> SymbolicSteps; cached per process
+        exact=exact_part,                           # exact_part(seed) -> list of exact-check dicts
+        parts=(Part("projector", projector_part),   # part(ctx) -> Evidence
+               trajectory_part("P7")),              # started first, as a task, collected last
+        controls=(Control("no_sym", control_part),),# control(ctx) -> Evidence, ctx.optimizer = "no_sym"
+        notes=("...",),
+    )
+
+What `run_claim` does, in this order:
+
+1. `prepare(ctx)` (optional) checks the options and may return a normalised context.
+2. The symbolic derivation and every `background` part are started as tasks of the current executor
+   (propositions.kit.parallel), so that they run beside the chunk maps on a pool.
+3. The exact tier runs, then each foreground part in the order declared (a part maps its chunks
+   over the executor itself).
+4. Each control runs in a context whose optimizer is the control's name; a control that returns
+   None does not apply in this context (the cross-check's controls break the real kernel only).
+   A control's checks decide its ControlResult; its extra goes to extra["control_evidence"][name],
+   its figures and notes beside the parts'.
+5. The background parts are collected. Checks, frames, extra, figures, notes and inconclusive
+   reasons are put together in the *declared* order of the parts (never in completion order), so a
+   certificate does not depend on where or when its parts ran.
+
+The extra of a certificate always holds `optimizer` (the variant under test), `control_frames` when
+a control ran, and `timings` (seconds per stage: the run record, outside the digest). Two parts
+that write the same extra or figure key are a programming error, raised at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, ContextManager, Iterable
+
+from .._common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
+from .parallel import start as start_task
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a claim runs: the seed of every draw, the profile, the optimizer under test (a variant
+    name of reference_impl.VARIANTS, or a Variant object) and the claim's own options."""
+
+    seed: int
+    profile: Profile
+    optimizer: Any = "stiefel_adam"
+    options: dict = field(default_factory=dict)
+
+    def option(self, name: str, default=None):
+        return self.options.get(name, default)
+
+    def with_optimizer(self, optimizer) -> "Context":
+        return replace(self, optimizer=optimizer)
+
+
+@dataclass
+class Evidence:
+    """What one part of a claim (or one control) produced."""
+
+    checks: list[NumericalCheck] = field(default_factory=list)
+    frames: int = 0  # random frames this part drew (independent of every other part's)
+    extra: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A named piece of numerical evidence: run(ctx) -> Evidence.
+
+    background: started as one task before the exact tier and the foreground parts, collected at
+    the end (a sequential long run, or a part with chunk maps of its own). run must then be a
+    top-level function (or a functools.partial of one) so that it can travel to a worker.
+    """
+
+    name: str
+    run: Callable[[Context], Evidence]
+    background: bool = False
+
+
+@dataclass(frozen=True)
+class Control:
+    """A deliberately broken variant the claim's checks must catch: run(ctx) with ctx.optimizer =
+    name returns the Evidence of the checks it ran (or None where the control does not apply).
+    description: default the variant's own (reference_impl.get_variant(name).description)."""
+
+    name: str
+    run: Callable[[Context], Evidence | None]
+    description: str | None = None
+
+    def describe(self) -> str:
+        if self.description is not None:
+            return self.description
+        from reference_impl import get_variant
+
+        return get_variant(self.name).description
+
+
+@dataclass(frozen=True)
+class Symbolic:
+    """The symbolic tier: `derive()` returns the SymbolicSteps (seed-independent, so derived once
+    per process and copied into each result); no `derive` means the tier does not apply and
+    `method` says why."""
+
+    method: str
+    derive: Callable[[], Iterable[SymbolicStep]] | None = None
+
+
+@functools.cache
+def _derived(derive: Callable) -> tuple[SymbolicStep, ...]:
+    return tuple(derive())
+
+
+def derive_symbolic(symbolic: Symbolic) -> SymbolicResult:
+    """The SymbolicResult of a Symbolic tier (a fresh copy of the cached steps)."""
+    if symbolic.derive is None:
+        return SymbolicResult(symbolic.method)
+    return SymbolicResult(symbolic.method, [replace(step) for step in _derived(symbolic.derive)])
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A registry entry and the recipe of its certificate; run(seed, profile, optimizer, **options).
+
+    optimizer names a variant of reference_impl.VARIANTS that takes the place of the real step in
+    the numerical part (the tests run every claim against the controls it must catch).
+    requires: importable packages the run needs beyond the core dependencies (a claim whose
+    requirement is missing is skipped by `certify all` with a note, never failed).
+    default_options: the keyword options run() takes and their defaults.
+    environment(ctx): a context manager the whole run happens inside (e.g. one thread).
+    """
+
+    id: str
+    title: str
+    statement: str
+    latex: str
+    symbolic: Symbolic
+    parts: tuple[Part, ...]
+    controls: tuple[Control, ...]
+    exact: Callable[[int], list[dict]] | None = None
+    notes: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    default_options: tuple[tuple[str, str], ...] = ()
+    prepare: Callable[[Context], Context | None] | None = None
+    environment: Callable[[Context], ContextManager] | None = None
+
+    @property
+    def control_names(self) -> tuple[str, ...]:
+        return tuple(control.name for control in self.controls)
+
+    def run(self, seed: int, profile: Profile, optimizer="stiefel_adam", **options) -> ClaimResult:
+        return run_claim(self, Context(seed, profile, optimizer, dict(options)))
+
+
+def _merge_into(target: dict, source: dict, what: str, claim_id: str) -> None:
+    clash = set(target) & set(source)
+    if clash:
+        raise RuntimeError(f"claim {claim_id}: two parts write the {what} key(s) {sorted(clash)}")
+    target.update(source)
+
+
+def _timed(timings: dict, name: str, fn, *args):
+    started = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        timings[f"{name}_s"] = timings.get(f"{name}_s", 0.0) + time.perf_counter() - started
+
+
+def run_claim(claim: Claim, ctx: Context) -> ClaimResult:
+    """Run the recipe `claim` in context `ctx` and put its ClaimResult together (module docstring)."""
+    if claim.prepare is not None:
+        ctx = claim.prepare(ctx) or ctx
+    environment = claim.environment(ctx) if claim.environment is not None else contextlib.nullcontext()
+    with environment:
+        return _run(claim, ctx)
+
+
+def _run(claim: Claim, ctx: Context) -> ClaimResult:
+    timings: dict[str, float] = {}
+    symbolic = start_task(derive_symbolic, claim.symbolic)
+    pending = {part.name: start_task(part.run, ctx) for part in claim.parts if part.background}
+    exact = _timed(timings, "exact", claim.exact, ctx.seed) if claim.exact is not None else []
+
+    evidence: dict[str, Evidence] = {}
+    for part in claim.parts:
+        if not part.background:
+            evidence[part.name] = _timed(timings, part.name, part.run, ctx)
+
+    controls, control_evidence = [], []
+    for control in claim.controls:
+        found = _timed(timings, "controls", control.run, ctx.with_optimizer(control.name))
+        if found is None:
+            continue
+        controls.append(ControlResult.from_checks(control.name, control.describe(), found.checks))
+        control_evidence.append((control.name, found))
+
+    for name, task in pending.items():
+        evidence[name] = _timed(timings, name, task.result)
+    symbolic_result = _timed(timings, "symbolic_wait", symbolic.result)
+
+    checks, frames, figures, inconclusive = [], 0, {}, []
+    notes = list(claim.notes)
+    extra: dict = {"optimizer": getattr(ctx.optimizer, "name", ctx.optimizer)}
+    for part in claim.parts:
+        found = evidence[part.name]
+        checks += found.checks
+        frames += found.frames
+        _merge_into(extra, found.extra, "extra", claim.id)
+        _merge_into(figures, found.figures, "figure", claim.id)
+        notes += found.notes
+        inconclusive += found.inconclusive
+    if controls:
+        extra["control_frames"] = ctx.profile.control_frames
+    control_extra = {name: found.extra for name, found in control_evidence if found.extra}
+    if control_extra:
+        extra["control_evidence"] = control_extra
+    for name, found in control_evidence:
+        _merge_into(figures, found.figures, "figure", claim.id)
+        notes += found.notes
+    extra["timings"] = timings
+    return ClaimResult(
+        symbolic=symbolic_result,
+        checks=checks,
+        controls=controls,
+        frames=frames,
+        exact=exact,
+        extra=extra,
+        figures=figures,
+        notes=notes,
+        inconclusive=inconclusive,
+        dtype=str(ctx.option("dtype", "float64")),
+    )
+
+
+__all__ = ["Claim", "Context", "Control", "Evidence", "Part", "Symbolic", "derive_symbolic", "run_claim"]
