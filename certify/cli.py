@@ -573,7 +573,7 @@ def command_list(args, out: _Output, command: str) -> int:
             continue
         missing = claims.missing_requirements(claim)
         title = claim.title + (f" (skipped: {', '.join(missing)} not installed)" if missing else "")
-        rows.append([claim_id, title, ", ".join(claim.controls) or "-"])
+        rows.append([claim_id, title, ", ".join(claim.control_names) or "-"])
     for module, problem in propositions.discover()[1].items():
         rows.append([module, f"(cannot be imported: {problem})", "-"])
     out.table(["id", "title", "controls"], rows)
