@@ -118,6 +118,32 @@ POLAR_ERROR_TEXT = (
 )
 
 
+def polar_perturbation_bound(distance, sigma_min):
+    """Bound on ||polar(A) - polar(B)||_F in exact arithmetic when ||A - B||_F <= distance and every
+    matrix of the segment [A, B] has smallest singular value >= sigma_min > 0 (scalars or arrays).
+
+    The derivative of the polar factor at C = P S Q^T (thin SVD) maps dC to P Omega Q^T +
+    (I - P P^T) dC Q S^-1 Q^T with Omega_ij = (X_ij - X_ji) / (s_i + s_j), X = P^T dC Q. The two terms
+    are orthogonal (P^T (I - P P^T) = 0); ||Omega||_F <= ||X - X^T||_F / (2 s_min) <= ||X||_F / s_min
+    and the second term is at most ||(I - P P^T) dC||_F / s_min, so ||D polar(C)[dC]||_F^2 <=
+    (||P^T dC||_F^2 + ||(I - P P^T) dC||_F^2) / s_min^2 = ||dC||_F^2 / s_min^2. Integrated along the
+    segment: distance / sigma_min, the one Lipschitz constant of the polar factor every bound uses.
+    Where sigma_min comes from: (W + xi)^T (W + xi) = W^T W + xi^T xi for xi tangent at W, so
+    sigma_min(W + xi) >= sigma_min(W), which is 1 for an orthonormal W (P3(b)) and at least 1 - a for
+    a W within a of St(d, r) (Weyl); the tangent space is linear, so the segment between W + xi_a and
+    W + xi_b is again of that form. (Li and Sun's 2 / (sigma_r(A) + sigma_r(B)), SIAM J. Matrix
+    Anal. Appl. 25 (2003), needs no segment; it agrees where sigma_r(A) = sigma_r(B) = sigma_min.)
+    """
+    return np.asarray(distance, dtype=np.float64) / np.asarray(sigma_min, dtype=np.float64)
+
+
+POLAR_PERTURBATION_TEXT = (
+    "polar_perturbation_bound(distance, sigma_min) = distance / sigma_min (propositions/kit/bounds.py): the "
+    "polar factor's derivative has Frobenius norm <= 1 / sigma_min, integrated along a segment of matrices "
+    "W + tangent whose smallest singular value is >= sigma_min (1 at a frame, 1 - a within a of St(d, r))"
+)
+
+
 def gram_defect_bound(distance, d: int, r: int, gram_roundoff: float = u):
     """Bound on fl(||W^T W - I||_F) for a d x r matrix W within `distance` of an orthonormal Q (Frobenius).
 

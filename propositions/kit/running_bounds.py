@@ -19,7 +19,7 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
 from .._common import chunk_sizes, u
-from .bounds import POLAR_ERROR_TEXT, polar_error_bound
+from .bounds import POLAR_ERROR_TEXT, POLAR_PERTURBATION_TEXT, polar_error_bound, polar_perturbation_bound
 
 # The largest frames (up to (1024, 128)) run in the main trajectory check; the other checks use
 # frames up to (128, 16), which keeps one run inside its time budget.
@@ -50,7 +50,7 @@ TRAJECTORY_BOUND_TEXT = (
     "trajectory_rounding_bound (propositions/kit/running_bounds.py), the running first-order bound on a "
     "float64 trajectory's distance to the exact one: projection (d + r + 5) u ||G~||, mean square (d r + 3) u, "
     "the polar factor's rounding at cond(W + xi) <= sqrt(1 + ||xi||^2) [" + POLAR_ERROR_TEXT + "], propagated "
-    "through the 1 / sigma_min-Lipschitz polar factor and the quadratic dependence of P_W on W"
+    "through the polar factor [" + POLAR_PERTURBATION_TEXT + "] and the quadratic dependence of P_W on W"
 )
 
 
@@ -83,10 +83,9 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
       xi  = -lr m^ / (sqrt(v^) + eps): relative error rho = dm / ||m|| + dv / (2 v) + 6 u (bias
             corrections, square root, division, lr); the trust region is 1-Lipschitz radially and
             Delta / ||xi|| transversally, so ||dxi|| <= min(||xi||, Delta) (rho + 2 u).
-      W+  = polar(W + xi): the polar factor is 1 / sigma_min-Lipschitz (its derivative maps dA to
-            P Omega Q^T + (I - P P^T) dA Q S^-1 with |Omega_ij| <= |X_ij - X_ji| / (s_i + s_j)),
-            and sigma_min(W + xi) >= 1 - a for tangent xi at a frame within a of St(d, r):
-            a+ = (a + ||dxi||) / (1 - a) + step_polar_error(d, r, min(||xi||, Delta), a), the
+      W+  = polar(W + xi): the polar factor is 1 / sigma_min-Lipschitz along segments of W + tangent
+            (kit/bounds.polar_perturbation_bound), with sigma_min(W + xi) >= 1 - a for tangent xi at a
+            frame within a of St(d, r): a+ = polar_perturbation_bound(a + ||dxi||, 1 - a) + step_polar_error(d, r, min(||xi||, Delta), a), the
             rounding of the computed polar factor (kit/bounds.polar_error_bound at the condition
             number that P3(b) gives for W + xi).
       m+  = P_{W+}(m): b_m+ = dm + (d + r + 4) u ||m|| + 2 ||m|| a+.
@@ -127,7 +126,7 @@ def _rounding_recursion(G_norm, g_norm, m_norm, v, xi_norm, d, r, beta1, beta2, 
         dxi = step_norm * (rho + 2 * u)
         inside = a < 0.5
         e_polar = step_polar_error(d, r, step_norm, np.where(inside, a, 0.0))
-        a = np.where(inside, (a + dxi) / (1.0 - a) + e_polar, np.inf)
+        a = np.where(inside, polar_perturbation_bound(a + dxi, 1.0 - a) + e_polar, np.inf)
         b_m = dm + projection_rounding * m_norm[t] + 2 * m_norm[t] * a
         b_v = dv
         bounds["W"][t], bounds["m"][t], bounds["v"][t] = a, b_m, b_v
