@@ -58,7 +58,7 @@ What would make it fail
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -68,16 +68,8 @@ from reference_impl import VARIANTS, manifold, manifold_tolerance
 from reference_impl.manifold import haar_from_gaussian
 
 from .kit.parallel import Chunks, map_chunks, merge_checks
-from ._common import (
-    Claim,
-    ClaimResult,
-    ControlResult,
-    NumericalCheck,
-    Profile,
-    SymbolicResult,
-    chunk_sizes,
-    rng_for,
-)
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from ._common import NumericalCheck, chunk_sizes, rng_for
 
 CLAIM_ID = "samplers"
 
@@ -181,7 +173,6 @@ CONTROL_SAMPLERS: dict[str, Sampler] = {
         _broken("uniform_entries_qr", "sign-fixed QR of a matrix of uniform(-1, 1) entries (orthonormal, signs balanced, not Haar)", _uniform_entries_qr),
     )
 }
-CONTROLS = tuple(CONTROL_SAMPLERS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +293,7 @@ def run_tests(sampler: Sampler, seed: int, samples: int, prefix: str = "", label
     for source, d, r in sorted({(source, shape[0], shape[1]) for _, source, shape in plan}, key=lambda x: (x[0] != "point", x[1], x[2])):
         if not chunks.take():
             continue
-        first, last, corner, negative_det, angle = [], [], [], [], []
+        first, last, negative_det, angle = [], [], [], []
         first_key = None
         for key, W in _draw(sampler, source, d, r, samples, seed, label):
             first_key = first_key or key
@@ -372,48 +363,49 @@ def resolve_sampler(optimizer: str, sampler) -> tuple[Sampler, list[str]]:
     return reference_sampler(), notes
 
 
-def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam", sampler=None) -> ClaimResult:
-    """Certify the samplers (`sampler`, or the control named by `optimizer`, or the reference's)."""
-    under_test, notes = resolve_sampler(optimizer, sampler)
-    samples = max(CONTROL_SAMPLES, profile.frames)
-    # the shapes are tasks of the current executor (propositions.kit.parallel); a registered sampler
-    # travels to them by name
-    registered = under_test.name == "reference" and not isinstance(sampler, Sampler) or CONTROL_SAMPLERS.get(under_test.name) is under_test
-    checks, records = _run_tests(under_test.name if registered else under_test, seed, samples)
-    controls, power = [], []
-    for name, broken in CONTROL_SAMPLERS.items():
-        control_checks, control_records = _run_tests(name, seed, CONTROL_SAMPLES, prefix=f"{name}:", label=f"control:{name}")
-        result = ControlResult.from_checks(name, broken.description, control_checks)
-        controls.append(result)
-        power.append({"control": name, "check": result.check, "residual": result.residual, "bound": result.bound,
-                      "margin": result.margin,
-                      "rejected_tests": sum(record["rejected"] for record in control_records), "tests": len(control_records)})
-    frames = samples * len({(source, shape) for _, source, shape in statistical_plan()})
-    notes.append(
-        "statistical checks: residual -log10 p, bound -log10 alpha_i with alpha_i = 1e-6 / K (Bonferroni); the "
-        "draws come from the recorded seed, so each p-value is reproduced exactly by a re-run; a control's margin "
-        "is log p / log alpha_i (DETECTION_FACTOR 10: p <= alpha_i^10); where scipy's p underflows the residual is "
-        "the DKW (KS) or Chernoff (binomial) lower bound on -log10 p")
-    extra = {
-        "sampler": under_test.name,
-        "family_wise_alpha": FAMILY_WISE_ALPHA,
-        "tests": len(statistical_plan()),
-        "alpha_per_test": alpha_per_test(),
-        "samples_per_test": samples,
-        "control_samples_per_test": CONTROL_SAMPLES,
-        "point_shapes": [list(shape) for shape in POINT_SHAPES],
-        "orthogonal_sizes": list(ORTHOGONAL_SIZES),
-        "tests_of_sampler": records,
-        "power": power,
-    }
-    return ClaimResult(
-        symbolic=SymbolicResult("none: a distributional claim about a sampler, tested statistically"),
+def _prepare(ctx: Context) -> Context:
+    """Resolve the sampler under test once (an unknown name is refused before anything runs)."""
+    under_test, notes = resolve_sampler(ctx.optimizer, ctx.option("sampler"))
+    return replace(ctx, options={**ctx.options, "sampler": under_test, "sampler_notes": notes,
+                                 "registered": _registered(under_test, ctx.option("sampler"))})
+
+
+def _registered(under_test: Sampler, given) -> bool:
+    """A registered sampler (the reference's or a control's) travels to the chunk tasks by name."""
+    return (under_test.name == "reference" and not isinstance(given, Sampler)) or CONTROL_SAMPLERS.get(under_test.name) is under_test
+
+
+def statistics_part(ctx: Context) -> Evidence:
+    """Every test of the plan for the sampler under test, max(CONTROL_SAMPLES, frames) draws per shape."""
+    under_test = ctx.option("sampler")
+    samples = max(CONTROL_SAMPLES, ctx.profile.frames)
+    # the shapes are tasks of the current executor (propositions.kit.parallel)
+    checks, records = _run_tests(under_test.name if ctx.option("registered") else under_test, ctx.seed, samples)
+    return Evidence(
         checks=checks,
-        controls=controls,
-        frames=frames,
-        extra=extra,
-        notes=notes,
+        frames=samples * len({(source, shape) for _, source, shape in statistical_plan()}),
+        notes=list(ctx.option("sampler_notes")),
+        extra={
+            "sampler": under_test.name,
+            "family_wise_alpha": FAMILY_WISE_ALPHA,
+            "tests": len(statistical_plan()),
+            "alpha_per_test": alpha_per_test(),
+            "samples_per_test": samples,
+            "control_samples_per_test": CONTROL_SAMPLES,
+            "point_shapes": [list(shape) for shape in POINT_SHAPES],
+            "orthogonal_sizes": list(ORTHOGONAL_SIZES),
+            "tests_of_sampler": records,
+        },
     )
+
+
+def broken_sampler(ctx: Context) -> Evidence:
+    """A control: the broken sampler named ctx.optimizer through the same tests at CONTROL_SAMPLES
+    draws per shape; its extra records how many tests rejected it (the measured power)."""
+    name = ctx.optimizer
+    checks, records = _run_tests(name, ctx.seed, CONTROL_SAMPLES, prefix=f"{name}:", label=f"control:{name}")
+    return Evidence(checks=checks, extra={"rejected_tests": sum(record["rejected"] for record in records),
+                                          "tests": len(records)})
 
 
 CLAIM = Claim(
@@ -421,6 +413,14 @@ CLAIM = Claim(
     title="The frame samplers are Haar",
     statement=STATEMENT,
     latex=LATEX,
-    controls=CONTROLS,
-    run=run,
+    symbolic=Symbolic("none: a distributional claim about a sampler, tested statistically"),
+    parts=(Part("statistics", statistics_part),),
+    controls=tuple(Control(name, broken_sampler, broken.description) for name, broken in CONTROL_SAMPLERS.items()),
+    notes=(
+        "statistical checks: residual -log10 p, bound -log10 alpha_i with alpha_i = 1e-6 / K (Bonferroni); the "
+        "draws come from the recorded seed, so each p-value is reproduced exactly by a re-run; a control's margin "
+        "is log p / log alpha_i (DETECTION_FACTOR 10: p <= alpha_i^10); where scipy's p underflows the residual is "
+        "the DKW (KS) or Chernoff (binomial) lower bound on -log10 p",
+    ),
+    prepare=_prepare,
 )

@@ -20,23 +20,30 @@ TOY_CLAIM = textwrap.dedent(
     """P7 (toy): sym(A) is symmetric."""
     import numpy as np
 
-    from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, rng_for
+    from propositions._common import NumericalCheck, rng_for
+    from propositions.kit.protocol import Claim, Control, Evidence, Part, Symbolic
     from reference_impl import sym
 
 
-    def run(seed, profile, optimizer="stiefel_adam"):
-        rng = rng_for(seed, "P7", "sym")
-        A = rng.standard_normal((profile.frames, 3, 3))
-        check = NumericalCheck("symmetric", "sym(A) - sym(A)^T", "exact: the two sums are the same sums")
-        S = sym(A)
-        check.add(np.abs(S - np.swapaxes(S, -1, -2)).max(axis=(-2, -1)), 1e-300, shape=(3, 3), key=("P7", "sym"), seed=seed)
-        broken = NumericalCheck("symmetric", "A - A^T for a matrix that is not symmetrised", "as above")
-        broken.add(np.abs(A - np.swapaxes(A, -1, -2)).max(axis=(-2, -1)), 1e-300, shape=(3, 3), key=("P7", "sym"), seed=seed)
-        control = ControlResult.from_checks("no_sym", "A itself in place of sym(A)", [broken])
-        return ClaimResult(symbolic=SymbolicResult("none"), checks=[check], controls=[control], frames=profile.frames)
+    def symmetry(ctx, symmetrise=sym):
+        rng = rng_for(ctx.seed, "P7", "sym")
+        A = rng.standard_normal((ctx.profile.frames, 3, 3))
+        check = NumericalCheck("symmetric", "||S - S^T||_max for S = sym(A)", "exact: the two sums are the same sums")
+        S = symmetrise(A)
+        check.add(np.abs(S - np.swapaxes(S, -1, -2)).max(axis=(-2, -1)), 1e-300, shape=(3, 3), key=("P7", "sym"), seed=ctx.seed)
+        return Evidence(checks=[check], frames=ctx.profile.frames)
 
 
-    CLAIM = Claim("P7", "toy: sym is symmetric", "sym(A) = sym(A)^T", r"\\mathrm{sym}(A) = \\mathrm{sym}(A)^T", ("no_sym",), run)
+    def no_sym(ctx):
+        return symmetry(ctx, symmetrise=lambda A: A)
+
+
+    CLAIM = Claim(
+        "P7", "toy: sym is symmetric", "sym(A) = sym(A)^T", r"\\mathrm{sym}(A) = \\mathrm{sym}(A)^T",
+        symbolic=Symbolic("none: a toy"),
+        parts=(Part("symmetry", symmetry),),
+        controls=(Control("no_sym", no_sym, "A itself in place of sym(A)"),),
+    )
     '''
 )
 

@@ -14,12 +14,12 @@ from reference_impl import manifold
 
 @pytest.fixture(scope="module")
 def real_result():
-    return samplers.run(0, get_profile("quick"))
+    return samplers.CLAIM.run(0, get_profile("quick"))
 
 
 def test_reference_samplers_pass_and_every_control_is_detected(real_result):
     assert real_result.verdict == "pass", real_result.failures()
-    assert {c.name for c in real_result.controls} == set(samplers.CONTROLS)
+    assert {c.name for c in real_result.controls} == set(samplers.CLAIM.control_names)
     for control in real_result.controls:
         assert control.detected and control.margin >= DETECTION_FACTOR, control.to_dict()
     body = real_result.to_dict()
@@ -71,7 +71,7 @@ def test_a_sampler_of_unnormalised_gaussians_fails(monkeypatch):
 
 
 def test_a_control_as_the_sampler_under_test_fails():
-    result = samplers.run(0, get_profile("quick"), optimizer="signs_fixed_by_first_column")
+    result = samplers.CLAIM.run(0, get_profile("quick"), optimizer="signs_fixed_by_first_column")
     assert result.verdict == "fail"
     assert result.extra["sampler"] == "signs_fixed_by_first_column"
 
@@ -115,4 +115,4 @@ def test_registered_for_certify_run():
     assert "samplers" in claims.ALL_IDS
     assert get_claim("SAMPLERS") is samplers.CLAIM
     with pytest.raises(ValueError, match="unknown optimizer"):
-        samplers.run(0, get_profile("quick"), optimizer="no_such_thing")
+        samplers.CLAIM.run(0, get_profile("quick"), optimizer="no_such_thing")
