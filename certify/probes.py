@@ -35,6 +35,7 @@ from scipy.optimize import minimize_scalar
 
 import reference_impl as ri
 from propositions._common import rng_for
+from propositions.kit.bounds import polar_error_bound
 from propositions.kit.directions import inverse_polar_retraction
 
 PROBE_SHAPES = ((5, 2), (8, 3), (16, 4))
@@ -97,41 +98,42 @@ def _fit(retraction, W, u, W1) -> float:
     return float(best.fun) / scale
 
 
-def probe(variant, seed: int = 0) -> list[dict]:
-    """The probes of the module docstring for a Variant; each a dict (property, expected, measured,
-    differs, finding). A probe whose step raises reports the one-line reason as its measurement."""
-    results = []
+def _guarded(name: str, expected: str, body) -> dict:
+    """One probe's record; a step that raises is itself the measurement (its one-line reason)."""
+    try:
+        return {"property": name, "expected": expected, **body()}
+    except Exception as error:  # the implementation's own error is the measurement
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return {"property": name, "expected": expected, "measured": f"the step raised: {message}",
+                "differs": True, "finding": f"the step raised ({message})"}
 
-    def guarded(name, expected, body):
-        try:
-            results.append({"property": name, "expected": expected, **body()})
-        except Exception as error:  # the implementation's own error is the measurement
-            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            results.append({"property": name, "expected": expected, "measured": f"the step raised: {message}",
-                            "differs": True, "finding": f"the step raised ({message})"})
 
-    directions: dict = {}
+class _Probes:
+    """The probes of one variant; the direction probe's frames and lengths serve the length and
+    retraction probes after it."""
 
-    def direction_and_length():
+    def __init__(self, variant, seed: int):
+        self.variant, self.seed = variant, seed
+        self.directions: dict = {}
+        self.lengths: list | None = None
+
+    def _direction_and_length(self):
         cos_embedded, cos_canonical, lengths = [], [], []
         for d, r in PROBE_SHAPES:
-            W, G = _draw(seed, d, r, "direction")
-            W1 = _first_step(variant, W, G, _config(d, r, TINY_STEP))
+            W, G = _draw(self.seed, d, r, "direction")
+            W1 = _first_step(self.variant, W, G, _config(d, r, TINY_STEP))
             xi = inverse_polar_retraction(W, W1).xi
-            directions[(d, r)] = (W, G, xi / _frobenius(xi)[:, None, None])
+            self.directions[(d, r)] = (W, G, xi / _frobenius(xi)[:, None, None])
             embedded = -ri.project_tangent(W, G, validate=False)
             canonical = -(G - W @ np.swapaxes(G, -1, -2) @ W)
             norm_xi = _frobenius(xi)
             cos_embedded.append(_inner(xi, embedded) / (norm_xi * _frobenius(embedded)))
             cos_canonical.append(_inner(xi, canonical) / (norm_xi * _frobenius(canonical)))
-            lengths.append(norm_xi / (TINY_STEP))
+            lengths.append(norm_xi / TINY_STEP)
         return np.concatenate(cos_embedded), np.concatenate(cos_canonical), lengths
 
-    measured: dict = {}
-
-    def direction():
-        cos_e, cos_c, lengths = direction_and_length()
-        measured["lengths"] = lengths
+    def direction(self) -> dict:
+        cos_e, cos_c, self.lengths = self._direction_and_length()
         worst = float(np.min(cos_e))
         differs = 1.0 - worst > DIRECTION_TOLERANCE
         finding = ""
@@ -143,12 +145,11 @@ def probe(variant, seed: int = 0) -> list[dict]:
         return {"measured": f"min cos(xi, -P_W(G)) = {worst:.9f}; min cos(xi, -(G - W G^T W)) = {float(np.min(cos_c)):.9f}",
                 "differs": differs, "finding": finding}
 
-    def step_length():
-        lengths = measured.get("lengths")
-        if lengths is None:
+    def step_length(self) -> dict:
+        if self.lengths is None:
             raise RuntimeError("the direction probe did not run")
-        ratios = np.concatenate(lengths)
-        sum_form = np.concatenate([length * math.sqrt(d * r) for length, (d, r) in zip(lengths, PROBE_SHAPES)])
+        ratios = np.concatenate(self.lengths)
+        sum_form = np.concatenate([length * math.sqrt(d * r) for length, (d, r) in zip(self.lengths, PROBE_SHAPES)])
         low, high = float(np.min(ratios)), float(np.max(ratios))
         differs = max(abs(low - 1), abs(high - 1)) > LENGTH_TOLERANCE
         finding = ""
@@ -159,24 +160,24 @@ def probe(variant, seed: int = 0) -> list[dict]:
                 finding = f"the first step's length is not lr sqrt(d r) (ratio in [{low:.4g}, {high:.4g}])"
         return {"measured": f"||xi|| / (lr sqrt(d r)) in [{low:.9g}, {high:.9g}]", "differs": differs, "finding": finding}
 
-    def trust_region():
+    def trust_region(self) -> dict:
         delta = 0.1
         worst = 0.0
         for d, r in PROBE_SHAPES:
-            W, G = _draw(seed, d, r, "trust")
-            W1 = _first_step(variant, W, G, _config(d, r, 100.0, delta))
+            W, G = _draw(self.seed, d, r, "trust")
+            W1 = _first_step(self.variant, W, G, _config(d, r, 100.0, delta))
             worst = max(worst, float(np.max(_frobenius(W1 - W))) / delta)
         differs = worst > 2.0 * (1 + 1e-12)
         return {"measured": f"max ||W_1 - W|| / Delta = {worst:.4g} (Delta = {delta}, lr sqrt(d r) = 100)", "differs": differs,
                 "finding": "no trust region: the step is not capped at Delta" if differs else ""}
 
-    def retraction():
-        if not directions:
+    def retraction(self) -> dict:
+        if not self.directions:
             raise RuntimeError("the direction probe did not run")
         fits = {name: 0.0 for name in RETRACTIONS}
         for d, r in PROBE_SHAPES:
-            W, G, u = directions[(d, r)]
-            W1 = _first_step(variant, W, G, _config(d, r, 0.3))
+            W, G, u = self.directions[(d, r)]
+            W1 = _first_step(self.variant, W, G, _config(d, r, 0.3))
             for name, retraction_map in RETRACTIONS.items():
                 fits[name] = max(fits[name], max(_fit(retraction_map, W[i], u[i], W1[i]) for i in range(W.shape[0])))
         best = min(fits, key=fits.get)
@@ -187,26 +188,37 @@ def probe(variant, seed: int = 0) -> list[dict]:
         return {"measured": f"relative misfit: {text}", "differs": best != "polar",
                 "finding": f"{best} retraction, not the polar one" if best != "polar" else ""}
 
-    def zero_gradient():
+    def zero_gradient(self) -> dict:
         worst = 0.0
         for d, r in PROBE_SHAPES:
-            W, _ = _draw(seed, d, r, "zero")
+            W, _ = _draw(self.seed, d, r, "zero")
             try:
-                W1 = _first_step(variant, W, np.zeros_like(W), _config(d, r, 0.3))
+                W1 = _first_step(self.variant, W, np.zeros_like(W), _config(d, r, 0.3))
             except ValueError as error:
                 if "non-finite" in str(error):
                     return {"measured": "W_1 is NaN", "differs": True, "finding": "no guard where v^ = 0: the step divides 0 by 0"}
                 raise
-            # xi = 0: W_1 = polar(W), within the polar factor's rounding 5 sqrt(r) (d r + 1) u
-            # (p3_conditioning.polar_error_bound at cond 1) of W, plus W's own distance to St(d, r)
-            allowed = 5 * math.sqrt(r) * (d * r + 1) * ri.UNIT_ROUNDOFF + ri.manifold_tolerance(d, r)
+            # xi = 0: W_1 = polar(W), within the polar factor's rounding at cond(W) <= (1 + phi) /
+            # (1 - phi) of W, plus W's own distance phi to St(d, r)
+            phi = ri.manifold_tolerance(d, r)
+            allowed = float(polar_error_bound(d, r, (1 + phi) / (1 - phi))) + phi
             worst = max(worst, float(np.max(_frobenius(W1 - W))) / allowed)
         return {"measured": f"max ||W_1 - W|| / rounding allowance = {worst:.3g}", "differs": worst > 1.0,
                 "finding": "the step moves W with a zero gradient" if worst > 1.0 else ""}
 
-    guarded("first-step direction", "-P_W(G) (embedded metric)", direction)
-    guarded("first-step length", "lr sqrt(d r) (v = ||g||^2 / (d r))", step_length)
-    guarded("trust region", "||xi|| <= Delta", trust_region)
-    guarded("retraction", "polar", retraction)
-    guarded("G = 0, eps = 0", "W_1 = polar(W) (xi = 0 where v^ = 0)", zero_gradient)
-    return results
+
+# (property, what the paper's step does, the _Probes method that measures it), in run order
+PROBES = (
+    ("first-step direction", "-P_W(G) (embedded metric)", "direction"),
+    ("first-step length", "lr sqrt(d r) (v = ||g||^2 / (d r))", "step_length"),
+    ("trust region", "||xi|| <= Delta", "trust_region"),
+    ("retraction", "polar", "retraction"),
+    ("G = 0, eps = 0", "W_1 = polar(W) (xi = 0 where v^ = 0)", "zero_gradient"),
+)
+
+
+def probe(variant, seed: int = 0) -> list[dict]:
+    """The probes of the module docstring for a Variant; each a dict (property, expected, measured,
+    differs, finding). A probe whose step raises reports the one-line reason as its measurement."""
+    probes = _Probes(variant, seed)
+    return [_guarded(name, expected, getattr(probes, method)) for name, expected, method in PROBES]
