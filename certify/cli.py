@@ -391,6 +391,78 @@ def _expected_seconds(path: Path, claim_id: str, profile: str) -> float:
     return 1e6 if _requirements(claim_id) else 0.0
 
 
+class _Recorder:
+    """Writes each certificate as it arrives, prints its line and counts internal errors."""
+
+    def __init__(self, out: _Output, out_dir: Path):
+        self.out, self.out_dir = out, out_dir
+        self.by_id: dict[str, dict] = {}
+        self.internal_errors = 0
+
+    def error(self, line: str) -> None:
+        self.internal_errors += 1
+        error_line(line)
+
+    def record(self, claim_id: str, sealed: dict, internal_error: str | None) -> None:
+        if internal_error:
+            self.error(f"{claim_id}: {internal_error}")
+        try:
+            path = certificate_format.write(sealed, self.out_dir / f"{claim_id}.json")
+        except OSError as error:
+            raise UsageError(f"cannot write {self.out_dir / (claim_id + '.json')}: {error.strerror or error}") from None
+        timing = certificate_format.run_record(sealed)
+        self.out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
+        for reason in sealed["failures"] + sealed["inconclusive"]:
+            self.out.line(f"    {reason}")
+        self.by_id[claim_id] = sealed
+
+
+def _run_claims_as_tasks(to_run: list[str], args, recorder: _Recorder, progress, executor, settings: dict, options_for) -> None:
+    """Each claim one task of the pool or the cluster, longest first (the wall time of the
+    certificate already in DIR for this profile, else the claims that need an optional package, the
+    cross-check's long runs, first), so that the longest claim does not start last; the
+    certificates do not depend on the order."""
+    halt = _forward_progress(executor, progress)
+    where = f"the dask cluster at {executor.scheduler}" if executor.scheduler else f"{executor.workers} worker processes"
+    recorder.out.line(f"running {len(to_run)} claims on {where} (seed {args.seed}, profile {args.profile})")
+    for claim_id in to_run:
+        progress.claim_started(claim_id, f"{claim_id}: running (seed {args.seed}, profile {args.profile})", alone=False)
+
+    def finished(index: int, outcome) -> None:
+        claim_id = to_run[index]
+        progress.claim_done()
+        if outcome.error is not None:
+            recorder.error(f"{claim_id}: internal error in its worker: {outcome.error}")
+            return
+        recorder.record(claim_id, *outcome.result)
+
+    order = sorted(range(len(to_run)), key=lambda index: -_expected_seconds(recorder.out_dir / f"{to_run[index]}.json", to_run[index], args.profile))
+    try:
+        calls = [((to_run[index],), dict(options=options_for(to_run[index]), **settings)) for index in order]
+        executor.submit_each(claims.certify_claim, calls, lambda position, outcome: finished(order[position], outcome))
+    except parallel.TaskFailed as error:
+        recorder.error(str(error))
+    finally:
+        halt()
+
+
+def _with_existing_certificates(certificates: list[dict], out_dir: Path, notes: list[str]) -> list[dict]:
+    """The report of a partial run (`certify run`) also shows the certificates already beside it."""
+    reported = list(certificates)
+    ran = {c["id"] for c in certificates}
+    for claim_id in claims.ALL_IDS:
+        path = out_dir / f"{claim_id}.json"
+        if claim_id in ran or not path.exists():
+            continue
+        try:
+            reported.append(certificate_format.load(path))
+            notes.append(f"{claim_id}: from the existing {path.name} (not re-run by this command)")
+        except certificate_format.CertificateError as error:
+            notes.append(f"{claim_id}: existing {path.name} left out of the report: {error}")
+    order = {claim_id: index for index, claim_id in enumerate(claims.ALL_IDS)}
+    return sorted(reported, key=lambda c: order[c["id"]])
+
+
 def _run_and_record(ids: list[str], args, out: _Output, command: str, options_for, notes: list[str], runnable=lambda claim_id: True) -> int:
     """Run claims, write their certificates and the report, print the summary; the exit code.
 
@@ -403,8 +475,7 @@ def _run_and_record(ids: list[str], args, out: _Output, command: str, options_fo
     optimizer = getattr(args, "optimizer", claims.DEFAULT_OPTIMIZER)
     executor = parallel.current()
     started = time.perf_counter()
-    by_id: dict[str, dict] = {}
-    internal_errors = 0
+    recorder = _Recorder(out, out_dir)
     to_run = []
     for claim_id in ids:
         if runnable(claim_id):
@@ -413,74 +484,18 @@ def _run_and_record(ids: list[str], args, out: _Output, command: str, options_fo
             out.line(notes[-1])
     settings = dict(seed=args.seed, profile=args.profile, optimizer=optimizer, command=command, workers=executor.workers, scheduler=executor.scheduler)
 
-    def record(claim_id: str, sealed: dict, internal_error: str | None) -> None:
-        nonlocal internal_errors
-        if internal_error:
-            internal_errors += 1
-            error_line(f"{claim_id}: {internal_error}")
-        try:
-            path = certificate_format.write(sealed, out_dir / f"{claim_id}.json")
-        except OSError as error:
-            raise UsageError(f"cannot write {out_dir / (claim_id + '.json')}: {error.strerror or error}") from None
-        timing = certificate_format.run_record(sealed)
-        out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
-        for reason in sealed["failures"] + sealed["inconclusive"]:
-            out.line(f"    {reason}")
-        by_id[claim_id] = sealed
-
     with _Progress(out, len(to_run)) as progress, parallel.reporting(progress.chunks):
         if len(to_run) > 1 and not isinstance(executor, parallel.Inline):
-            halt = _forward_progress(executor, progress)
-            where = f"the dask cluster at {executor.scheduler}" if executor.scheduler else f"{executor.workers} worker processes"
-            out.line(f"running {len(to_run)} claims on {where} (seed {args.seed}, profile {args.profile})")
-            for claim_id in to_run:
-                progress.claim_started(claim_id, f"{claim_id}: running (seed {args.seed}, profile {args.profile})", alone=False)
-
-            def finished(index: int, outcome) -> None:
-                nonlocal internal_errors
-                claim_id = to_run[index]
-                progress.claim_done()
-                if outcome.error is not None:
-                    internal_errors += 1
-                    error_line(f"{claim_id}: internal error in its worker: {outcome.error}")
-                    return
-                record(claim_id, *outcome.result)
-
-            # longest first (the wall time of the certificate already in DIR for this profile, else
-            # the claims that need an optional package, the cross-check's long runs, first), so
-            # that the longest claim does not start last; the certificates do not depend on the order
-            order = sorted(range(len(to_run)), key=lambda index: -_expected_seconds(out_dir / f"{to_run[index]}.json", to_run[index], args.profile))
-            try:
-                calls = [((to_run[index],), dict(options=options_for(to_run[index]), **settings)) for index in order]
-                executor.submit_each(claims.certify_claim, calls, lambda position, outcome: finished(order[position], outcome))
-            except parallel.TaskFailed as error:
-                error_line(str(error))
-                internal_errors += 1
-            finally:
-                halt()
+            _run_claims_as_tasks(to_run, args, recorder, progress, executor, settings, options_for)
         else:
             for claim_id in to_run:
                 progress.claim_started(claim_id, f"{claim_id}: running (seed {args.seed}, profile {args.profile})")
-                record(claim_id, *claims.certify_claim(claim_id, options=options_for(claim_id), **settings))
+                recorder.record(claim_id, *claims.certify_claim(claim_id, options=options_for(claim_id), **settings))
                 progress.claim_done()
-    certificates = [by_id[claim_id] for claim_id in to_run if claim_id in by_id]
+    certificates = [recorder.by_id[claim_id] for claim_id in to_run if claim_id in recorder.by_id]
     total_wall = time.perf_counter() - started
 
-    reported = list(certificates)
-    if args.command == "run":
-        # the report of a partial run also shows the certificates already beside it
-        ran = {c["id"] for c in certificates}
-        for claim_id in claims.ALL_IDS:
-            path = out_dir / f"{claim_id}.json"
-            if claim_id in ran or not path.exists():
-                continue
-            try:
-                reported.append(certificate_format.load(path))
-                notes.append(f"{claim_id}: from the existing {path.name} (not re-run by this command)")
-            except certificate_format.CertificateError as error:
-                notes.append(f"{claim_id}: existing {path.name} left out of the report: {error}")
-        order = {claim_id: index for index, claim_id in enumerate(claims.ALL_IDS)}
-        reported.sort(key=lambda c: order[c["id"]])
+    reported = _with_existing_certificates(certificates, out_dir, notes) if args.command == "run" else certificates
     try:
         report_path, plotted = report_writer.write_report(reported, out_dir, notes=notes, total_wall_seconds=total_wall if args.command == "all" else None)
     except OSError as error:
@@ -491,7 +506,7 @@ def _run_and_record(ids: list[str], args, out: _Output, command: str, options_fo
     counts = {verdict: sum(c["verdict"] == verdict for c in certificates) for verdict in ("pass", "fail", "inconclusive")}
     out.line(f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive in {total_wall:.2f} s")
     all_pass = certificates and all(c["verdict"] == "pass" for c in certificates)
-    return 0 if all_pass and not internal_errors else 1
+    return 0 if all_pass and not recorder.internal_errors else 1
 
 
 def _options_for(claim_id: str) -> dict:
