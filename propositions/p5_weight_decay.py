@@ -51,16 +51,7 @@ from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.symbolic import is_zero
 from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, polar_error_bound, projection_error_bound
 from .kit.trajectories import trajectory_part
-from ._common import (
-    LARGE_SHAPES,
-    NumericalCheck,
-    Profile,
-    SymbolicStep,
-    chunk_sizes,
-    gamma,
-    rng_for,
-    shape_plan,
-)
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, gamma, rng_for, shape_plan
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P5"
@@ -237,7 +228,15 @@ SYMBOLIC_METHOD = ("sympy MatrixSymbol algebra with W^T W = I_r; explicit cos/si
 
 
 def symbolic_derivation() -> list[SymbolicStep]:
-    """The derivation with MatrixSymbols (d, r symbolic) and at explicit 2 x 1 and 2 x 2 frames."""
+    """The derivation with MatrixSymbols (d, r symbolic) and at explicit 2 x 1 and 2 x 2 frames, then
+    the code's project_tangent executed on exact symbolic entries."""
+    from .kit.symbolic import weight_decay_steps
+
+    return _matrix_symbol_steps() + _explicit_frame_steps() + weight_decay_steps()
+
+
+def _matrix_symbol_steps() -> list[SymbolicStep]:
+    """P_W(W) = 0, the linearity of P_W, polar(alpha W) = W and ||W||^2 = r with MatrixSymbols."""
     steps = []
     d, r = sp.symbols("d r", integer=True, positive=True)
     W = sp.MatrixSymbol("W", d, r)
@@ -297,6 +296,11 @@ def symbolic_derivation() -> list[SymbolicStep]:
             sp.simplify(norm) == 0,
         )
     )
+    return steps
+
+
+def _explicit_frame_steps() -> list[SymbolicStep]:
+    """P_W(W) = 0 at explicit frames written with cos and sin."""
     theta, phi = sp.symbols("theta phi", real=True)
     column = sp.Matrix([sp.cos(theta), sp.sin(theta)])
     rotation = sp.Matrix([[sp.cos(phi), -sp.sin(phi)], [sp.sin(phi), sp.cos(phi)]])
@@ -307,18 +311,14 @@ def symbolic_derivation() -> list[SymbolicStep]:
         return F - F * (gram + gram.T) / 2
 
     explicit = [explicit_projection(F).applyfunc(sp.trigsimp) for F in (column, rotation, reflection)]
-    steps.append(
+    return [
         SymbolicStep(
             "explicit frames (cos t, sin t)^T in St(2,1) and rotation / reflection in O(2) (det +1, -1): P_W(W) = 0",
             r"P_W(W) = 0\ \text{for } W = (\cos\theta, \sin\theta)^\top,\ "
             r"\begin{pmatrix}\cos\varphi & \mp\sin\varphi\\ \sin\varphi & \pm\cos\varphi\end{pmatrix}",
             all(is_zero(M) for M in explicit),
         )
-    )
-    # The steps above are about the formula; these run the code's project_tangent itself.
-    from .kit.symbolic import weight_decay_steps
-
-    return steps + weight_decay_steps()
+    ]
 
 
 EXACT_SHAPES = ((1, 1), (2, 1), (3, 2), (3, 3))
