@@ -36,21 +36,19 @@ margin of at least DETECTION_FACTOR.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import time
+from dataclasses import replace
 
 import numpy as np
 
 import reference_impl as ref
 from propositions._common import (
     DETECTION_FACTOR,
-    Claim,
-    ClaimResult,
-    ControlResult,
     NumericalCheck,
     Profile,
-    SymbolicResult,
     chunk_sizes,
     get_profile,
     rng_for,
@@ -60,6 +58,7 @@ from propositions._common import (
 from propositions.kit import tightness
 from propositions.kit.bounds import gram_defect_bound
 from propositions.kit.figures import LineFigure, Series
+from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.
@@ -708,139 +707,181 @@ def thread_sensitivity(seed: int, dtype, threads=(1, 2)) -> dict:
     }
 
 
-def run(seed: int = 0, profile="default", optimizer: str = "stiefel_adam", device: str = "cpu", dtype: str = "float64") -> ClaimResult:
-    """Cross-check the torch kernel (variant `optimizer`) on `device` in storage `dtype`.
+# --------------------------------------------------------------------------------------------
+# The parts of the certificate
+# --------------------------------------------------------------------------------------------
 
-    On CPU the whole run uses one torch thread and one BLAS thread (`_one_thread`), restored after."""
+# The kernel whose certificate carries the P2 / P4 checks and the controls: the real one.
+REAL_KERNEL = "stiefel_adam"
+DEFAULT_OPTIONS = (("device", "cpu"), ("dtype", "float64"))
+
+
+def _prepare(ctx: Context) -> Context:
+    """The options checked (one-line ValueErrors) and normalised: the profile as a Profile, the device
+    as torch names it, and two entries of the run itself: under_test (the kernel under test, which a
+    control's context no longer names) and measured_error (filled by the parts, see _measured)."""
     import torch
 
-    if torch.device(device).type == "cpu":
-        with _one_thread():
-            return _run(seed, profile, optimizer, device, dtype)
-    return _run(seed, profile, optimizer, device, dtype)
-
-
-def _run(seed, profile, optimizer, device, dtype) -> ClaimResult:
-    import torch
-    from torch_impl import functional
-
-    profile = get_profile(profile) if isinstance(profile, str) else profile
+    profile = get_profile(ctx.profile) if isinstance(ctx.profile, str) else ctx.profile
     if not isinstance(profile, Profile):
         raise ValueError(f"profile must be a Profile or one of quick/default/thorough, got {profile!r}")
-    if optimizer not in KERNEL_VARIANTS:
-        raise ValueError(f"optimizer must be one of {', '.join(KERNEL_VARIANTS)} for the cross-check, got {optimizer!r}")
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
-    device = torch.device(device)
+    if ctx.optimizer not in KERNEL_VARIANTS:
+        raise ValueError(f"optimizer must be one of {', '.join(KERNEL_VARIANTS)} for the cross-check, got {ctx.optimizer!r}")
+    options = {**dict(DEFAULT_OPTIONS), **ctx.options}
+    unknown = sorted(set(options) - set(dict(DEFAULT_OPTIONS)))
+    if unknown:
+        raise ValueError(f"the cross-check takes the options device and dtype, got {', '.join(unknown)}")
+    if options["dtype"] not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {options['dtype']!r}")
+    try:
+        device = torch.device(options["device"])
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must name a torch device (cpu, cuda, cuda:N), got {options['device']!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was requested but torch.cuda.is_available() is False")
-    torch_dtype = _torch_dtype(dtype)
-    timings = {}
+    options = {"device": str(device), "dtype": options["dtype"], "under_test": ctx.optimizer, "measured_error": {}}
+    return replace(ctx, profile=profile, options=options)
+
+
+def _environment(ctx: Context):
+    """On CPU the whole run uses one torch thread and one BLAS thread (`_one_thread`), restored after."""
+    import torch
+
+    return _one_thread() if torch.device(ctx.option("device")).type == "cpu" else contextlib.nullcontext()
+
+
+def _measured(ctx: Context, checks: list[NumericalCheck]) -> list[NumericalCheck]:
+    """The checks with samples; their largest residual and residual / bound are recorded in the run's
+    measured_error (written to extra by measured_error_part, the last part: the cross-check's parts
+    run in this process, one after the other, in the declared order)."""
+    checks = [c for c in checks if c.samples]
+    ctx.option("measured_error").update(
+        {c.name: {"max_residual": c.to_dict()["residual"]["max"], "max_ratio": c.max_ratio} for c in checks}
+    )
+    return checks
+
+
+def setting_part(ctx: Context) -> Evidence:
+    """Where the cross-check ran: device, storage and compute dtypes, the configurations, torch."""
+    from torch_impl import functional
+
+    dtype = ctx.option("dtype")
+    return Evidence(extra={
+        "device": ctx.option("device"),
+        "dtype": dtype,
+        "compute_dtype": str(functional.compute_dtype(_torch_dtype(dtype))).replace("torch.", ""),
+        "unit_roundoff_storage": functional.unit_roundoff(_torch_dtype(dtype)),
+        "configs": {name: {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius,
+                           "weight_decay": c.weight_decay} for name, c in CONFIGS.items()},
+        "torch": torch_environment(ctx.option("device")),
+    })
+
+
+def lockstep_part(ctx: Context) -> Evidence:
+    """The torch kernel in lock-step with the reference's trajectories (lockstep_crosscheck)."""
+    dtype, device = ctx.option("dtype"), ctx.option("device")
     # The lock-step sample: a tenth of the profile's frame count (10^3 default), which keeps the
     # default run within a few seconds on two cores; the count is reported as `frames`.
-    lockstep_frames = max(profile.frames // 10, 60)
-
-    start = time.perf_counter()
+    lockstep_frames = max(ctx.profile.frames // 10, 60)
     checks = _new_checks(dtype)
-    frames = lockstep_crosscheck(seed, profile, lockstep_frames, device, torch_dtype, optimizer, checks)
-    timings["lockstep_s"] = time.perf_counter() - start
+    frames = lockstep_crosscheck(ctx.seed, ctx.profile, lockstep_frames, device, _torch_dtype(dtype), ctx.optimizer, checks)
+    return Evidence(
+        checks=_measured(ctx, list(checks.values())),
+        frames=frames,
+        extra={"lockstep_frames": frames, "steps_per_trajectory": ctx.profile.steps},
+        notes=[f"lock-step: {frames} frames x {ctx.profile.steps} steps on {device} in {dtype}; the torch kernel gets "
+               "the reference's input rounded to the storage dtype at every step and its output is compared with the reference's"],
+    )
 
-    start = time.perf_counter()
-    p_checks = {
+
+def p2_p4_part(ctx: Context) -> Evidence:
+    """P2 and P4 on the torch kernel alone, in float64: properties of the real kernel; a broken one is
+    already caught by the lock-step checks (and the elementwise v or Muon's off-manifold frames have
+    no reference quantities), so they run only when the kernel under test is the real one."""
+    checks = {
         "P2_bitwise": NumericalCheck("P2_bitwise", "torch trajectories under 2^k G vs G (eps = 0), ulps", "exact: every stage is homogeneous and scaling by 2^k is exact; bound 0.5 ulp = equality", tightness_note=tightness.EQUALITY),
         "P2_bounded": NumericalCheck("P2_bounded", "torch step under c G, c m, c^2 v vs G, m, v for c not a power of two (eps = 0)", "twice step_error_bound with input errors u (c G, c m) and 2u (c^2 v)", tightness_note=tightness.RUNNING_BOUND),
         "P4_left": NumericalCheck("P4_left", "torch step(Q W, Q G, Q m, v) vs Q step(W, G, m, v), Haar Q in O(d)", "step_error_bound with input errors d^1.5 u from forming Q X, plus the rounding of Q W+"),
         "P4_right": NumericalCheck("P4_right", "torch step(W R, G R, m R, v) vs step(W, G, m, v) R, Haar R in O(r)", "step_error_bound with input errors r^1.5 u from forming X R, plus the rounding of W+ R"),
     }
-    # P2 and P4 are properties of the real kernel; a broken one is already caught by the lock-step
-    # checks (and the elementwise v or Muon's off-manifold frames have no reference quantities)
-    if optimizer == "stiefel_adam":
-        scale_independence(seed, profile, device, optimizer, p_checks)
-        equivariance(seed, profile, device, optimizer, p_checks)
-    timings["p2_p4_s"] = time.perf_counter() - start
+    if ctx.optimizer == REAL_KERNEL:
+        scale_independence(ctx.seed, ctx.profile, ctx.option("device"), ctx.optimizer, checks)
+        equivariance(ctx.seed, ctx.profile, ctx.option("device"), ctx.optimizer, checks)
+    return Evidence(checks=_measured(ctx, list(checks.values())), notes=["P2 and P4 run on the torch kernel alone in float64"])
 
-    feasibility_check = NumericalCheck(
+
+def long_run_part(ctx: Context) -> Evidence:
+    """Feasibility over profile.long_run_steps steps in float64, float32 and the run's dtype (long_run)."""
+    from torch_impl import functional
+
+    dtype, steps = ctx.option("dtype"), ctx.profile.long_run_steps
+    check = NumericalCheck(
         "long_run_feasibility",
-        f"||W^T W - I||_F over {profile.long_run_steps} steps, batch (4, 32, 8)",
+        f"||W^T W - I||_F over {steps} steps, batch (4, 32, 8)",
         "T-independent: 2 (e_ret + u_s sqrt(r)) + 32 d r u (the last retraction's error; no accumulation)",
     )
-    long_runs = {}
-    series = []
+    long_runs, series = {}, []
     for run_dtype in dict.fromkeys(["float64", "float32", dtype]):
-        steps_at, residuals, seconds, bound = long_run(seed, profile.long_run_steps, device, run_dtype, optimizer, feasibility_check)
+        steps_at, residuals, seconds, bound = long_run(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer, check)
         long_runs[run_dtype] = {
             "steps": steps_at,
             "feasibility_max": residuals,
             "bound": bound,
             "seconds": seconds,
-            "microseconds_per_step": 1e6 * seconds / profile.long_run_steps,
+            "microseconds_per_step": 1e6 * seconds / steps,
         }
         series.append(Series([float(s) for s in steps_at], residuals, run_dtype))
-
-    all_checks = list(checks.values()) + list(p_checks.values()) + [feasibility_check]
-    all_checks = [c for c in all_checks if c.samples]
-
-    controls = []
-    if optimizer == "stiefel_adam":
-        control_profile = Profile("control", frames=profile.control_frames, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0,
-                                  control_frames=profile.control_frames)
-        for name in CONTROL_DESCRIPTIONS:
-            control_checks = _new_checks(dtype)
-            # float64 storage, where the cross-check's bound is tightest: in bfloat16 (u = 2^-8) the
-            # bound exceeds the difference that a broken stage makes in a step of lr = 1e-3
-            lockstep_crosscheck(seed, control_profile, control_profile.frames, device, torch.float64, name, control_checks)
-            controls.append(ControlResult.from_checks(name, CONTROL_DESCRIPTIONS[name], control_checks.values()))
-
     first = series[0]
-    figures = {
-        "long_run_feasibility": LineFigure(
-            title="Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
-            xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(first.x, first.y),
-            logx=True, logy=True,
-        )
-    }
-    notes = [
-        f"lock-step: {frames} frames x {profile.steps} steps on {device} in {dtype}; the torch kernel gets the reference's "
-        "input rounded to the storage dtype at every step and its output is compared with the reference's",
-        "P2 and P4 run on the torch kernel alone in float64",
-        f"retraction: {functional.resolve_retraction('auto', 0.5)} at trust_radius 0.5 "
-        f"({functional.newton_schulz_iterations(0.5, functional.compute_dtype(torch_dtype))} quintic iterations in the compute dtype)",
-    ]
-    threads = None
-    if device.type == "cpu":
-        # the run itself used one torch thread (and one BLAS thread); measure what two would change
-        start = time.perf_counter()
-        threads = thread_sensitivity(seed, torch_dtype)
-        timings["thread_sensitivity_s"] = time.perf_counter() - start
-        notes.append(
-            f"threads: run with 1 torch thread and 1 BLAS thread; the lock-step residuals of {threads['samples']} frames "
-            + ("are bit-identical with 2 torch threads" if threads["identical"] else
-               f"differ with 2 torch threads by at most {threads['max_relative_difference']:.1e} relative (rounding, within the bounds)")
-        )
-    extra = {
-        "device": str(device),
-        "dtype": dtype,
-        "compute_dtype": str(functional.compute_dtype(torch_dtype)).replace("torch.", ""),
-        "unit_roundoff_storage": functional.unit_roundoff(torch_dtype),
-        "lockstep_frames": frames,
-        "steps_per_trajectory": profile.steps,
-        "configs": {name: {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius, "weight_decay": c.weight_decay} for name, c in CONFIGS.items()},
-        "measured_error": {c.name: {"max_residual": c.to_dict()["residual"]["max"], "max_ratio": c.max_ratio} for c in all_checks},
-        "long_run": long_runs,
-        "timings_s": timings,
-        "torch": torch_environment(str(device)),
-        "thread_sensitivity": threads,
-    }
-    return ClaimResult(
-        symbolic=SymbolicResult(method="not applicable: an implementation cross-check"),
-        checks=all_checks,
-        controls=controls,
-        frames=frames,
-        extra=extra,
-        figures=figures,
-        notes=notes,
-        dtype=str(extra["dtype"]),
+    work = functional.compute_dtype(_torch_dtype(dtype))
+    return Evidence(
+        checks=_measured(ctx, [check]),
+        extra={"long_run": long_runs},
+        figures={
+            "long_run_feasibility": LineFigure(
+                title="Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
+                xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(first.x, first.y),
+                logx=True, logy=True,
+            )
+        },
+        notes=[f"retraction: {functional.resolve_retraction('auto', 0.5)} at trust_radius 0.5 "
+               f"({functional.newton_schulz_iterations(0.5, work)} quintic iterations in the compute dtype)"],
     )
+
+
+def thread_sensitivity_part(ctx: Context) -> Evidence:
+    """On CPU, where the run itself used one torch thread (and one BLAS thread): what two would change."""
+    import torch
+
+    if torch.device(ctx.option("device")).type != "cpu":
+        return Evidence(extra={"thread_sensitivity": None})
+    threads = thread_sensitivity(ctx.seed, _torch_dtype(ctx.option("dtype")))
+    return Evidence(
+        extra={"thread_sensitivity": threads},
+        notes=[f"threads: run with 1 torch thread and 1 BLAS thread; the lock-step residuals of {threads['samples']} frames "
+               + ("are bit-identical with 2 torch threads" if threads["identical"] else
+                  f"differ with 2 torch threads by at most {threads['max_relative_difference']:.1e} relative (rounding, within the bounds)")],
+    )
+
+
+def measured_error_part(ctx: Context) -> Evidence:
+    """extra["measured_error"]: the largest residual and residual / bound of every check (_measured)."""
+    return Evidence(extra={"measured_error": dict(ctx.option("measured_error"))})
+
+
+def kernel_control(ctx: Context) -> Evidence | None:
+    """A broken kernel (ctx.optimizer, a name of CONTROL_DESCRIPTIONS) through the lock-step checks,
+    in float64 storage, where the cross-check's bound is tightest: in bfloat16 (u = 2^-8) the bound
+    exceeds the difference that a broken stage makes in a step of lr = 1e-3. The controls break the
+    real kernel: they do not apply when another kernel is under test."""
+    import torch
+
+    if ctx.option("under_test") != REAL_KERNEL:
+        return None
+    frames = ctx.profile.control_frames
+    profile = Profile("control", frames=frames, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0, control_frames=frames)
+    checks = _new_checks(ctx.option("dtype"))
+    lockstep_crosscheck(ctx.seed, profile, frames, ctx.option("device"), torch.float64, ctx.optimizer, checks)
+    return Evidence(checks=list(checks.values()))
 
 
 CLAIM = Claim(
@@ -857,10 +898,20 @@ CLAIM = Claim(
         r"\|\mathrm{step}_{\mathrm{torch}}(W,G,m,v,t) - \mathrm{step}_{\mathrm{ref}}(W,G,m,v,t)\|_F \le "
         r"\beta(d,r,u,\kappa),\quad \mathrm{step}_{\mathrm{torch}}(QWR, QGR, QmR, v) = Q\,\mathrm{step}_{\mathrm{torch}}(W,G,m,v)\,R"
     ),
-    controls=tuple(CONTROL_DESCRIPTIONS),
-    run=run,
+    symbolic=Symbolic("not applicable: an implementation cross-check"),
+    parts=(
+        Part("setting", setting_part),
+        Part("lockstep", lockstep_part),
+        Part("p2_p4", p2_p4_part),
+        Part("long_run", long_run_part),
+        Part("thread_sensitivity", thread_sensitivity_part),
+        Part("measured_error", measured_error_part),
+    ),
+    controls=tuple(Control(name, kernel_control, description) for name, description in CONTROL_DESCRIPTIONS.items()),
     requires=("torch",),
-    default_options=(("device", "cpu"), ("dtype", "float64")),
+    default_options=DEFAULT_OPTIONS,
+    prepare=_prepare,
+    environment=_environment,
 )
 
-__all__ = ["CLAIM", "run", "torch_environment", "step_error_bound", "feasibility_bound", "reference_quantities", "long_run", "DETECTION_FACTOR"]
+__all__ = ["CLAIM", "torch_environment", "step_error_bound", "feasibility_bound", "reference_quantities", "long_run", "DETECTION_FACTOR"]

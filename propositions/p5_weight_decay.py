@@ -29,7 +29,7 @@ What would make it fail
     "unprojected_decay"), or Euclidean AdamW (control "euclidean_adamw": W <- (1 - lr lambda) W
     with no projection or retraction, so ||W|| shrinks by (1 - lr lambda) per step and the step
     depends on lambda). Both are run through the same checks, and must miss the bounds by at least
-    DETECTION_FACTOR. The `optimizer` argument of `run` puts one of them in place of the real step:
+    DETECTION_FACTOR. The `optimizer` argument of `CLAIM.run` puts one of them in place of the real step:
     the verdict is then "fail".
 """
 
@@ -45,24 +45,13 @@ from reference_impl.adam import StiefelAdamConfig, StiefelAdamState, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import observability, tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
+from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.figures import LineFigure, Series
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.symbolic import is_zero
 from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, polar_error_bound, projection_error_bound
-from ._common import (
-    Claim,
-    ClaimResult,
-    ControlResult,
-    LARGE_SHAPES,
-    NumericalCheck,
-    Profile,
-    SymbolicResult,
-    SymbolicStep,
-    chunk_sizes,
-    gamma,
-    rng_for,
-    shape_plan,
-)
+from .kit.trajectories import trajectory_part
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, gamma, rng_for, shape_plan
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P5"
@@ -134,6 +123,37 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
     W, G: (..., d, r) float64; state: (m, v, t) before the step (a (..., d, r) second moment of a
     control is reduced to its mean: the bound is the real step's analysis evaluated at the state).
 
+    The two steps' directions differ by at most dxi (direction_difference_bound: the moments, the
+    scale-free step and the trust-region clip, stage by stage). The polar factor moves by at most
+    POLAR_LIPSCHITZ ||dxi|| / sigma_min with sigma_min(W + xi) >= 1 - 2 phi for tangent xi (P3),
+    and each of the two retractions rounds by polar_error_bound (kit/bounds.py) at that condition
+    number.
+
+    d = r = 1 (the analysis divides by sqrt(v^), which is 0 there): St(1, 1) = {-1, +1} and
+    T_W = {0}. A float frame w has |w^2 - 1| <= phi, so |w| >= 1 - phi. Whatever either step's xi
+    is (rounding noise of P_W, amplified by the scale-free step), the trust region keeps |xi| <= Delta,
+    and for Delta < 1 - phi the polar factor of w + xi is sign(w + xi) = sign(w) in both runs: the
+    exact results are equal. The 1 x 1 SVD returns |a| and the signs exactly; the bound allows each
+    retraction its general rounding, 2 polar_error_bound(1, 1, 1), finite and > 0. (For Delta >= 1 - phi
+    the general bound applies, infinite where v^ = 0.)
+    """
+    d, r = W.shape[-2], W.shape[-1]
+    phi = manifold_tolerance(d, r)
+    dxi, xi_norm = direction_difference_bound(W, G, state, config, weight_decay)
+    step_norm = np.minimum(xi_norm, config.trust_radius)
+    cond = np.sqrt(1.0 + step_norm**2) / (1.0 - 2.0 * phi)
+    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_error_bound(d, r, cond)
+    if d == 1 and r == 1 and config.trust_radius < 1.0 - phi:
+        return np.full(np.shape(bound), 2.0 * float(polar_error_bound(1, 1, 1.0)))
+    # A zero mean square (G = 0) makes the analysis vacuous; no frame of the plan has G = 0, and an
+    # infinite bound would show in the statistics rather than pass silently as a small number.
+    return np.where(np.isfinite(bound), bound, np.inf)
+
+
+def direction_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: float):
+    """(dxi, ||xi||): a bound on ||xi(lambda) - xi(0)||_F between the clipped step directions of the
+    steps with lambda and with 0 from the same (W, state), and the unclipped length ||xi(0)||, per frame.
+
     Stage by stage (hat quantities at lambda = 0; delta_g from decay_gradient_difference_bound):
       m^ differs by (1 - beta1) delta_g / (1 - beta1^t); v^ by (1 - beta2) (2 ||g|| delta_g +
       delta_g^2) / (d r (1 - beta2^t)). With s = sqrt(v^) + eps and s_low = sqrt(v^ - dv^) + eps,
@@ -145,23 +165,11 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
       3u (beta1 ||m|| + (1 - beta1) ||g||) lr / ((1 - beta1^t) s) for m itself; twice (two steps).
       The trust-region clip is the projection onto a ball (1-Lipschitz) and rounds by
       (gamma_{dr}/2 + 3u) ||xi|| per step.
-      The polar factor moves by at most POLAR_LIPSCHITZ ||dxi|| / sigma_min with sigma_min(W + xi)
-      >= 1 - 2 phi for tangent xi (P3), and each of the two retractions rounds by polar_error_bound
-      (kit/bounds.py) at that condition number.
-
-    d = r = 1 (the analysis above divides by sqrt(v^), which is 0 there): St(1, 1) = {-1, +1} and
-    T_W = {0}. A float frame w has |w^2 - 1| <= phi, so |w| >= 1 - phi. Whatever either step's xi
-    is (rounding noise of P_W, amplified by the scale-free step), the trust region keeps |xi| <= Delta,
-    and for Delta < 1 - phi the polar factor of w + xi is sign(w + xi) = sign(w) in both runs: the
-    exact results are equal. The 1 x 1 SVD returns |a| and the signs exactly; the bound allows each
-    retraction its general rounding, 2 polar_error_bound(1, 1, 1), finite and > 0. (For Delta >= 1 - phi
-    the general bound applies, infinite where v^ = 0.)
     """
     d, r = W.shape[-2], W.shape[-1]
     beta1, beta2 = config.betas
     lr, eps = config.lr, config.eps
     t = state.t + 1
-    phi = manifold_tolerance(d, r)
     g0 = project_tangent(W, G, validate=False)
     g_norm = frobenius(g0)
     delta_g = decay_gradient_difference_bound(d, r, frobenius(G), weight_decay)
@@ -183,15 +191,7 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
             beta1 * m_norm_state + (1 - beta1) * g_norm
         ) / ((1 - beta1**t) * s)
     clip_rounding = np.minimum(xi_norm, config.trust_radius) * (gamma(d * r) / 2 + 3 * u)
-    dxi = dxi_exact + 2.0 * (xi_rounding + clip_rounding)
-    step_norm = np.minimum(xi_norm, config.trust_radius)
-    cond = np.sqrt(1.0 + step_norm**2) / (1.0 - 2.0 * phi)
-    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_error_bound(d, r, cond)
-    if d == 1 and r == 1 and config.trust_radius < 1.0 - phi:
-        return np.full(np.shape(bound), 2.0 * float(polar_error_bound(1, 1, 1.0)))
-    # A zero mean square (G = 0) makes the analysis vacuous; no frame of the plan has G = 0, and an
-    # infinite bound would show in the statistics rather than pass silently as a small number.
-    return np.where(np.isfinite(bound), bound, np.inf)
+    return dxi_exact + 2.0 * (xi_rounding + clip_rounding), xi_norm
 
 
 def decoupled_decay_bound(d: int, r: int) -> float:
@@ -223,10 +223,21 @@ def norm_constant_bound(d: int, r: int) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def symbolic_derivation() -> SymbolicResult:
-    """The derivation with MatrixSymbols (d, r symbolic) and at explicit 2 x 1 and 2 x 2 frames."""
-    result = SymbolicResult(method="sympy MatrixSymbol algebra with W^T W = I_r; explicit cos/sin frames; the code's "
-                                   "project_tangent executed on exact symbolic entries (propositions.kit.symbolic)")
+SYMBOLIC_METHOD = ("sympy MatrixSymbol algebra with W^T W = I_r; explicit cos/sin frames; the code's "
+                   "project_tangent executed on exact symbolic entries (propositions.kit.symbolic)")
+
+
+def symbolic_derivation() -> list[SymbolicStep]:
+    """The derivation with MatrixSymbols (d, r symbolic) and at explicit 2 x 1 and 2 x 2 frames, then
+    the code's project_tangent executed on exact symbolic entries."""
+    from .kit.symbolic import weight_decay_steps
+
+    return _matrix_symbol_steps() + _explicit_frame_steps() + weight_decay_steps()
+
+
+def _matrix_symbol_steps() -> list[SymbolicStep]:
+    """P_W(W) = 0, the linearity of P_W, polar(alpha W) = W and ||W||^2 = r with MatrixSymbols."""
+    steps = []
     d, r = sp.symbols("d r", integer=True, positive=True)
     W = sp.MatrixSymbol("W", d, r)
     G = sp.MatrixSymbol("G", d, r)
@@ -244,7 +255,7 @@ def symbolic_derivation() -> SymbolicResult:
         return sp.expand(expr).subs(W.T * W, identity)
 
     decay_projection = on_manifold(project(W))
-    result.steps.append(
+    steps.append(
         SymbolicStep(
             "P_W(W) = W - W sym(W^T W) = W - W I_r = 0 under W^T W = I",
             r"P_W(W) = W - W\,\mathrm{sym}(W^\top W) = W - W I_r = 0",
@@ -252,7 +263,7 @@ def symbolic_derivation() -> SymbolicResult:
         )
     )
     linearity = sp.expand(project(G + lam * W) - project(G) - lam * project(W))
-    result.steps.append(
+    steps.append(
         SymbolicStep(
             "P_W is linear: P_W(G + lambda W) - P_W(G) - lambda P_W(W) = 0 (no constraint needed)",
             r"P_W(G + \lambda W) - P_W(G) - \lambda P_W(W) = 0",
@@ -260,7 +271,7 @@ def symbolic_derivation() -> SymbolicResult:
         )
     )
     step_invariance = on_manifold(project(G + lam * W) - project(G))
-    result.steps.append(
+    steps.append(
         SymbolicStep(
             "hence the coupled decay never reaches the step: P_W(G + lambda W) = P_W(G)",
             r"P_W(G + \lambda W) - P_W(G) = \lambda P_W(W) = 0",
@@ -270,7 +281,7 @@ def symbolic_derivation() -> SymbolicResult:
     decayed_gram = on_manifold((alpha * W).T * (alpha * W)) - alpha**2 * identity
     inverse_root = 1 / sp.sqrt(alpha**2)
     polar_of_decayed = (alpha * W) * inverse_root - W
-    result.steps.append(
+    steps.append(
         SymbolicStep(
             "polar(alpha W) = alpha W ((alpha W)^T alpha W)^(-1/2) = alpha W (alpha^2 I)^(-1/2) = W, alpha > 0",
             r"(\alpha W)^\top (\alpha W) = \alpha^2 I_r,\quad \alpha W (\alpha^2 I_r)^{-1/2} = W",
@@ -278,13 +289,18 @@ def symbolic_derivation() -> SymbolicResult:
         )
     )
     norm = sp.Trace(W.T * W).subs(W.T * W, identity).doit() - r
-    result.steps.append(
+    steps.append(
         SymbolicStep(
             "||W||_F^2 = tr(W^T W) = tr(I_r) = r",
             r"\|W\|_F^2 = \operatorname{tr}(W^\top W) = \operatorname{tr}(I_r) = r",
             sp.simplify(norm) == 0,
         )
     )
+    return steps
+
+
+def _explicit_frame_steps() -> list[SymbolicStep]:
+    """P_W(W) = 0 at explicit frames written with cos and sin."""
     theta, phi = sp.symbols("theta phi", real=True)
     column = sp.Matrix([sp.cos(theta), sp.sin(theta)])
     rotation = sp.Matrix([[sp.cos(phi), -sp.sin(phi)], [sp.sin(phi), sp.cos(phi)]])
@@ -295,19 +311,14 @@ def symbolic_derivation() -> SymbolicResult:
         return F - F * (gram + gram.T) / 2
 
     explicit = [explicit_projection(F).applyfunc(sp.trigsimp) for F in (column, rotation, reflection)]
-    result.steps.append(
+    return [
         SymbolicStep(
             "explicit frames (cos t, sin t)^T in St(2,1) and rotation / reflection in O(2) (det +1, -1): P_W(W) = 0",
             r"P_W(W) = 0\ \text{for } W = (\cos\theta, \sin\theta)^\top,\ "
             r"\begin{pmatrix}\cos\varphi & \mp\sin\varphi\\ \sin\varphi & \pm\cos\varphi\end{pmatrix}",
             all(is_zero(M) for M in explicit),
         )
-    )
-    # The steps above are about the formula; these run the code's project_tangent itself.
-    from .kit.symbolic import weight_decay_steps
-
-    result.steps += weight_decay_steps()
-    return result
+    ]
 
 
 EXACT_SHAPES = ((1, 1), (2, 1), (3, 2), (3, 3))
@@ -390,11 +401,11 @@ def _optimizer_checks(
     """Steps of `optimizer` with lambda against lambda = 0 (one step and trajectories), ||W_t||^2.
 
     Returns the three checks (step, trajectory, norm) filled over shape_plan(profile, large=large,
-    frames=frames). chunks: which chunks this call runs (all by default; one per task under map_chunks).
+    frames=frames). Each chunk is split into one group per weight decay of LAMBDA_GRID (_lambda_group).
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
     """
     chunks = chunks or Chunks()
     variant = get_variant(optimizer)
-    observable = observability.state_observable(variant)
     checks = _new_checks(prefix)
     for shape_index, batch in enumerate(shape_plan(profile, large=large, frames=frames)):
         d, r = batch.d, batch.r
@@ -405,59 +416,64 @@ def _optimizer_checks(
             for group_index, group in enumerate(groups):
                 lam = LAMBDA_GRID[(shape_index + chunk_index + group_index) % len(LAMBDA_GRID)]
                 draw_key = (CLAIM_ID, key, d, r, chunk_index, group_index)
-                rng = rng_for(seed, *draw_key)
-                lr_log10_max = min(LR_LOG10[1], math.log10(MAX_DECAY_PER_STEP / lam))
-                lr = float(10.0 ** rng.uniform(min(LR_LOG10[0], lr_log10_max), lr_log10_max))
-                config = StiefelAdamConfig(lr=lr, weight_decay=lam)
-                config_free = StiefelAdamConfig(lr=lr, weight_decay=0.0)
-                size = len(group)
-                trajectory_size = max(1, -(-size // TRAJECTORY_FRACTION)) if d * r * r <= TRAJECTORY_MAX_COST else 0
-                W = _random_frames(rng, d, r, size)
-                scale = 10.0 ** rng.uniform(*GRADIENT_LOG10_SCALE, size=(size, 1, 1))
-                extra = {"weight_decay": lam, "lr": lr}
-                # one step from a fresh state on every frame
-                G = scale * rng.standard_normal(W.shape)
-                state = variant.init(W)
-                W_decayed, _ = variant.step(W, G, state, config)
-                W_free, _ = variant.step(W, G, state, config_free)
-                # a black box's fresh state is, by docs/algorithm.md's init, m = 0, v = 0, t = 0
-                fresh = state if observable else StiefelAdamState(m=np.zeros_like(W), v=np.zeros(W.shape[:-2]), t=0)
-                checks["step_weight_decay_invariance"].add(
-                    frobenius(W_decayed - W_free),
-                    step_difference_bound(W, G, fresh, config, lam),
-                    shape=(d, r), key=draw_key, seed=seed, extra=extra,
-                )
-                checks["norm_constant"].add(
-                    np.abs(np.sum(W_decayed * W_decayed, axis=(-2, -1)) - r),
-                    norm_constant_bound(d, r),
-                    shape=(d, r), key=draw_key, seed=seed, extra={**extra, "step": 0},
-                )
-                if trajectory_size == 0:
-                    continue
-                if not observable:  # the bound of a later step reads the state the step holds
-                    observability.record(checks["trajectory_weight_decay_invariance"].name,
-                                         "the bound of a step after the first is written in the optimizer's hidden m, v, t")
-                    continue
-                # trajectories on a subset: compare at every step from the same state
-                W_t = W[:trajectory_size]
-                state_t = variant.init(W_t)
-                for step_index in range(profile.steps):
-                    G_t = scale[:trajectory_size] * rng.standard_normal(W_t.shape)
-                    W_next, state_next = variant.step(W_t, G_t, state_t, config)
-                    W_next_free, _ = variant.step(W_t, G_t, state_t, config_free)
-                    step_extra = {**extra, "step": step_index}
-                    checks["trajectory_weight_decay_invariance"].add(
-                        frobenius(W_next - W_next_free),
-                        step_difference_bound(W_t, G_t, state_t, config, lam),
-                        shape=(d, r), key=draw_key, seed=seed, extra=step_extra,
-                    )
-                    checks["norm_constant"].add(
-                        np.abs(np.sum(W_next * W_next, axis=(-2, -1)) - r),
-                        norm_constant_bound(d, r),
-                        shape=(d, r), key=draw_key, seed=seed, extra=step_extra,
-                    )
-                    W_t, state_t = W_next, state_next
+                _lambda_group(checks, variant, seed, profile.steps, d, r, len(group), lam, draw_key)
     return list(checks.values())
+
+
+def _lambda_group(checks, variant, seed: int, steps: int, d: int, r: int, size: int, lam: float, draw_key: tuple) -> None:
+    """One step with weight decay lam against lam = 0 on `size` fresh frames, then `steps`-step
+    trajectories on a subset (TRAJECTORY_FRACTION of them, shapes with d r^2 <= TRAJECTORY_MAX_COST),
+    compared at every step from the same state; every frame is drawn from rng_for(seed, *draw_key)."""
+    rng = rng_for(seed, *draw_key)
+    lr_log10_max = min(LR_LOG10[1], math.log10(MAX_DECAY_PER_STEP / lam))
+    lr = float(10.0 ** rng.uniform(min(LR_LOG10[0], lr_log10_max), lr_log10_max))
+    configs = StiefelAdamConfig(lr=lr, weight_decay=lam), StiefelAdamConfig(lr=lr, weight_decay=0.0)
+    trajectory_size = max(1, -(-size // TRAJECTORY_FRACTION)) if d * r * r <= TRAJECTORY_MAX_COST else 0
+    W = _random_frames(rng, d, r, size)
+    scale = 10.0 ** rng.uniform(*GRADIENT_LOG10_SCALE, size=(size, 1, 1))
+    record = dict(seed=seed, key=draw_key, extra={"weight_decay": lam, "lr": lr})
+    observable = observability.state_observable(variant)
+    # one step from a fresh state on every frame
+    G = scale * rng.standard_normal(W.shape)
+    state = variant.init(W)
+    # a black box's fresh state is, by docs/algorithm.md's init, m = 0, v = 0, t = 0
+    fresh = state if observable else StiefelAdamState(m=np.zeros_like(W), v=np.zeros(W.shape[:-2]), t=0)
+    _step_pair(checks, "step_weight_decay_invariance", variant, W, G, state, fresh, configs, None, **record)
+    if trajectory_size == 0:
+        return
+    if not observable:  # the bound of a later step reads the state the step holds
+        observability.record(checks["trajectory_weight_decay_invariance"].name,
+                             "the bound of a step after the first is written in the optimizer's hidden m, v, t")
+        return
+    # trajectories on a subset: compare at every step from the same state
+    W_t = W[:trajectory_size]
+    state_t = variant.init(W_t)
+    for step_index in range(steps):
+        G_t = scale[:trajectory_size] * rng.standard_normal(W_t.shape)
+        W_t, state_t = _step_pair(checks, "trajectory_weight_decay_invariance", variant, W_t, G_t, state_t, state_t,
+                                  configs, step_index, **record)
+
+
+def _step_pair(checks, name: str, variant, W, G, state, bound_state, configs, step: int | None, *, seed, key, extra):
+    """The steps with lambda and with 0 (configs) from the same (W, state): their distance against
+    step_difference_bound at bound_state (check `name`), and | ||W+||^2 - r | of the step with lambda
+    (norm_constant). step: the trajectory's step index, None for the one step from a fresh state.
+    Returns the step with lambda, (W+, state+)."""
+    config, config_free = configs
+    d, r = W.shape[-2], W.shape[-1]
+    W_decayed, state_decayed = variant.step(W, G, state, config)
+    W_free, _ = variant.step(W, G, state, config_free)
+    checks[name].add(
+        frobenius(W_decayed - W_free),
+        step_difference_bound(W, G, bound_state, config, config.weight_decay),
+        shape=(d, r), key=key, seed=seed, extra=extra if step is None else {**extra, "step": step},
+    )
+    checks["norm_constant"].add(
+        np.abs(np.sum(W_decayed * W_decayed, axis=(-2, -1)) - r),
+        norm_constant_bound(d, r),
+        shape=(d, r), key=key, seed=seed, extra={**extra, "step": 0 if step is None else step},
+    )
+    return W_decayed, state_decayed
 
 
 def _random_frames(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarray:
@@ -541,71 +557,72 @@ def norm_figure(seed: int, optimizer: str) -> dict:
     }
 
 
-def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
-    """Certify P5 with `optimizer` (a reference_impl.VARIANTS name) in place of the real step."""
-    get_variant(optimizer)
-    symbolic = start_task(symbolic_derivation)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+def manifold_part(ctx: Context) -> Evidence:
+    """fl(P_W(W)) and polar of a decoupled decay over shape_plan (the chunks of _manifold_checks,
+    merged in chunk order): properties of P_W and of the retraction, whatever the optimizer."""
+    partials = map_chunks(_manifold_checks, ctx.seed, ctx.profile)
+    return Evidence(checks=merge_checks(p[0] for p in partials), frames=sum(p[1] for p in partials))
 
-    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
-    exact = exact_checks(seed)
-    # the chunks are tasks of the current executor (propositions.kit.parallel), merged in chunk order
-    partials = map_chunks(_manifold_checks, seed, profile)
-    manifold_checks, frames = merge_checks(p[0] for p in partials), sum(p[1] for p in partials)
-    optimizer_checks = merge_checks(map_chunks(_optimizer_checks, seed, profile, optimizer, profile.frames, "", "step"))
 
-    optimizer_checks += trajectories.result()
-    control_frames = profile.control_frames
-    controls = []
-    for name in CONTROLS:
-        # small shapes only: a control has to miss the bound clearly, not be measured everywhere
-        checks = merge_checks(map_chunks(_optimizer_checks, seed, profile, name, control_frames, f"{name}:", f"control:{name}", large=()))
-        controls.append(ControlResult.from_checks(name, get_variant(name).description, checks))
-    figures = norm_figure(seed, optimizer)
-    optimizer_name = get_variant(optimizer).name  # a Variant object (an outside implementation) is named
-    extra = {
-        "optimizer": optimizer_name,
-        "weight_decay_grid": list(LAMBDA_GRID),
-        "gradient_log10_scale": list(GRADIENT_LOG10_SCALE),
-        "lr_log10": list(LR_LOG10),
-        "trajectory_steps": profile.steps,
-        "figure_settings": {
-            "shape": list(FIGURE_SHAPE), "steps": FIGURE_STEPS, "lr": FIGURE_LR,
-            "weight_decay": FIGURE_WEIGHT_DECAY, "optimizer": optimizer_name,
+def steps_part(ctx: Context) -> Evidence:
+    """The optimizer's steps with lambda against lambda = 0, one step and trajectories, and ||W_t||^2
+    (the chunks of _optimizer_checks over the profile's frames)."""
+    checks = merge_checks(map_chunks(_optimizer_checks, ctx.seed, ctx.profile, ctx.optimizer, ctx.profile.frames, "", "step"))
+    return Evidence(
+        checks=checks,
+        extra={
+            "weight_decay_grid": list(LAMBDA_GRID),
+            "gradient_log10_scale": list(GRADIENT_LOG10_SCALE),
+            "lr_log10": list(LR_LOG10),
+            "trajectory_steps": ctx.profile.steps,
         },
-        "figure_final_norm": {
-            "optimizer": figures["weight_norm_optimizer"][-1],
-            "euclidean_adamw": figures["weight_norm_euclidean_adamw"][-1],
-            "sqrt_r": math.sqrt(FIGURE_SHAPE[1]),
+    )
+
+
+def figure_part(ctx: Context) -> Evidence:
+    """The figure: ||W_t||_F of the optimizer under test against Euclidean AdamW (norm_figure)."""
+    figures = norm_figure(ctx.seed, ctx.optimizer)
+    optimizer_name = get_variant(ctx.optimizer).name  # a Variant object (an outside implementation) is named
+    steps = figures["weight_norm_step"]
+    return Evidence(
+        extra={
+            "figure_settings": {
+                "shape": list(FIGURE_SHAPE), "steps": FIGURE_STEPS, "lr": FIGURE_LR,
+                "weight_decay": FIGURE_WEIGHT_DECAY, "optimizer": optimizer_name,
+            },
+            "figure_final_norm": {
+                "optimizer": figures["weight_norm_optimizer"][-1],
+                "euclidean_adamw": figures["weight_norm_euclidean_adamw"][-1],
+                "sqrt_r": math.sqrt(FIGURE_SHAPE[1]),
+            },
         },
-    }
-    notes = [
-        "decay_projection_zero and decoupled_decay_polar are properties of P_W and of the polar "
-        "retraction; they do not depend on the optimizer under test.",
-        "euclidean_adamw leaves the manifold; its step accepts any float64 matrix and its states are "
-        "not re-validated as frames.",
-    ]
-    return ClaimResult(
-        symbolic=symbolic.result(),
-        checks=manifold_checks + optimizer_checks,
-        controls=controls,
-        frames=frames,
-        exact=exact,
-        extra=extra,
         figures={
             "weight_norm": LineFigure(
                 title=(f"||W_t||_F under weight decay ({FIGURE_SHAPE[0]} x {FIGURE_SHAPE[1]} frame, "
                        f"lr = {FIGURE_LR:g}, lambda = {FIGURE_WEIGHT_DECAY:g})"),
                 xlabel="step", ylabel="||W_t||_F",
                 series=[
-                    Series(figures["weight_norm_step"], figures["weight_norm_optimizer"], optimizer_name),
-                    Series(figures["weight_norm_step"], figures["weight_norm_euclidean_adamw"], "euclidean_adamw"),
-                    Series(figures["weight_norm_step"], figures["weight_norm_sqrt_r"], "sqrt(r)"),
+                    Series(steps, figures["weight_norm_optimizer"], optimizer_name),
+                    Series(steps, figures["weight_norm_euclidean_adamw"], "euclidean_adamw"),
+                    Series(steps, figures["weight_norm_sqrt_r"], "sqrt(r)"),
                 ],
             )
         },
-        notes=notes,
     )
+
+
+def control_part(ctx: Context) -> Evidence:
+    """A control (ctx.optimizer) through the step checks, on the small shapes only: a control has to
+    miss the bound clearly, not be measured everywhere."""
+    name = ctx.optimizer
+    frames = ctx.profile.control_frames
+    return Evidence(checks=merge_checks(
+        map_chunks(_optimizer_checks, ctx.seed, ctx.profile, name, frames, f"{name}:", f"control:{name}", large=())
+    ))
+
+
+def _prepare(ctx: Context) -> None:
+    get_variant(ctx.optimizer)  # an unknown name is refused at once
 
 
 CLAIM = Claim(
@@ -620,6 +637,20 @@ CLAIM = Claim(
         r"P_W(W) = W - W\,\mathrm{sym}(W^\top W) = 0\ \ \forall W \in \mathrm{St}(d,r);\quad "
         r"P_W(G + \lambda W) = P_W(G);\quad \mathcal{R}_W\big((1-\eta\lambda)W - W\big) = W;\quad \|W\|_F^2 = r"
     ),
-    controls=CONTROLS,
-    run=run,
+    symbolic=Symbolic(SYMBOLIC_METHOD, symbolic_derivation),
+    exact=exact_checks,
+    parts=(
+        Part("manifold", manifold_part),
+        Part("steps", steps_part),
+        trajectory_part(CLAIM_ID),
+        Part("figure", figure_part),
+    ),
+    controls=tuple(Control(name, control_part) for name in CONTROLS),
+    notes=(
+        "decay_projection_zero and decoupled_decay_polar are properties of P_W and of the polar "
+        "retraction; they do not depend on the optimizer under test.",
+        "euclidean_adamw leaves the manifold; its step accepts any float64 matrix and its states are "
+        "not re-validated as frames.",
+    ),
+    prepare=_prepare,
 )

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 import reference_impl as ri
 from propositions import p5_weight_decay as p5
 from propositions._common import Profile, rng_for
+from propositions.kit.protocol import derive_symbolic
 from reference_impl.manifold import polar_retract, project_tangent
 
 from strategies import seeds
@@ -22,13 +23,13 @@ SMALL = Profile("test", frames=200, steps=2, long_run_steps=10, mp_dps=30, mp_sa
 
 @pytest.fixture(scope="module")
 def real_result():
-    return p5.run(7, SMALL)
+    return p5.CLAIM.run(7, SMALL)
 
 
 @settings(max_examples=2, deadline=None)
 @given(seed=seeds)
 def test_real_step_passes(seed):
-    result = p5.run(seed, SMALL)
+    result = p5.CLAIM.run(seed, SMALL)
     assert result.verdict == "pass", result.failures()
     assert result.frames >= SMALL.frames
 
@@ -50,9 +51,9 @@ def test_certificate_content(real_result):
     assert {c["name"]: c["detected"] for c in body["controls"]} == {"euclidean_adamw": True, "unprojected_decay": True}
 
 
-@pytest.mark.parametrize("control", p5.CLAIM.controls)
+@pytest.mark.parametrize("control", p5.CLAIM.control_names)
 def test_control_as_optimizer_fails(control):
-    result = p5.run(3, SMALL, optimizer=control)
+    result = p5.CLAIM.run(3, SMALL, optimizer=control)
     assert result.verdict == "fail"
     failed = {c.name for c in result.checks if not c.passed}
     # the optimizer-independent identities still hold; the step-level consequences do not
@@ -171,7 +172,7 @@ def test_step_difference_bound_is_finite_on_one_by_one_frames():
 
 
 def test_symbolic_and_exact_tiers():
-    symbolic = p5.symbolic_derivation()
+    symbolic = derive_symbolic(p5.CLAIM.symbolic)
     assert symbolic.status == "proved"
     assert len(symbolic.steps) >= 5
     assert all(record["passed"] for record in p5.exact_checks(11))

@@ -106,12 +106,12 @@ def test_p1_fails_when_sym_is_dropped(monkeypatch):
 
 def test_p5_fails_for_a_sign_flip(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", _sign_flipped)
-    assert _failed(p5.symbolic_derivation())
+    assert not all(step.reduced for step in p5.symbolic_derivation())
 
 
 def test_p5_fails_when_the_projection_is_skipped(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", lambda W, G, *, validate=True: G)
-    assert _failed(p5.symbolic_derivation())
+    assert not all(step.reduced for step in p5.symbolic_derivation())
 
 
 def test_p2_fails_for_a_fixed_step_direction(monkeypatch):

@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from propositions._common import Claim, Profile  # noqa: E402
+from propositions._common import Profile  # noqa: E402
+from propositions.kit.protocol import Claim  # noqa: E402
 from propositions import crosscheck  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def test_claim_entry():
     claim = crosscheck.CLAIM
     assert isinstance(claim, Claim) and claim.id == "crosscheck"
     assert claim.title and claim.statement and claim.latex
-    assert set(claim.controls) == {"elementwise_second_moment", "muon_newton_schulz"}
+    assert set(claim.control_names) == {"elementwise_second_moment", "muon_newton_schulz"}
 
 
 def test_float64_crosscheck_passes_and_detects_its_controls(float64_result):
