@@ -718,8 +718,7 @@ DEFAULT_OPTIONS = (("device", "cpu"), ("dtype", "float64"))
 
 def _prepare(ctx: Context) -> Context:
     """The options checked (one-line ValueErrors) and normalised: the profile as a Profile, the device
-    as torch names it, and two entries of the run itself: under_test (the kernel under test, which a
-    control's context no longer names) and measured_error (filled by the parts, see _measured)."""
+    as torch names it, and under_test: the kernel under test, which a control's context no longer names."""
     import torch
 
     profile = get_profile(ctx.profile) if isinstance(ctx.profile, str) else ctx.profile
@@ -739,7 +738,7 @@ def _prepare(ctx: Context) -> Context:
         raise ValueError(f"device must name a torch device (cpu, cuda, cuda:N), got {options['device']!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was requested but torch.cuda.is_available() is False")
-    options = {"device": str(device), "dtype": options["dtype"], "under_test": ctx.optimizer, "measured_error": {}}
+    options = {"device": str(device), "dtype": options["dtype"], "under_test": ctx.optimizer}
     return replace(ctx, profile=profile, options=options)
 
 
@@ -750,15 +749,9 @@ def _environment(ctx: Context):
     return _one_thread() if torch.device(ctx.option("device")).type == "cpu" else contextlib.nullcontext()
 
 
-def _measured(ctx: Context, checks: list[NumericalCheck]) -> list[NumericalCheck]:
-    """The checks with samples; their largest residual and residual / bound are recorded in the run's
-    measured_error (written to extra by measured_error_part, the last part: the cross-check's parts
-    run in this process, one after the other, in the declared order)."""
-    checks = [c for c in checks if c.samples]
-    ctx.option("measured_error").update(
-        {c.name: {"max_residual": c.to_dict()["residual"]["max"], "max_ratio": c.max_ratio} for c in checks}
-    )
-    return checks
+def _sampled(checks: list[NumericalCheck]) -> list[NumericalCheck]:
+    """The checks that recorded samples (a check a setting did not exercise is left out)."""
+    return [c for c in checks if c.samples]
 
 
 def setting_part(ctx: Context) -> Evidence:
@@ -786,7 +779,7 @@ def lockstep_part(ctx: Context) -> Evidence:
     checks = _new_checks(dtype)
     frames = lockstep_crosscheck(ctx.seed, ctx.profile, lockstep_frames, device, _torch_dtype(dtype), ctx.optimizer, checks)
     return Evidence(
-        checks=_measured(ctx, list(checks.values())),
+        checks=_sampled(list(checks.values())),
         frames=frames,
         extra={"lockstep_frames": frames, "steps_per_trajectory": ctx.profile.steps},
         notes=[f"lock-step: {frames} frames x {ctx.profile.steps} steps on {device} in {dtype}; the torch kernel gets "
@@ -807,7 +800,7 @@ def p2_p4_part(ctx: Context) -> Evidence:
     if ctx.optimizer == REAL_KERNEL:
         scale_independence(ctx.seed, ctx.profile, ctx.option("device"), ctx.optimizer, checks)
         equivariance(ctx.seed, ctx.profile, ctx.option("device"), ctx.optimizer, checks)
-    return Evidence(checks=_measured(ctx, list(checks.values())), notes=["P2 and P4 run on the torch kernel alone in float64"])
+    return Evidence(checks=_sampled(list(checks.values())), notes=["P2 and P4 run on the torch kernel alone in float64"])
 
 
 def long_run_part(ctx: Context) -> Evidence:
@@ -834,7 +827,7 @@ def long_run_part(ctx: Context) -> Evidence:
     first = series[0]
     work = functional.compute_dtype(_torch_dtype(dtype))
     return Evidence(
-        checks=_measured(ctx, [check]),
+        checks=_sampled([check]),
         extra={"long_run": long_runs},
         figures={
             "long_run_feasibility": LineFigure(
@@ -861,11 +854,6 @@ def thread_sensitivity_part(ctx: Context) -> Evidence:
                + ("are bit-identical with 2 torch threads" if threads["identical"] else
                   f"differ with 2 torch threads by at most {threads['max_relative_difference']:.1e} relative (rounding, within the bounds)")],
     )
-
-
-def measured_error_part(ctx: Context) -> Evidence:
-    """extra["measured_error"]: the largest residual and residual / bound of every check (_measured)."""
-    return Evidence(extra={"measured_error": dict(ctx.option("measured_error"))})
 
 
 def kernel_control(ctx: Context) -> Evidence | None:
@@ -905,7 +893,6 @@ CLAIM = Claim(
         Part("p2_p4", p2_p4_part),
         Part("long_run", long_run_part),
         Part("thread_sensitivity", thread_sensitivity_part),
-        Part("measured_error", measured_error_part),
     ),
     controls=tuple(Control(name, kernel_control, description) for name, description in CONTROL_DESCRIPTIONS.items()),
     requires=("torch",),
