@@ -454,7 +454,8 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunk
                 observability.record(second_moment.name, "v+ and t+ are the optimizer's hidden state")
                 continue
             _add_second_moment(second_moment, moved, base, count, (d, r), key, seed)
-            _count(counts, f"first_moment_sign_flip_{side}", np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m)), count)
+            same_m = np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m))
+            _count(counts, f"first_moment_sign_flip_{side}", same_m, count)
         _count_permutations(counts, variant, W0, gradients[0], W1, P_left, P_right)
         examined += count
     return [direction_check, second_moment], examined, _fractions(counts)
