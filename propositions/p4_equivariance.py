@@ -69,38 +69,16 @@ from reference_impl.adam import StiefelAdamConfig, StiefelAdamState
 from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
-from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
+from .kit import observability, tightness
+from .kit.directions import step_direction
 from .kit.figures import DataFigure
+from .kit.parallel import Chunks, map_chunks, merge_checks
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.running_bounds import MEDIUM_SHAPES, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
+from .kit.running_bounds import record_trajectory, run_trajectory, trajectory_rounding_bound, worst_over_steps
 from .kit.symbolic import is_zero
-from .kit import observability
-from .kit.directions import step_direction, variant_name
-from ._common import (
-    LARGE_SHAPES,
-    Claim,
-    ClaimResult,
-    ControlResult,
-    NumericalCheck,
-    Profile,
-    SymbolicResult,
-    SymbolicStep,
-    gamma,
-    rng_for,
-    shape_plan,
-    u,
-    ulps_apart,
-)
-from .kit.running_bounds import (
-    MEDIUM_SHAPES,
-    frame_distance,
-    initial_distance_to_manifold,
-    plan_chunks,
-    record_trajectory,
-    run_trajectory,
-    TRAJECTORY_BOUND_TEXT,
-    trajectory_rounding_bound,
-    worst_over_steps,
-)
+from .kit.trajectories import trajectory_part
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, gamma, rng_for, shape_plan, u, ulps_apart
 
 CLAIM_ID = "P4"
 
@@ -219,6 +197,65 @@ def _checks(label: str, side: str) -> dict:
     }
 
 
+def _transform(side: str, transform: str, n: int, rng: np.random.Generator, count: int, seen: set):
+    """The action of one chunk's draws: (act, the relative rounding of a product, the Haar matrices
+    or None, the extra draws made to find a missing component). Haar draws hold the components not
+    yet `seen` at this shape; a signed permutation only moves and negates entries: applied by
+    indexing, exact."""
+    if transform != "haar":
+        return signed_permutation_action(random_signed_permutation(n, rng, (count,)), side), 0.0, None, 0
+    O, resampled = haar_with_both_components(n, rng, count, [c for c in (-1.0, 1.0) if c not in seen])
+    seen.update(np.linalg.slogdet(O)[0].tolist())
+
+    def act(A):
+        return O @ A if side == "left" else A @ O
+
+    return act, product_rounding(n), O, resampled
+
+
+def _record_draws(extra: dict, name: str, O: np.ndarray, resampled: int, square: bool) -> None:
+    """Count the Haar draws of one chunk by determinant, overall and per shape (`name`)."""
+    count = len(O)
+    negative = int(np.sum(np.linalg.slogdet(O)[0] < 0))
+    extra["det_minus_one"] = extra.get("det_minus_one", 0) + negative
+    extra["det_plus_one"] = extra.get("det_plus_one", 0) + count - negative
+    per_shape = extra.setdefault("by_shape", {}).setdefault(name, [0, 0, 0])
+    per_shape[0] += negative
+    per_shape[1] += count - negative
+    per_shape[2] += resampled
+    if square:
+        extra["square_frames"] = extra.get("square_frames", 0) + count
+
+
+def _comparisons(optimizer, W0, gradients, act, rounding: float, checks: dict) -> dict:
+    """(residual, bound) per step of each observed part of the run: "W", and "m", "v" where the
+    optimizer's state is observable (else they are recorded as hidden)."""
+    d, r = W0.shape[-2], W0.shape[-1]
+    W_base, states_base, norms = record_trajectory(W0, gradients, CONFIG)
+    if optimizer != "stiefel_adam":
+        W_base, states_base = run_trajectory(optimizer, W0, gradients, CONFIG)
+    W_moved, states_moved = run_trajectory(optimizer, act(W0), act(gradients), CONFIG)
+    a0 = initial_distance_to_manifold(W0)
+    bound_base = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0)
+    bound_moved = trajectory_rounding_bound(norms, d, r, CONFIG, input_relative_error=rounding,
+                                            initial_distance=a0 + rounding * math.sqrt(r))
+    comparisons = {
+        "W": (frame_distance(W_moved, act(W_base)), bound_base["W"] + bound_moved["W"] + rounding * math.sqrt(r) * (1 + bound_base["W"])),
+    }
+    if not observability.state_observable(optimizer):
+        for hidden in ("m", "v"):
+            observability.record(checks[hidden].name, "the optimizer's moments m, v are its hidden state")
+        return comparisons
+    m_base = np.stack([s.m for s in states_base])
+    m_moved = np.stack([s.m for s in states_moved])
+    v_base = np.stack([np.asarray(s.v) for s in states_base])
+    v_moved = np.stack([np.asarray(s.v) for s in states_moved])
+    m_norm = np.sqrt(np.sum(m_base * m_base, axis=(-2, -1)))
+    comparisons["m"] = (frame_distance(m_moved, act(m_base)), bound_base["m"] + bound_moved["m"] + rounding * m_norm)
+    comparisons["v"] = (np.stack([_moment_distance(v_moved[t], v_base[t]) for t in range(len(v_base))]), bound_base["v"] + bound_moved["v"])
+    return comparisons
+
+
 def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames: int, large, label: str,
                  transform: str = "haar", extra: dict | None = None, figure: dict | None = None,
                  chunks: Chunks | None = None) -> tuple[dict, int]:
@@ -226,16 +263,16 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
 
     side: "left" (Q in O(d)) or "right" (R in O(r)); transform: "haar" (Haar on O(n), both
     components) or "signed_permutation" (exact products: no input rounding). Returns the three
-    checks (W, m, v) and the number of frames. figure, when given, collects per chunk the shape and
-    the worst residual / bound of the frame check. chunks: which shapes this call runs (all by
-    default; one shape per task under map_chunks, see _action_check: the Haar draws of a shape's
-    chunks depend on the determinant signs its earlier chunks met).
+    checks (W, m, v) and the number of frames. extra, when given, counts the Haar draws
+    (_record_draws); figure, when given, collects per chunk the shape and the worst residual /
+    bound of the frame check. chunks: which shapes this call runs (all by default; one shape per
+    task under map_chunks, see _action_check: the Haar draws of a shape's chunks depend on the
+    determinant signs its earlier chunks met).
     """
     chunks = chunks or Chunks()
     checks = _checks(label, side)
     examined = 0
     components_seen: dict = {}
-    config = CONFIG
     shape, taken = None, False
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)):
         if (d, r) != shape:
@@ -244,52 +281,10 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
             continue
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
         n = d if side == "left" else r
-        if transform == "haar":
-            seen = components_seen.setdefault((d, r), set())
-            O, resampled = haar_with_both_components(n, rng, count, [c for c in (-1.0, 1.0) if c not in seen])
-            seen.update(np.linalg.slogdet(O)[0].tolist())
-            rounding = product_rounding(n)
-
-            def act(A):
-                return O @ A if side == "left" else A @ O
-        else:
-            # A signed permutation only moves and negates entries: applied by indexing, exact.
-            act = signed_permutation_action(random_signed_permutation(n, rng, (count,)), side)
-            rounding = 0.0
-        if extra is not None and transform == "haar":
-            negative = int(np.sum(np.linalg.slogdet(O)[0] < 0))
-            extra["det_minus_one"] = extra.get("det_minus_one", 0) + negative
-            extra["det_plus_one"] = extra.get("det_plus_one", 0) + count - negative
-            per_shape = extra.setdefault("by_shape", {}).setdefault(f"{label} ({d}, {r}) O({n})", [0, 0, 0])
-            per_shape[0] += negative
-            per_shape[1] += count - negative
-            per_shape[2] += resampled
-            if d == r:
-                extra["square_frames"] = extra.get("square_frames", 0) + count
-
-        W_base, states_base, norms = record_trajectory(W0, gradients, config)
-        if optimizer != "stiefel_adam":
-            W_base, states_base = run_trajectory(optimizer, W0, gradients, config)
-        W_moved, states_moved = run_trajectory(optimizer, act(W0), act(gradients), config)
-        a0 = initial_distance_to_manifold(W0)
-        bound_base = trajectory_rounding_bound(norms, d, r, config, initial_distance=a0)
-        bound_moved = trajectory_rounding_bound(norms, d, r, config, input_relative_error=rounding,
-                                                initial_distance=a0 + rounding * math.sqrt(r))
-        comparisons = {
-            "W": (frame_distance(W_moved, act(W_base)), bound_base["W"] + bound_moved["W"] + rounding * math.sqrt(r) * (1 + bound_base["W"])),
-        }
-        if observability.state_observable(optimizer):
-            m_base = np.stack([s.m for s in states_base])
-            m_moved = np.stack([s.m for s in states_moved])
-            v_base = np.stack([np.asarray(s.v) for s in states_base])
-            v_moved = np.stack([np.asarray(s.v) for s in states_moved])
-            m_norm = np.sqrt(np.sum(m_base * m_base, axis=(-2, -1)))
-            comparisons["m"] = (frame_distance(m_moved, act(m_base)), bound_base["m"] + bound_moved["m"] + rounding * m_norm)
-            comparisons["v"] = (np.stack([_moment_distance(v_moved[t], v_base[t]) for t in range(len(v_base))]), bound_base["v"] + bound_moved["v"])
-        else:
-            for hidden in ("m", "v"):
-                observability.record(checks[hidden].name, "the optimizer's moments m, v are its hidden state")
-        for key, (residual, bound) in comparisons.items():
+        act, rounding, O, resampled = _transform(side, transform, n, rng, count, components_seen.setdefault((d, r), set()))
+        if extra is not None and O is not None:
+            _record_draws(extra, f"{label} ({d}, {r}) O({n})", O, resampled, d == r)
+        for key, (residual, bound) in _comparisons(optimizer, W0, gradients, act, rounding, checks).items():
             # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
             # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
             bound = np.where(bound > 0, bound, u)
@@ -338,28 +333,8 @@ def _action_check(seed, profile, optimizer, side, frames, large, label, *, extra
     return dict(zip(names, merged)), sum(examined for (_, examined), _, _ in partials)
 
 
-def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunks: Chunks | None = None) -> tuple[list, int, dict]:
-    """Sign flips D = diag(+-1) on both sides, through the step under test, from a non-fresh state.
-
-    Each frame takes one step from a fresh state, (W1, (m1, v1, t1)) = step(W0, G1, init); then the
-    second step is taken from (W1, G2, (m1, v1, t1)) and from its flip (D W1, D G2, (D m1, v1, t1))
-    (right: W1 D, G2 D, m1 D). Every product D_ii W_ij D_ii G_ik is the same number, every sum is
-    taken in the same order and rounding to nearest is symmetric, so every stage before the
-    retraction is bit-identical: the step's own direction xi (from its hook: `direction`, bound
-    0.5 ulp) and its second moment v+ (`second_moment`, 0.5 ulp) and t+. LAPACK's SVD takes
-    sign-dependent branches, so W+ and m+ are not certified bitwise here (their bit-identical
-    fraction is reported; the signed-permutation trajectories hold them to the float64 bound). A
-    variant without a hook has its xi recovered from W+ by the inverse retraction, which is not
-    bitwise: its check then holds ||xi(flipped) - D xi|| to both inverses' error bounds plus the
-    inverse's sensitivity times ||W+(flipped) - D W+||. Also measures how often a general signed
-    permutation leaves the full step and the projection bit-identical. chunks: which chunks this
-    call runs (all by default; one per task under map_chunks, see _sign_flip_bitwise).
-    """
-    chunks = chunks or Chunks()
-    config = CONFIG
-    variant = get_variant(optimizer)
-    hooked = variant.step_with_direction is not None
-    observable = observability.state_observable(variant)
+def _sign_flip_checks(hooked: bool) -> tuple[NumericalCheck, NumericalCheck]:
+    """The checks of sign_flip_bitwise: the step's direction (bitwise where the step has a hook) and v+."""
     direction_check = NumericalCheck(
         "sign_flip_direction_bitwise" if hooked else "sign_flip_direction",
         "ulps between the step's own xi from (D W, D G, (D m, v, t)) and D xi (and W D alike), second step "
@@ -374,10 +349,90 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunk
     second_moment = NumericalCheck(
         "sign_flip_second_moment_bitwise", "ulps between v+ of the flipped second step and v+ (t+ must be equal)",
         "exact: the squares g_ij^2 are the same numbers summed in the same order; bound 0.5 ulp", tightness_note=tightness.EQUALITY)
-    counts = {key: [0, 0] for key in ("full_step_sign_flip_left", "full_step_sign_flip_right",
-                                      "first_moment_sign_flip_left", "first_moment_sign_flip_right",
-                                      "full_step_signed_permutation_left", "full_step_signed_permutation_right",
-                                      "projection_signed_permutation_left", "projection_signed_permutation_right")}
+    return direction_check, second_moment
+
+
+# What sign_flip_bitwise measures beside its checks: the frames whose result is bit-identical.
+BITWISE_COUNTS = ("full_step_sign_flip_left", "full_step_sign_flip_right",
+                  "first_moment_sign_flip_left", "first_moment_sign_flip_right",
+                  "full_step_signed_permutation_left", "full_step_signed_permutation_right",
+                  "projection_signed_permutation_left", "projection_signed_permutation_right")
+
+
+def _count(counts: dict, key: str, same: np.ndarray, count: int) -> None:
+    """Add to counts[key] = [bit-identical, frames] the frames whose entries are all `same` (count, a, b)."""
+    counts[key][0] += int(np.sum(np.all(same, axis=(-2, -1))))
+    counts[key][1] += count
+
+
+def _fractions(counts: dict) -> dict:
+    return {key: {"bitwise": hit, "frames": total, "fraction": hit / max(total, 1)} for key, (hit, total) in counts.items()}
+
+
+def _flipped(variant, flip, W, G, state, observable: bool):
+    """The flipped input (D W, D G, (D m, v, t)); a black box's state cannot be flipped by the
+    checker, so it starts afresh from D W (its init)."""
+    if observable:
+        return flip(W), flip(G), StiefelAdamState(m=flip(state.m), v=state.v, t=state.t)
+    return flip(W), flip(G), variant.init(flip(W))
+
+
+def _add_direction(check: NumericalCheck, hooked: bool, moved, base, flip, shape, key, seed) -> None:
+    """xi of the flipped step against D xi: in ulps (bound 0.5) from the step's hook, else within the
+    two inverses' error bounds plus their sensitivity times the frames' gap."""
+    if hooked:
+        check.add(ulps_apart(moved.xi, flip(base.xi)), 0.5, shape=shape, key=key, seed=seed)
+        return
+    W_gap = np.sqrt(np.sum((moved.W_new - flip(base.W_new)) ** 2, axis=(-2, -1)))
+    sensitivity = np.maximum(base.inverse.sensitivity, moved.inverse.sensitivity)
+    residual = np.sqrt(np.sum((moved.xi - flip(base.xi)) ** 2, axis=(-2, -1)))
+    bound = base.error_bound + moved.error_bound + 2 * sensitivity * W_gap
+    check.add(residual, np.where(bound > 0, bound, u), shape=shape, key=key, seed=seed)
+
+
+def _add_second_moment(check: NumericalCheck, moved, base, count: int, shape, key, seed) -> None:
+    """v+ of the flipped step against v+ in ulps (bound 0.5); a different t+ is an infinite residual."""
+    v_ulps = ulps_apart(np.asarray(moved.state_new.v), np.asarray(base.state_new.v))
+    if moved.state_new.t != base.state_new.t:
+        v_ulps = np.full(count, np.inf)
+    check.add(v_ulps, 0.5, shape=shape, key=key, seed=seed)
+
+
+def _count_permutations(counts: dict, variant, W0, G, W1, P_left, P_right) -> None:
+    """How often a general signed permutation leaves the first step and the projection bit-identical."""
+    count = len(W0)
+    g = riemannian_gradient(W0, G)
+    for side, permute in (("left", lambda A: P_left @ A), ("right", lambda A: A @ P_right)):
+        W1_permuted, _ = variant.step(permute(W0), permute(G), variant.init(permute(W0)), CONFIG)
+        _count(counts, f"full_step_signed_permutation_{side}", W1_permuted == permute(W1), count)
+        _count(counts, f"projection_signed_permutation_{side}", riemannian_gradient(permute(W0), permute(G)) == permute(g), count)
+
+
+def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunks: Chunks | None = None) -> tuple[list, int, dict]:
+    """Sign flips D = diag(+-1) on both sides, through the step under test, from a non-fresh state.
+
+    Each frame takes one step from a fresh state, (W1, (m1, v1, t1)) = step(W0, G1, init); then the
+    second step is taken from (W1, G2, (m1, v1, t1)) and from its flip (D W1, D G2, (D m1, v1, t1))
+    (right: W1 D, G2 D, m1 D). Every product D_ii W_ij D_ii G_ik is the same number, every sum is
+    taken in the same order and rounding to nearest is symmetric, so every stage before the
+    retraction is bit-identical: the step's own direction xi (from its hook: `direction`, bound
+    0.5 ulp) and its second moment v+ (`second_moment`, 0.5 ulp) and t+. LAPACK's SVD takes
+    sign-dependent branches, so W+ and m+ are not certified bitwise here (their bit-identical
+    fraction is reported; the signed-permutation trajectories hold them to the float64 bound). A
+    variant without a hook has its xi recovered from W+ by the inverse retraction, which is not
+    bitwise: its check then holds ||xi(flipped) - D xi|| to both inverses' error bounds plus the
+    inverse's sensitivity times ||W+(flipped) - D W+||. A black box (state not observable) is
+    flipped on its first step, from fresh states. Also measures how often a general signed
+    permutation leaves the full step and the projection bit-identical. Returns ([direction, second
+    moment], frames, the bit-identical fractions of BITWISE_COUNTS). chunks: which chunks this call
+    runs (all by default; one per task under map_chunks, see _sign_flip_bitwise).
+    """
+    chunks = chunks or Chunks()
+    variant = get_variant(optimizer)
+    hooked = variant.step_with_direction is not None
+    observable = observability.state_observable(variant)
+    direction_check, second_moment = _sign_flip_checks(hooked)
+    counts = {key: [0, 0] for key in BITWISE_COUNTS}
     examined = 0
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
         if not chunks.take():
@@ -387,51 +442,23 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunk
         signs_right = rng.choice([-1.0, 1.0], size=(count, 1, r))
         P_left = random_signed_permutation(d, rng, (count,))
         P_right = random_signed_permutation(r, rng, (count,))
-        W1, state1 = variant.step(W0, gradients[0], variant.init(W0), config)
-        G = gradients[1]
-        if observable:
-            base = step_direction(variant, W1, G, state1, config)
-        else:  # a black box's state cannot be flipped by the checker: the first step, from fresh states
-            base = step_direction(variant, W0, gradients[0], variant.init(W0), config)
-        key_base = (CLAIM_ID, "bitwise", d, r, chunk)
+        W1, state1 = variant.step(W0, gradients[0], variant.init(W0), CONFIG)
+        start = (W1, gradients[1], state1) if observable else (W0, gradients[0], variant.init(W0))
+        base = step_direction(variant, *start, CONFIG)
         for side, flip in (("left", lambda A: signs_left * A), ("right", lambda A: A * signs_right)):
-            if observable:
-                state_flipped = StiefelAdamState(m=flip(state1.m), v=state1.v, t=state1.t)
-                moved = step_direction(variant, flip(W1), flip(G), state_flipped, config)
-            else:
-                moved = step_direction(variant, flip(W0), flip(gradients[0]), variant.init(flip(W0)), config)
-            key = key_base + (side,)
-            if hooked:
-                direction_check.add(ulps_apart(moved.xi, flip(base.xi)), 0.5, shape=(d, r), key=key, seed=seed)
-            else:
-                W_gap = np.sqrt(np.sum((moved.W_new - flip(base.W_new)) ** 2, axis=(-2, -1)))
-                sensitivity = np.maximum(base.inverse.sensitivity, moved.inverse.sensitivity)
-                residual = np.sqrt(np.sum((moved.xi - flip(base.xi)) ** 2, axis=(-2, -1)))
-                bound = base.error_bound + moved.error_bound + 2 * sensitivity * W_gap
-                direction_check.add(residual, np.where(bound > 0, bound, u), shape=(d, r), key=key, seed=seed)
-            counts[f"full_step_sign_flip_{side}"][0] += int(np.sum(np.all(moved.W_new == flip(base.W_new), axis=(-2, -1))))
-            counts[f"full_step_sign_flip_{side}"][1] += count
+            moved = step_direction(variant, *_flipped(variant, flip, *start, observable), CONFIG)
+            key = (CLAIM_ID, "bitwise", d, r, chunk, side)
+            _add_direction(direction_check, hooked, moved, base, flip, (d, r), key, seed)
+            _count(counts, f"full_step_sign_flip_{side}", moved.W_new == flip(base.W_new), count)
             if not observable:
                 observability.record(second_moment.name, "v+ and t+ are the optimizer's hidden state")
                 continue
-            v_ulps = ulps_apart(np.asarray(moved.state_new.v), np.asarray(base.state_new.v))
-            if moved.state_new.t != base.state_new.t:
-                v_ulps = np.full(count, np.inf)
-            second_moment.add(v_ulps, 0.5, shape=(d, r), key=key, seed=seed)
-            same_m = np.all(np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m)), axis=(-2, -1))
-            counts[f"first_moment_sign_flip_{side}"][0] += int(np.sum(same_m))
-            counts[f"first_moment_sign_flip_{side}"][1] += count
-        g = riemannian_gradient(W0, gradients[0])
-        for side, permute in (("left", lambda A: P_left @ A), ("right", lambda A: A @ P_right)):
-            W1_permuted, _ = variant.step(permute(W0), permute(gradients[0]), variant.init(permute(W0)), config)
-            counts[f"full_step_signed_permutation_{side}"][0] += int(np.sum(np.all(W1_permuted == permute(W1), axis=(-2, -1))))
-            counts[f"full_step_signed_permutation_{side}"][1] += count
-            g_permuted = riemannian_gradient(permute(W0), permute(gradients[0]))
-            counts[f"projection_signed_permutation_{side}"][0] += int(np.sum(np.all(g_permuted == permute(g), axis=(-2, -1))))
-            counts[f"projection_signed_permutation_{side}"][1] += count
+            _add_second_moment(second_moment, moved, base, count, (d, r), key, seed)
+            same_m = np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m))
+            _count(counts, f"first_moment_sign_flip_{side}", same_m, count)
+        _count_permutations(counts, variant, W0, gradients[0], W1, P_left, P_right)
         examined += count
-    fractions = {key: {"bitwise": hit, "frames": total, "fraction": hit / max(total, 1)} for key, (hit, total) in counts.items()}
-    return [direction_check, second_moment], examined, fractions
+    return [direction_check, second_moment], examined, _fractions(counts)
 
 
 def _sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tuple[list, int, dict]:
@@ -442,98 +469,87 @@ def _sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> t
         for key, entry in fractions.items():
             hit, total = counts.get(key, (0, 0))
             counts[key] = (hit + entry["bitwise"], total + entry["frames"])
-    fractions = {key: {"bitwise": hit, "frames": total, "fraction": hit / max(total, 1)} for key, (hit, total) in counts.items()}
-    return merge_checks(p[0] for p in partials), sum(p[1] for p in partials), fractions
+    return merge_checks(p[0] for p in partials), sum(p[1] for p in partials), _fractions(counts)
 
 
 # --------------------------------------------------------------------------------------------
-# Symbolic and exact parts
+# Symbolic and exact tiers
 # --------------------------------------------------------------------------------------------
 
 
-def symbolic_part() -> SymbolicResult:
-    def record(description: str, latex: str, reduced: bool) -> None:
-        result.steps.append(SymbolicStep(description, latex, bool(reduced)))
+SYMBOLIC_METHOD = "sympy: MatrixSymbol algebra with Q^T Q = I_d, R R^T = I_r, U^T U = I_r"
 
-    result = SymbolicResult(method="sympy: MatrixSymbol algebra with Q^T Q = I_d, R R^T = I_r, U^T U = I_r")
+
+def _step(description: str, latex: str, reduced) -> SymbolicStep:
+    return SymbolicStep(description, latex, bool(reduced))
+
+
+def _symbols():
+    """d, r and the MatrixSymbols W, G, m (d x r), Q (d x d), R (r x r), A, U (d x r: U the polar
+    factor of A) and H (r x r: H = U^T A, symmetric positive definite)."""
     d, r = sp.symbols("d r", integer=True, positive=True)
-    W, G, M = sp.MatrixSymbol("W", d, r), sp.MatrixSymbol("G", d, r), sp.MatrixSymbol("m", d, r)
-    Q, R = sp.MatrixSymbol("Q", d, d), sp.MatrixSymbol("R", r, r)
-    A, U = sp.MatrixSymbol("A", d, r), sp.MatrixSymbol("U", d, r)
-    H = sp.MatrixSymbol("H", r, r)  # H = U^T A, symmetric positive definite for the polar factor U of A
+    names = {"W": (d, r), "G": (d, r), "m": (d, r), "Q": (d, d), "R": (r, r), "A": (d, r), "U": (d, r), "H": (r, r)}
+    return d, r, {name: sp.MatrixSymbol(name, *shape) for name, shape in names.items()}
+
+
+def _project(W, G):
+    """P_W(G) = G - W sym(W^T G) as the formula, on MatrixSymbols."""
+    S = W.T * G
+    return G - W * ((S + S.T) / 2)
+
+
+def _projection_steps() -> list[SymbolicStep]:
+    """The projection (with the decay term) commutes with both actions; so do the norms of v and the trust region."""
+    d, r, s = _symbols()
+    W, G, Q, R = s["W"], s["G"], s["Q"], s["R"]
     lam = sp.Symbol("lambda", positive=True)
     I_d, I_r = sp.Identity(d), sp.Identity(r)
+    left = sp.expand(_project(Q * W, Q * G + lam * Q * W) - Q * _project(W, G + lam * W)).subs(Q.T * Q, I_d)
+    right = sp.expand(_project(W * R, G * R + lam * W * R) - _project(W, G + lam * W) * R).subs(R * R.T, I_r)
+    gram_left = sp.expand((Q * G).T * (Q * G) - G.T * G).subs(Q.T * Q, I_d)
+    gram_right = sp.expand((G * R) * (G * R).T - G * G.T).subs(R * R.T, I_r)
+    return [
+        _step("P_{QW}(QG + lambda QW) = Q P_W(G + lambda W)",
+              r"P_{QW}(QG+\lambda QW) - Q P_W(G+\lambda W) = 0\ \ (Q^\top Q = I)", is_zero(left)),
+        _step("P_{WR}(GR + lambda WR) = P_W(G + lambda W) R",
+              r"P_{WR}(GR+\lambda WR) - P_W(G+\lambda W) R = 0\ \ (R R^\top = I)", is_zero(right)),
+        _step("(QG)^T (QG) = G^T G, so ||QG|| = ||G|| (v and the trust region)", r"(QG)^\top QG - G^\top G = 0",
+              is_zero(gram_left)),
+        _step("(GR)(GR)^T = G G^T, so ||GR|| = ||G||", r"GR(GR)^\top - GG^\top = 0", is_zero(gram_right)),
+    ]
 
-    def sym(X):
-        return (X + X.T) / 2
 
-    def project(W_, G_):
-        return G_ - W_ * sym(W_.T * G_)
+def _polar_steps() -> list[SymbolicStep]:
+    """polar(QA) = Q polar(A) and polar(AR) = polar(A) R: the orthonormal factor and the SPD factor."""
+    d, r, s = _symbols()
+    Q, R, A, U, H = s["Q"], s["R"], s["A"], s["U"], s["H"]
+    I_d, I_r = sp.Identity(d), sp.Identity(r)
+    left_orth = sp.expand((Q * U).T * (Q * U) - I_r).subs(Q.T * Q, I_d).subs(U.T * U, I_r)
+    left_spd = sp.expand((Q * U).T * (Q * A) - U.T * A).subs(Q.T * Q, I_d)
+    right_orth = sp.expand((U * R).T * (U * R) - I_r).subs(U.T * U, I_r).subs(R.T * R, I_r)
+    congruence = sp.expand((U * R).T * (A * R) - R.T * (U.T * A) * R)
+    symmetric = sp.expand((R.T * H * R).T - R.T * H * R).subs(H.T, H)
+    return [
+        _step("(QU)^T (QU) = I for U^T U = I", r"(QU)^\top QU - I = 0", is_zero(left_orth)),
+        _step("(QU)^T (QA) = U^T A: the same SPD factor, so polar(QA) = Q polar(A)", r"(QU)^\top QA - U^\top A = 0",
+              is_zero(left_spd)),
+        _step("(UR)^T (UR) = I for U^T U = I, R^T R = I", r"(UR)^\top UR - I = 0", is_zero(right_orth)),
+        _step("(UR)^T (AR) = R^T (U^T A) R", r"(UR)^\top AR - R^\top (U^\top A) R = 0", is_zero(congruence)),
+        _step("R^T H R is symmetric for H = H^T (and SPD as a congruence): polar(AR) = polar(A) R",
+              r"(R^\top H R)^\top - R^\top H R = 0\ \ (H^\top = H)", is_zero(symmetric)),
+    ]
 
-    def expanded(X):
-        return sp.expand(X)
 
-    left = expanded(project(Q * W, Q * G + lam * Q * W) - Q * project(W, G + lam * W)).subs(Q.T * Q, I_d)
-    record(
-        "P_{QW}(QG + lambda QW) = Q P_W(G + lambda W)",
-        r"P_{QW}(QG+\lambda QW) - Q P_W(G+\lambda W) = 0\ \ (Q^\top Q = I)",
-        is_zero(left),
-    )
-    right = expanded(project(W * R, G * R + lam * W * R) - project(W, G + lam * W) * R).subs(R * R.T, I_r)
-    record(
-        "P_{WR}(GR + lambda WR) = P_W(G + lambda W) R",
-        r"P_{WR}(GR+\lambda WR) - P_W(G+\lambda W) R = 0\ \ (R R^\top = I)",
-        is_zero(right),
-    )
-    gram_left = expanded((Q * G).T * (Q * G) - G.T * G).subs(Q.T * Q, I_d)
-    record(
-        "(QG)^T (QG) = G^T G, so ||QG|| = ||G|| (v and the trust region)",
-        r"(QG)^\top QG - G^\top G = 0",
-        is_zero(gram_left),
-    )
-    gram_right = expanded((G * R) * (G * R).T - G * G.T).subs(R * R.T, I_r)
-    record(
-        "(GR)(GR)^T = G G^T, so ||GR|| = ||G||",
-        r"GR(GR)^\top - GG^\top = 0",
-        is_zero(gram_right),
-    )
-    polar_left_orth = expanded((Q * U).T * (Q * U) - I_r).subs(Q.T * Q, I_d).subs(U.T * U, I_r)
-    record(
-        "(QU)^T (QU) = I for U^T U = I",
-        r"(QU)^\top QU - I = 0",
-        is_zero(polar_left_orth),
-    )
-    polar_left_spd = expanded((Q * U).T * (Q * A) - U.T * A).subs(Q.T * Q, I_d)
-    record(
-        "(QU)^T (QA) = U^T A: the same SPD factor, so polar(QA) = Q polar(A)",
-        r"(QU)^\top QA - U^\top A = 0",
-        is_zero(polar_left_spd),
-    )
-    polar_right_orth = expanded((U * R).T * (U * R) - I_r).subs(U.T * U, I_r).subs(R.T * R, I_r)
-    record(
-        "(UR)^T (UR) = I for U^T U = I, R^T R = I",
-        r"(UR)^\top UR - I = 0",
-        is_zero(polar_right_orth),
-    )
-    congruence = expanded((U * R).T * (A * R) - R.T * (U.T * A) * R)
-    record(
-        "(UR)^T (AR) = R^T (U^T A) R",
-        r"(UR)^\top AR - R^\top (U^\top A) R = 0",
-        is_zero(congruence),
-    )
-    symmetric = expanded((R.T * H * R).T - R.T * H * R).subs(H.T, H)
-    record(
-        "R^T H R is symmetric for H = H^T (and SPD as a congruence): polar(AR) = polar(A) R",
-        r"(R^\top H R)^\top - R^\top H R = 0\ \ (H^\top = H)",
-        is_zero(symmetric),
-    )
-    transport = expanded(project(Q * W, Q * M) - Q * project(W, M)).subs(Q.T * Q, I_d)
-    record(
-        "transport P_{QW+}(Qm) = Q P_{W+}(m)",
-        r"P_{QW_+}(Qm) - Q P_{W_+}(m) = 0",
-        is_zero(transport),
-    )
-    return result
+def _transport_step() -> SymbolicStep:
+    d, _, s = _symbols()
+    W, M, Q = s["W"], s["m"], s["Q"]
+    transport = sp.expand(_project(Q * W, Q * M) - Q * _project(W, M)).subs(Q.T * Q, sp.Identity(d))
+    return _step("transport P_{QW+}(Qm) = Q P_{W+}(m)", r"P_{QW_+}(Qm) - Q P_{W_+}(m) = 0", is_zero(transport))
+
+
+def symbolic_derivation() -> list[SymbolicStep]:
+    """The derivation's steps: every stage commutes with both actions."""
+    return _projection_steps() + _polar_steps() + [_transport_step()]
 
 
 def exact_part(seed: int) -> list[dict]:
@@ -563,89 +579,87 @@ def exact_part(seed: int) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
-# The claim
+# The claim: its parts and its controls
 # --------------------------------------------------------------------------------------------
 
 
-def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
-    get_variant(optimizer)  # ValueError for an unknown name
-    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
-
-    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
-    exact_results = exact_part(seed)
-    frames = profile.frames
-    haar_extra: dict = {}
+def haar_part(ctx: Context) -> Evidence:
+    """Haar Q on O(d) (frames up to (256, 32): a Haar Q of O(1024) costs d^2 r per product) and Haar
+    R on O(r) (every shape, (1024, 128) included), 2/5 of the profile's frames each. A shape whose
+    draws miss a component of O(n) makes the certificate inconclusive."""
+    frames = ctx.profile.frames
+    draws: dict = {}
     ratio_by_shape = {"check": [], "d": [], "r": [], "max_ratio": []}
-    # A Haar Q of O(1024) costs d^2 r per product: the (1024, 128) frames meet the right action
-    # (Haar R in O(128)); the left Haar check goes up to (256, 32).
-    # the shapes and chunks are tasks of the current executor (propositions.kit.parallel), merged in order
-    left, n_left = _action_check(seed, profile, optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES, "left_haar", extra=haar_extra,
-                                figure=ratio_by_shape)
-    right, n_right = _action_check(seed, profile, optimizer, "right", frames * 2 // 5, LARGE_SHAPES, "right_haar", extra=haar_extra,
-                                  figure=ratio_by_shape)
-    permutation_left, n_perm = _action_check(seed, profile, optimizer, "left", frames // 10, MEDIUM_SHAPES, "left_signed_permutation",
-                                            transform="signed_permutation")
-    bitwise, n_bitwise, fractions = _sign_flip_bitwise(seed, frames // 10, profile, optimizer)
-    checks = list(left.values()) + list(right.values()) + list(permutation_left.values()) + bitwise
-
-    checks += trajectories.result()
-
-    control_frames = profile.control_frames
-    controls = []
-    for name, description in (
-        ("elementwise_second_moment", "Adam's elementwise second moment: equivariant only under signed permutations"),
-        ("qr_retraction", "sign-fixed QR retraction: not equivariant under the right action of O(r)"),
-    ):
-        control_left, _ = _action_check(seed, profile, name, "left", control_frames, (), "left_haar")
-        control_right, _ = _action_check(seed, profile, name, "right", control_frames, (), "right_haar")
-        controls.append(ControlResult.from_checks(name, description, [control_left["W"], control_right["W"]]))
-
-    missing_components = component_coverage(haar_extra)
-    notes = [
-        "Signed permutations do not make the float64 step bitwise for this reference: BLAS accumulates "
-        "W^T G over d (left action) and W S over r (right action) in the permuted order, with fused "
-        "multiply-adds, so even d = 2 can differ in the last bit; measured bit-identical projections under "
-        f"left signed permutations: {fractions['projection_signed_permutation_left']['fraction']:.3f} of frames, "
-        f"full steps: {fractions['full_step_signed_permutation_left']['fraction']:.3f} (left), "
-        f"{fractions['full_step_signed_permutation_right']['fraction']:.3f} (right). The signed-permutation "
-        "trajectories are certified with the float64 bound instead (check left_signed_permutation_*).",
-        "Sign flips D = diag(+-1) keep every product and every summation order: through the step under test, "
-        "from a non-fresh state (D m, v, t), its own direction xi and its second moment are certified "
-        "bit-identical. W+ and m+ are not "
-        "bitwise even then, because LAPACK's SVD takes sign-dependent branches; measured bit-identical full "
-        f"steps: {fractions['full_step_sign_flip_left']['fraction']:.3f} (left), "
-        f"{fractions['full_step_sign_flip_right']['fraction']:.3f} (right).",
-        f"Haar draws on O(d) and O(r): {haar_extra.get('det_minus_one', 0)} with det -1 and "
-        f"{haar_extra.get('det_plus_one', 0)} with det +1, both components at every shape "
-        f"({len(haar_extra.get('by_shape', {}))} shapes, {sum(v[2] for v in haar_extra.get('by_shape', {}).values())} "
-        f"extra draws to find a missing component); {haar_extra.get('square_frames', 0)} frames with d = r "
-        "(St(d, d) = O(d)).",
-    ]
-    inconclusive = []
-    if missing_components:
-        inconclusive.append("the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
-                            + "; ".join(missing_components))
-    return ClaimResult(
-        symbolic=symbolic.result(),
-        checks=checks,
-        controls=controls,
-        frames=n_left + n_right + n_perm + n_bitwise,
-        exact=exact_results,
+    left, n_left = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES,
+                                 "left_haar", extra=draws, figure=ratio_by_shape)
+    right, n_right = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames * 2 // 5, LARGE_SHAPES,
+                                   "right_haar", extra=draws, figure=ratio_by_shape)
+    by_shape = draws.get("by_shape", {})
+    missing = component_coverage(draws)
+    return Evidence(
+        checks=list(left.values()) + list(right.values()),
+        frames=n_left + n_right,
         extra={
-            "optimizer": variant_name(optimizer),
             "config": {"lr": CONFIG.lr, "betas": list(CONFIG.betas), "eps": CONFIG.eps,
                        "trust_radius": CONFIG.trust_radius, "weight_decay": CONFIG.weight_decay},
-            "haar_draws": haar_extra,
-            "bitwise_fractions": fractions,
+            "haar_draws": draws,
         },
-        figures={
-            "ratio_by_check": DataFigure({"check": [c.name for c in checks], "max_ratio": [float(c.max_ratio) for c in checks]}),
-            "frame_ratio_by_shape": DataFigure(ratio_by_shape),
-        },
-        notes=notes,
-        inconclusive=inconclusive,
+        figures={"frame_ratio_by_shape": DataFigure(ratio_by_shape)},
+        notes=[
+            f"Haar draws on O(d) and O(r): {draws.get('det_minus_one', 0)} with det -1 and "
+            f"{draws.get('det_plus_one', 0)} with det +1, both components at every shape "
+            f"({len(by_shape)} shapes, {sum(v[2] for v in by_shape.values())} "
+            f"extra draws to find a missing component); {draws.get('square_frames', 0)} frames with d = r "
+            "(St(d, d) = O(d)).",
+        ],
+        inconclusive=["the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
+                      + "; ".join(missing)] if missing else [],
     )
+
+
+def signed_permutation_part(ctx: Context) -> Evidence:
+    """Left signed permutations (exact products) through the same trajectory check, 1/10 of the frames."""
+    checks, examined = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", ctx.profile.frames // 10,
+                                     MEDIUM_SHAPES, "left_signed_permutation", transform="signed_permutation")
+    return Evidence(checks=list(checks.values()), frames=examined)
+
+
+def sign_flips_part(ctx: Context) -> Evidence:
+    """The bitwise tier (sign_flip_bitwise, 1/10 of the frames) and the bit-identical fractions it measured."""
+    checks, examined, fractions = _sign_flip_bitwise(ctx.seed, ctx.profile.frames // 10, ctx.profile, ctx.optimizer)
+    return Evidence(
+        checks=checks,
+        frames=examined,
+        extra={"bitwise_fractions": fractions},
+        notes=[
+            "Signed permutations do not make the float64 step bitwise for this reference: BLAS accumulates "
+            "W^T G over d (left action) and W S over r (right action) in the permuted order, with fused "
+            "multiply-adds, so even d = 2 can differ in the last bit; measured bit-identical projections under "
+            f"left signed permutations: {fractions['projection_signed_permutation_left']['fraction']:.3f} of frames, "
+            f"full steps: {fractions['full_step_signed_permutation_left']['fraction']:.3f} (left), "
+            f"{fractions['full_step_signed_permutation_right']['fraction']:.3f} (right). The signed-permutation "
+            "trajectories are certified with the float64 bound instead (check left_signed_permutation_*).",
+            "Sign flips D = diag(+-1) keep every product and every summation order: through the step under test, "
+            "from a non-fresh state (D m, v, t), its own direction xi and its second moment are certified "
+            "bit-identical. W+ and m+ are not "
+            "bitwise even then, because LAPACK's SVD takes sign-dependent branches; measured bit-identical full "
+            f"steps: {fractions['full_step_sign_flip_left']['fraction']:.3f} (left), "
+            f"{fractions['full_step_sign_flip_right']['fraction']:.3f} (right).",
+        ],
+    )
+
+
+def haar_control(ctx: Context) -> Evidence:
+    """A control: the frame checks of both Haar actions with the control's step (ctx.optimizer) on
+    profile.control_frames frames of the small shapes."""
+    frames = ctx.profile.control_frames
+    left, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames, (), "left_haar")
+    right, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames, (), "right_haar")
+    return Evidence(checks=[left["W"], right["W"]])
+
+
+def _prepare(ctx: Context) -> None:
+    get_variant(ctx.optimizer)  # an unknown name is refused at once (ValueError)
 
 
 CLAIM = Claim(
@@ -656,6 +670,18 @@ CLAIM = Claim(
     "multiple of u; bit-identical for sign flips on the projection and second moment.",
     latex=r"\mathrm{step}(QW, QG, (Qm, v, t)) = (QW_+, (Qm_+, v_+, t+1)),\quad "
     r"\mathrm{step}(WR, GR, (mR, v, t)) = (W_+R, (m_+R, v_+, t+1)),\quad Q \in O(d),\ R \in O(r)",
-    controls=("elementwise_second_moment", "qr_retraction"),
-    run=run,
+    symbolic=Symbolic(SYMBOLIC_METHOD, symbolic_derivation),
+    exact=exact_part,
+    parts=(
+        Part("haar", haar_part),
+        Part("signed_permutation", signed_permutation_part),
+        Part("sign_flips", sign_flips_part),
+        trajectory_part(CLAIM_ID),
+    ),
+    controls=(
+        Control("elementwise_second_moment", haar_control,
+                "Adam's elementwise second moment: equivariant only under signed permutations"),
+        Control("qr_retraction", haar_control, "sign-fixed QR retraction: not equivariant under the right action of O(r)"),
+    ),
+    prepare=_prepare,
 )

@@ -162,7 +162,7 @@ def test_vacuous_decay_bounds_make_the_run_inconclusive(monkeypatch):
     from propositions import get_profile
 
     monkeypatch.setattr(p2, "LOG10_C_RANGE_DECAY", (-6.0, 6.0))
-    result = p2.run(2, get_profile("quick"))
+    result = p2.CLAIM.run(2, get_profile("quick"))
     assert result.extra["vacuous_bounds"] > 0
     assert result.verdict == "inconclusive" and "vacuous" in result.inconclusive[0]
 
@@ -237,7 +237,7 @@ def test_eps_inside_the_square_root_fails_the_eps_check():
 
 def test_a_first_moment_that_does_not_scale_fails_though_every_frame_is_right():
     variant = ri.Variant("normalized_moment", "m stored as m / sqrt(v)", ("P2",), ri.init, _normalized_moment_step)
-    result = p2.run(0, SMALL, variant)
+    result = p2.CLAIM.run(0, SMALL, variant)
     by_name = {c.name: c for c in result.checks}
     assert result.verdict == "fail"
     assert by_name["trajectory_scale_invariance"].passed

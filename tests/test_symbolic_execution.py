@@ -11,6 +11,7 @@ from propositions import p1_steepest_descent as p1
 from propositions import p2_scale_independence as p2
 from propositions import p3_conditioning as p3
 from propositions import p5_weight_decay as p5
+from propositions._common import SymbolicResult
 from propositions.kit import symbolic as ks
 from reference_impl import adam, manifold
 
@@ -88,6 +89,12 @@ def _failed(result):
     return result.status == "failed"
 
 
+def _derived_afresh(claim):
+    """The claim's symbolic tier derived now: derive_symbolic keeps one derivation per process, and a
+    mutated code must be derived afresh."""
+    return SymbolicResult(claim.symbolic.method, list(claim.symbolic.derive()))
+
+
 @pytest.mark.parametrize("broken", [_without_sym, _sign_flipped])
 def test_p1_fails_for_a_broken_projection(monkeypatch, broken):
     monkeypatch.setattr(manifold, "project_tangent", broken)
@@ -117,7 +124,7 @@ def test_p5_fails_when_the_projection_is_skipped(monkeypatch):
 def test_p2_fails_for_a_fixed_step_direction(monkeypatch):
     # Riemannian SGD's direction -lr m^ is degree one in the gradient scale
     monkeypatch.setattr(adam, "scale_free_direction", lambda m_hat, v_hat, lr, eps: -lr * m_hat)
-    result = p2.symbolic_part()
+    result = _derived_afresh(p2.CLAIM)
     assert _failed(result)
     assert any("stages 3-7" in s.description for s in result.steps if not s.reduced)
 
@@ -130,7 +137,7 @@ def test_p2_fails_without_the_zero_guard(monkeypatch):
         return -lr * m_hat / (np.sqrt(v_hat) + eps)
 
     monkeypatch.setattr(adam, "scale_free_direction", unguarded)
-    result = p2.symbolic_part()
+    result = _derived_afresh(p2.CLAIM)
     assert _failed(result)
     failing = [s.description for s in result.steps if not s.reduced]
     assert len(failing) == 1 and "never 0/0" in failing[0]
@@ -138,7 +145,7 @@ def test_p2_fails_without_the_zero_guard(monkeypatch):
 
 def test_p2_fails_for_a_squared_scale(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", lambda W, G, *, validate=True: _sign_flipped(W, G) * 1.0)
-    assert _failed(p2.symbolic_part())
+    assert _failed(_derived_afresh(p2.CLAIM))
 
 
 def test_p3_fails_for_an_elementwise_second_moment(monkeypatch):
