@@ -11,17 +11,20 @@ from propositions import p1_steepest_descent as p1
 from propositions import p2_scale_independence as p2
 from propositions import p3_conditioning as p3
 from propositions import p5_weight_decay as p5
+from propositions.kit import protocol
 from propositions.kit import symbolic as ks
+from propositions.kit.protocol import derive_symbolic
 from reference_impl import adam, manifold
 
 
 @pytest.fixture(autouse=True)
 def fresh_derivations():
-    """P1 and P3 cache their derivation; a mutated code must be derived afresh, and not leak."""
-    p1._derivation.cache_clear()
+    """run_claim caches each claim's derivation (and P3 its own); a mutated code must be derived
+    afresh, and not leak."""
+    protocol._derived.cache_clear()
     p3._derivation.cache_clear()
     yield
-    p1._derivation.cache_clear()
+    protocol._derived.cache_clear()
     p3._derivation.cache_clear()
 
 
@@ -91,7 +94,7 @@ def _failed(result):
 @pytest.mark.parametrize("broken", [_without_sym, _sign_flipped])
 def test_p1_fails_for_a_broken_projection(monkeypatch, broken):
     monkeypatch.setattr(manifold, "project_tangent", broken)
-    result = p1.symbolic_part()
+    result = derive_symbolic(p1.CLAIM.symbolic)
     assert _failed(result)
     failing = [s.description for s in result.steps if not s.reduced]
     assert any("G - W (W^T G + G^T W)/2" in text for text in failing)
@@ -99,7 +102,7 @@ def test_p1_fails_for_a_broken_projection(monkeypatch, broken):
 
 def test_p1_fails_when_sym_is_dropped(monkeypatch):
     monkeypatch.setattr(manifold, "sym", lambda A: A)
-    result = p1.symbolic_part()
+    result = derive_symbolic(p1.CLAIM.symbolic)
     assert _failed(result)
     assert any("nothing else" in s.description for s in result.steps if not s.reduced)
 
