@@ -19,13 +19,10 @@ from reference_impl import adam, manifold
 
 @pytest.fixture(autouse=True)
 def fresh_derivations():
-    """run_claim caches each claim's derivation (and P3 its own); a mutated code must be derived
-    afresh, and not leak."""
+    """run_claim caches each claim's derivation; a mutated code must be derived afresh, and not leak."""
     protocol._derived.cache_clear()
-    p3._derivation.cache_clear()
     yield
     protocol._derived.cache_clear()
-    p3._derivation.cache_clear()
 
 
 def _without_sym(W, G, *, validate=True):
@@ -149,7 +146,7 @@ def test_p3_fails_for_an_elementwise_second_moment(monkeypatch):
     # one root per entry makes the unreduced fractions of ||xi|| grow with the product of d r
     # denominators; at St(2, 1) the defect is the same ((k_0 - k_1) w_0 m_0 != 0) and cheap
     monkeypatch.setattr(ks, "STAGE_SHAPE", (2, 1))
-    result = p3.symbolic_part()
+    result = derive_symbolic(p3.CLAIM.symbolic)
     assert _failed(result)
     failing = [s.description for s in result.steps if not s.reduced]
     assert any("one scalar" in text for text in failing) and any("lies in T_W" in text for text in failing)
@@ -157,4 +154,4 @@ def test_p3_fails_for_an_elementwise_second_moment(monkeypatch):
 
 def test_p3_fails_for_a_sign_flipped_projection(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", _sign_flipped)
-    assert _failed(p3.symbolic_part())
+    assert _failed(derive_symbolic(p3.CLAIM.symbolic))
