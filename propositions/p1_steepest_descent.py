@@ -38,46 +38,29 @@ What would make it fail
 
 from __future__ import annotations
 
-import functools
 import math
-import time
+from typing import Iterator
 
 import numpy as np
 import sympy as sp
 
 import reference_impl as ri
 from reference_impl import StiefelAdamConfig, get_variant
+from reference_impl.adam import frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
-from reference_impl.adam import frobenius
-
+from ._common import LARGE_SHAPES, SMALL_SHAPES, NumericalCheck, Profile, SymbolicStep
+from ._common import chunk_sizes, gamma, projection_error_bound, rng_for, shape_plan, u, wide_scale_gradients
+from ._symbolic import reduce_with
 from .kit import tightness
-from ._symbolic import copied, reduce_with
-from .kit.symbolic import is_zero
-from ._common import (
-    projection_error_bound,
-    wide_scale_gradients,
-    Claim,
-    ClaimResult,
-    ControlResult,
-    NumericalCheck,
-    Profile,
-    LARGE_SHAPES,
-    SMALL_SHAPES,
-    SymbolicResult,
-    SymbolicStep,
-    chunk_sizes,
-    gamma,
-    rng_for,
-    shape_plan,
-    u,
-)
 from .kit.bounds import polar_error_bound
-from .kit.parallel import Chunks, map_chunks, merge_checks, start as start_task
 from .kit.figures import LineFigure, Series
+from .kit.parallel import Chunks, map_chunks, merge_checks
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.symbolic import is_zero
+from .kit.trajectories import trajectory_part
 
 CLAIM_ID = "P1"
-CONTROLS = ("canonical_metric_gradient", "projection_without_sym")
 
 # The basis of T_W costs an SVD of a (r(r+1)/2) x (d r) matrix with full V, O((d r)^3) per frame;
 # above this the independent minimiser is skipped (the projector checks still cover those shapes).
@@ -120,19 +103,8 @@ LATEX = (
 )
 
 
-# --------------------------------------------------------------------------------------------
-# Error bounds
-# --------------------------------------------------------------------------------------------
-
-
-
-
-
-
 def _inner(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.sum(A * B, axis=(-2, -1))
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,22 +301,12 @@ def slope_tests(seed: int, profile: Profile) -> tuple[list[NumericalCheck], list
 # --------------------------------------------------------------------------------------------
 
 
-
-
-
-
 SYMBOLIC_METHOD = ("sympy: MatrixSymbol algebra with W^T W = I; explicit entries at small sizes; the code's sym, skew and "
                    "project_tangent executed on exact symbolic entries (propositions.kit.symbolic)")
 
 
-def symbolic_part() -> SymbolicResult:
-    """The derivation (seed-independent, so derived once per process and copied)."""
-    return copied(SYMBOLIC_METHOD, _derivation())
-
-
-@functools.lru_cache(maxsize=1)
-def _derivation() -> tuple[SymbolicStep, ...]:
-    result = SymbolicResult(SYMBOLIC_METHOD)
+def _projector_algebra() -> list[SymbolicStep]:
+    """Idempotence, range and kernel of P_W for every d, r (MatrixSymbols with W^T W = I)."""
     d, r = sp.symbols("d r", integer=True, positive=True)
     W, G, S = sp.MatrixSymbol("W", d, r), sp.MatrixSymbol("G", d, r), sp.MatrixSymbol("S", r, r)
     I_r = sp.Identity(r)
@@ -355,18 +317,21 @@ def _derivation() -> tuple[SymbolicStep, ...]:
     orthonormal = {W.T * W: I_r}
     PG = P(G)
     idempotent = reduce_with(P(PG) - PG, orthonormal)
-    result.steps.append(SymbolicStep("P_W is idempotent: P_W(P_W(G)) - P_W(G) = 0 given W^T W = I",
-                                     r"P_W(P_W(G)) - P_W(G) = 0", is_zero(idempotent)))
     in_range = reduce_with(W.T * PG + PG.T * W, orthonormal)
-    result.steps.append(SymbolicStep("range in T_W: W^T P_W(G) + P_W(G)^T W = 0",
-                                     r"W^\top P_W(G) + P_W(G)^\top W = 0", is_zero(in_range)))
     # kernel: S symmetric, so S^T is replaced by S
     kernel = reduce_with(P(W * S).subs(S.T, S), {**orthonormal, S.T: S})
-    result.steps.append(SymbolicStep("kernel N_W: P_W(W S) = 0 for S = S^T", r"P_W(WS) = 0,\ S = S^\top",
-                                     is_zero(kernel)))
+    return [
+        SymbolicStep("P_W is idempotent: P_W(P_W(G)) - P_W(G) = 0 given W^T W = I",
+                     r"P_W(P_W(G)) - P_W(G) = 0", is_zero(idempotent)),
+        SymbolicStep("range in T_W: W^T P_W(G) + P_W(G)^T W = 0",
+                     r"W^\top P_W(G) + P_W(G)^\top W = 0", is_zero(in_range)),
+        SymbolicStep("kernel N_W: P_W(W S) = 0 for S = S^T", r"P_W(WS) = 0,\ S = S^\top", is_zero(kernel)),
+    ]
 
-    # Self-adjointness and the gap identity need traces; at d = 3, r = 2 with explicit symbolic
-    # entries and an exact rational frame (the Cayley transform of a fixed skew matrix).
+
+def _adjoint_and_gap() -> list[SymbolicStep]:
+    """Self-adjointness and the gap identity, which need traces: at d = 3, r = 2 with explicit
+    symbolic entries and an exact rational frame (the Cayley transform of a fixed skew matrix)."""
     A_skew = sp.Matrix([[0, sp.Rational(1, 2), -1], [-sp.Rational(1, 2), 0, sp.Rational(1, 3)], [1, -sp.Rational(1, 3), 0]])
     Q = (sp.eye(3) - A_skew) * (sp.eye(3) + A_skew).inv()
     Wc = Q[:, :2]
@@ -377,9 +342,6 @@ def _derivation() -> tuple[SymbolicStep, ...]:
         return X - Wc * (Wc.T * X + X.T * Wc) / 2
 
     adjoint = sp.expand((Pc(Ga).T * Gb).trace() - (Ga.T * Pc(Gb)).trace())
-    result.steps.append(SymbolicStep("self-adjoint: <P_W(A), B> = <A, P_W(B)> (d = 3, r = 2, explicit entries)",
-                                     r"\operatorname{tr}(P_W(A)^\top B) - \operatorname{tr}(A^\top P_W(B)) = 0",
-                                     adjoint == 0))
     # Gap identity, in two steps. (i) The normal part of G annihilates tangents: <G - P_W(G), P_W(B)> = 0
     # and <G - P_W(G), P_W(G)> = 0, polynomial identities in the explicit entries. (ii) Hence for a unit
     # tangent z, with p = ||P_W(G)||, xi* = -P_W(G)/p and q = <P_W(G), z>: <G, z> = q, <G, xi*> = -p and
@@ -387,36 +349,46 @@ def _derivation() -> tuple[SymbolicStep, ...]:
     PGc, z = Pc(Ga), Pc(Gb)
     normal = Ga - PGc
     annihilates = (sp.expand((normal.T * z).trace()) == 0) and (sp.expand((normal.T * PGc).trace()) == 0)
-    result.steps.append(SymbolicStep(
-        "the normal part G - P_W(G) is orthogonal to T_W: <G - P_W G, P_W B> = 0 = <G - P_W G, P_W G> (d = 3, r = 2)",
-        r"\langle G - P_W(G), P_W(B)\rangle = 0", annihilates))
     p_norm, q = sp.Symbol("p", positive=True), sp.Symbol("q", real=True)
     gap = q - (-p_norm) - p_norm / 2 * (2 + 2 * q / p_norm)
-    result.steps.append(SymbolicStep(
-        "gap identity: <G, z> - <G, xi*> = ||P_W G|| ||z - xi*||^2 / 2 for unit tangent z, so xi* = -P_W G/||P_W G|| "
-        "is the unique minimiser",
-        r"\langle G, z\rangle - \langle G, \xi^*\rangle = \tfrac{1}{2}\|P_W(G)\|\,\|z - \xi^*\|^2",
-        sp.simplify(gap) == 0))
+    return [
+        SymbolicStep("self-adjoint: <P_W(A), B> = <A, P_W(B)> (d = 3, r = 2, explicit entries)",
+                     r"\operatorname{tr}(P_W(A)^\top B) - \operatorname{tr}(A^\top P_W(B)) = 0",
+                     adjoint == 0),
+        SymbolicStep(
+            "the normal part G - P_W(G) is orthogonal to T_W: <G - P_W G, P_W B> = 0 = <G - P_W G, P_W G> (d = 3, r = 2)",
+            r"\langle G - P_W(G), P_W(B)\rangle = 0", annihilates),
+        SymbolicStep(
+            "gap identity: <G, z> - <G, xi*> = ||P_W G|| ||z - xi*||^2 / 2 for unit tangent z, so xi* = -P_W G/||P_W G|| "
+            "is the unique minimiser",
+            r"\langle G, z\rangle - \langle G, \xi^*\rangle = \tfrac{1}{2}\|P_W(G)\|\,\|z - \xi^*\|^2",
+            sp.simplify(gap) == 0),
+    ]
 
-    # First step from a fresh state: m^ = g, v^ = ||g||^2/(d r), xi = -lr sqrt(d r) g/||g||.
+
+def _first_step_length() -> SymbolicStep:
+    """First step from a fresh state: m^ = g, v^ = ||g||^2/(d r), xi = -lr sqrt(d r) g/||g||."""
     lr, b1, b2, n, dr = sp.symbols("eta beta1 beta2 n dr", positive=True)
     m = (1 - b1) * 1  # coefficient of g
     v = (1 - b2) * n**2 / dr
     m_hat, v_hat = m / (1 - b1), v / (1 - b2)
     coefficient = -lr * m_hat / sp.sqrt(v_hat)  # xi = coefficient * g
-    result.steps.append(SymbolicStep(
+    return SymbolicStep(
         "first step: xi = -lr m^/sqrt(v^) = -lr sqrt(d r) g/||g|| (then clipped to length Delta)",
         r"-\eta\,\hat m_1/\sqrt{\hat v_1} = -\eta\sqrt{dr}\,g/\|g\|",
-        sp.simplify(coefficient - (-lr * sp.sqrt(dr) / n)) == 0))
+        sp.simplify(coefficient - (-lr * sp.sqrt(dr) / n)) == 0)
 
-    # Retraction series, r = 1 (d = 3, xi orthogonal to W) and d = r = 2 (xi = W Omega): in both cases
-    # xi^T xi = c I, so (I + s^2 xi^T xi)^(-1/2) is the scalar (1 + c s^2)^(-1/2).
+
+def _retraction_series() -> list[SymbolicStep]:
+    """Retraction series, r = 1 (d = 3, xi orthogonal to W) and d = r = 2 (xi = W Omega): in both cases
+    xi^T xi = c I, so (I + s^2 xi^T xi)^(-1/2) is the scalar (1 + c s^2)^(-1/2)."""
     s = sp.Symbol("s", real=True)
     a, b_, c_ = sp.symbols("a b c", real=True)
     cases = [
         ("d = 3, r = 1", sp.Matrix([1, 0, 0]), sp.Matrix([0, b_, c_])),
         ("d = r = 2", sp.Matrix([[sp.Rational(3, 5), -sp.Rational(4, 5)], [sp.Rational(4, 5), sp.Rational(3, 5)]]), None),
     ]
+    steps = []
     for label, Wm, xi in cases:
         if xi is None:
             xi = Wm * sp.Matrix([[0, -a], [a, 0]])
@@ -430,15 +402,20 @@ def _derivation() -> tuple[SymbolicStep, ...]:
         first_second = sp.simplify(series - expected) == sp.zeros(*Wm.shape)
         acceleration = -Wm * gram
         normal = sp.simplify(Wm.T * acceleration - (Wm.T * acceleration).T) == sp.zeros(Wm.shape[1], Wm.shape[1])
-        result.steps.append(SymbolicStep(
+        steps.append(SymbolicStep(
             f"R_W(s xi) = W + s xi - s^2 W xi^T xi / 2 + O(s^3) and the acceleration -W xi^T xi is normal ({label})",
             r"R_W(s\xi) = W + s\xi - \tfrac{s^2}{2} W\xi^\top\xi + O(s^3),\ W^\top(-W\xi^\top\xi)\ \text{symmetric}",
             bool(first_second and normal)))
-    # The steps above are about the formula; these run the code itself (a change to it fails them).
+    return steps
+
+
+def symbolic_derivation() -> list[SymbolicStep]:
+    """The derivation's steps (seed-independent: run_claim derives them once per process). The steps
+    of the formulas come first; propositions.kit.symbolic.projector_steps then run the code itself
+    (a change to it fails them)."""
     from .kit.symbolic import projector_steps
 
-    result.steps += projector_steps()
-    return tuple(result.steps)
+    return [*_projector_algebra(), *_adjoint_and_gap(), _first_step_length(), *_retraction_series(), *projector_steps()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,12 +457,34 @@ def exact_part(seed: int) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def projector_checks(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], int]:
-    """P_W idempotent, self-adjoint, range T_W, kernel N_W, and the gap identity, over shape_plan.
+def tangent_dimension(d: int, r: int) -> int:
+    """dim T_W = d r - r (r + 1) / 2 (zero for d = r = 1, where P_W(G) = 0 for every G)."""
+    return d * r - r * (r + 1) // 2
 
-    chunks: which chunks this call runs (all by default; one per task under map_chunks).
+
+def _frame_chunks(seed: int, label: str, batches, sizes, chunks: Chunks):
+    """The chunks of `batches` (shape_plan batches) that `chunks` takes, with their draws.
+
+    sizes(batch) -> the chunk sizes of a batch. Yields (d, r, key, rng, W, G) per chunk taken: key
+    = (CLAIM_ID, label, d, r, chunk_index), rng = rng_for(seed, *key), W (count, d, r) Haar frames and
+    G wide-scale gradients of W's shape drawn from rng in that order (the caller draws on from rng).
     """
-    chunks = chunks or Chunks()
+    for batch in batches:
+        for chunk_index, count in enumerate(sizes(batch)):
+            if not chunks.take():
+                continue
+            key = (CLAIM_ID, label, batch.d, batch.r, chunk_index)
+            rng = rng_for(seed, *key)
+            W = ri.random_point(batch.d, batch.r, rng, (count,))
+            yield batch.d, batch.r, key, rng, W, wide_scale_gradients(rng, W.shape)
+
+
+def _by_frame(batch) -> Iterator[int]:
+    return chunk_sizes(batch.count, batch.d, batch.r)
+
+
+def _projector_check_set() -> tuple[NumericalCheck, ...]:
+    """The empty checks of projector_checks: idempotent, self-adjoint, range, kernel, gap."""
     bound_note = (
         "e_P(d, r) = ((gamma_d + gamma_r) sqrt(r) + 3u) bounds the error of one float64 projection "
         "relative to ||G|| (projection_error_bound); feas = ||W^T W - I|| (measured per frame) bounds the "
@@ -512,45 +511,51 @@ def projector_checks(seed: int, profile: Profile, chunks: Chunks | None = None) 
         "distance <= 4 multiplies ||P_W G|| <= ||G|| by relative error gamma_{dr}. Bound "
         "8 ((e_P + feas)(rho_Z + rho_G) + gamma_{dr}) ||G||.",
     )
+    return idempotent, self_adjoint, in_range, kernel, gap
+
+
+def _projector_sample(checks, d: int, r: int, W, G, rng: np.random.Generator, **where) -> None:
+    """Add one chunk's frames W (count, d, r) and gradients G to the five projector checks; draws the
+    chunk's B, S (and Z where T_W != {0}) from rng. where: the check's shape, key and seed."""
+    idempotent, self_adjoint, in_range, kernel, gap = checks
+    count = W.shape[0]
+    e_P = projection_error_bound(d, r)
+    B = wide_scale_gradients(rng, W.shape)
+    S = rng.standard_normal((count, r, r))
+    S = S + np.swapaxes(S, -1, -2)
+    feas = feasibility(W, validate=False)
+    PG = project_tangent(W, G, validate=False)
+    PB = project_tangent(W, B, validate=False)
+    nG, nB, nS, nPG = frobenius(G), frobenius(B), frobenius(S), frobenius(PG)
+    idempotent.add(frobenius(project_tangent(W, PG, validate=False) - PG), 4 * (e_P + feas) * nG, **where)
+    self_adjoint.add(np.abs(_inner(PG, B) - _inner(G, PB)), 4 * (e_P + gamma(d * r) + feas) * nG * nB, **where)
+    WtPG = np.swapaxes(W, -1, -2) @ PG
+    in_range.add(frobenius(WtPG + np.swapaxes(WtPG, -1, -2)), 4 * (e_P + gamma(d) * math.sqrt(r) + feas) * nG, **where)
+    kernel.add(frobenius(project_tangent(W, W @ S, validate=False)), 4 * (e_P + gamma(r) * math.sqrt(r) + feas) * nS,
+               **where)
+    # gap identity, skipping frames with P_W(G) = 0 exactly (d = r = 1: T_W = {0})
+    if tangent_dimension(d, r) > 0:
+        Z = rng.standard_normal(W.shape)
+        z = project_tangent(W, Z, validate=False)
+        rho_Z, rho_G = frobenius(Z) / frobenius(z), nG / nPG
+        z = z / frobenius(z)[:, None, None]
+        xi_star = -PG / nPG[:, None, None]
+        lhs = _inner(G, z) - _inner(G, xi_star)
+        rhs = 0.5 * nPG * frobenius(z - xi_star) ** 2
+        gap.add(np.abs(lhs - rhs), 8 * ((e_P + feas) * (rho_Z + rho_G) + gamma(d * r)) * nG, **where)
+
+
+def projector_checks(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], int]:
+    """P_W idempotent, self-adjoint, range T_W, kernel N_W, and the gap identity, over shape_plan.
+
+    chunks: which chunks this call runs (all by default; one per task under map_chunks).
+    """
+    checks = _projector_check_set()
     frames = 0
-    for batch in shape_plan(profile):
-        d, r = batch.d, batch.r
-        e_P = projection_error_bound(d, r)
-        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
-            if not chunks.take():
-                continue
-            key = (CLAIM_ID, "projector", d, r, chunk_index)
-            rng = rng_for(seed, *key)
-            W = ri.random_point(d, r, rng, (count,))
-            G = wide_scale_gradients(rng, W.shape)
-            B = wide_scale_gradients(rng, W.shape)
-            S = rng.standard_normal((count, r, r))
-            S = S + np.swapaxes(S, -1, -2)
-            feas = feasibility(W, validate=False)
-            PG = project_tangent(W, G, validate=False)
-            PB = project_tangent(W, B, validate=False)
-            nG, nB, nS, nPG = frobenius(G), frobenius(B), frobenius(S), frobenius(PG)
-            idempotent.add(frobenius(project_tangent(W, PG, validate=False) - PG), 4 * (e_P + feas) * nG, shape=(d, r), key=key, seed=seed)
-            self_adjoint.add(np.abs(_inner(PG, B) - _inner(G, PB)), 4 * (e_P + gamma(d * r) + feas) * nG * nB,
-                             shape=(d, r), key=key, seed=seed)
-            WtPG = np.swapaxes(W, -1, -2) @ PG
-            in_range.add(frobenius(WtPG + np.swapaxes(WtPG, -1, -2)), 4 * (e_P + gamma(d) * math.sqrt(r) + feas) * nG,
-                         shape=(d, r), key=key, seed=seed)
-            kernel.add(frobenius(project_tangent(W, W @ S, validate=False)), 4 * (e_P + gamma(r) * math.sqrt(r) + feas) * nS,
-                       shape=(d, r), key=key, seed=seed)
-            # gap identity, skipping frames with P_W(G) = 0 exactly (d = r = 1: T_W = {0})
-            tangent_dim = d * r - r * (r + 1) // 2
-            if tangent_dim > 0:
-                Z = rng.standard_normal(W.shape)
-                z = project_tangent(W, Z, validate=False)
-                rho_Z, rho_G = frobenius(Z) / frobenius(z), nG / nPG
-                z = z / frobenius(z)[:, None, None]
-                xi_star = -PG / nPG[:, None, None]
-                lhs = _inner(G, z) - _inner(G, xi_star)
-                rhs = 0.5 * nPG * frobenius(z - xi_star) ** 2
-                gap.add(np.abs(lhs - rhs), 8 * ((e_P + feas) * (rho_Z + rho_G) + gamma(d * r)) * nG, shape=(d, r), key=key, seed=seed)
-            frames += count
-    return [idempotent, self_adjoint, in_range, kernel, gap], frames
+    for d, r, key, rng, W, G in _frame_chunks(seed, "projector", shape_plan(profile), _by_frame, chunks or Chunks()):
+        _projector_sample(checks, d, r, W, G, rng, shape=(d, r), key=key, seed=seed)
+        frames += W.shape[0]
+    return list(checks), frames
 
 
 def tangent_constraint_matrix(W: np.ndarray) -> np.ndarray:
@@ -586,7 +591,6 @@ def minimiser_check(seed: int, profile: Profile, chunks: Chunks | None = None) -
 
     chunks: which chunks this call runs (all by default; one per task under map_chunks).
     """
-    chunks = chunks or Chunks()
     agreement = NumericalCheck(
         "minimiser_independent_basis",
         "||xi_basis - (-P_W(G)/||P_W(G)||)||, xi_basis = -B B^T g/||B^T g|| with B an orthonormal null-space "
@@ -604,37 +608,36 @@ def minimiser_check(seed: int, profile: Profile, chunks: Chunks | None = None) -
         "An integer comparison; bound 0.5 requires equality.",
         tightness_note=tightness.EQUALITY,
     )
-    covered = []
+    batches = [batch for batch in shape_plan(profile) if _has_minimiser(batch.d, batch.r)]
     frames = 0
-    for batch in shape_plan(profile):
-        d, r = batch.d, batch.r
-        if (d, r) not in SMALL_SHAPES or d * r > MINIMISER_MAX_DR or d * r - r * (r + 1) // 2 == 0:
-            continue
-        covered.append([d, r])
+    for d, r, key, _, W, G in _frame_chunks(seed, "minimiser", batches, _by_basis, chunks or Chunks()):
+        count = W.shape[0]
         e_P = projection_error_bound(d, r)
-        expected_dim = d * r - r * (r + 1) // 2
-        # the SVD keeps a (d r) x (d r) V per frame: chunk by that size, not by the frame's
-        for chunk_index, count in enumerate(chunk_sizes(batch.count, d * r, d * r)):
-            if not chunks.take():
-                continue
-            key = (CLAIM_ID, "minimiser", d, r, chunk_index)
-            rng = rng_for(seed, *key)
-            W = ri.random_point(d, r, rng, (count,))
-            G = wide_scale_gradients(rng, W.shape)
-            M = tangent_constraint_matrix(W)
-            basis, ranks = null_space_batched(M)
-            dimension.add(np.abs((d * r - ranks) - expected_dim).astype(np.float64), 0.5, shape=(d, r), key=key, seed=seed)
-            g = G.reshape(count, d * r)
-            coefficients = np.einsum("nmk,nm->nk", basis, g)
-            xi_basis = -np.einsum("nmk,nk->nm", basis, coefficients) / np.linalg.norm(coefficients, axis=-1)[:, None]
-            PG = project_tangent(W, G, validate=False)
-            xi_star = -(PG / frobenius(PG)[:, None, None]).reshape(count, d * r)
-            feas = feasibility(W, validate=False)
-            bound = 8 * (d * r * u + gamma(d * r) + e_P + feas) * frobenius(G) / frobenius(PG)
-            agreement.add(np.linalg.norm(xi_basis - xi_star, axis=-1), bound, shape=(d, r), key=key, seed=seed)
-            frames += count
-    return [agreement, dimension], {"shapes": covered, "frames": frames,
-                                                     "max_dr": MINIMISER_MAX_DR}
+        expected_dim = tangent_dimension(d, r)
+        M = tangent_constraint_matrix(W)
+        basis, ranks = null_space_batched(M)
+        dimension.add(np.abs((d * r - ranks) - expected_dim).astype(np.float64), 0.5, shape=(d, r), key=key, seed=seed)
+        g = G.reshape(count, d * r)
+        coefficients = np.einsum("nmk,nm->nk", basis, g)
+        xi_basis = -np.einsum("nmk,nk->nm", basis, coefficients) / np.linalg.norm(coefficients, axis=-1)[:, None]
+        PG = project_tangent(W, G, validate=False)
+        xi_star = -(PG / frobenius(PG)[:, None, None]).reshape(count, d * r)
+        feas = feasibility(W, validate=False)
+        bound = 8 * (d * r * u + gamma(d * r) + e_P + feas) * frobenius(G) / frobenius(PG)
+        agreement.add(np.linalg.norm(xi_basis - xi_star, axis=-1), bound, shape=(d, r), key=key, seed=seed)
+        frames += count
+    covered = [[batch.d, batch.r] for batch in batches]
+    return [agreement, dimension], {"shapes": covered, "frames": frames, "max_dr": MINIMISER_MAX_DR}
+
+
+def _has_minimiser(d: int, r: int) -> bool:
+    """The shapes of the independent minimiser: small, d r <= MINIMISER_MAX_DR, T_W != {0}."""
+    return (d, r) in SMALL_SHAPES and d * r <= MINIMISER_MAX_DR and tangent_dimension(d, r) > 0
+
+
+def _by_basis(batch) -> Iterator[int]:
+    # the SVD keeps a (d r) x (d r) V per frame: chunk by that size, not by the frame's
+    return chunk_sizes(batch.count, batch.d * batch.r, batch.d * batch.r)
 
 
 def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | None = None,
@@ -645,7 +648,6 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
     frames / large: the shape plan's total and large shapes (controls run on a smaller plan).
     chunks: which chunks this call runs (all by default; one per task under map_chunks).
     """
-    chunks = chunks or Chunks()
     variant = get_variant(optimizer)
     check = NumericalCheck(
         f"first_step_is_steepest_descent[{variant.name}]",
@@ -658,34 +660,31 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
         "polar_error_bound(d, r, sqrt(1 + L^2)). Bound 2 polar_error_bound + 2 (gamma_{dr} + 8u) L.",
         tightness_note=tightness.SAME_ROUNDING,
     )
+    # T_W = {0} (d = r = 1): P_W(G) = 0, the claim's hypothesis fails
+    batches = [batch for batch in shape_plan(profile, frames=frames, large=large) if tangent_dimension(batch.d, batch.r) > 0]
     total = 0
-    for batch in shape_plan(profile, frames=frames, large=large):
-        d, r = batch.d, batch.r
-        if d * r - r * (r + 1) // 2 == 0:
-            continue  # T_W = {0} (d = r = 1): P_W(G) = 0, the claim's hypothesis fails
-        for chunk_index, count in enumerate(chunk_sizes(max(batch.count, 2), d, r)):
-            if not chunks.take():
+    for d, r, key, _, W_all, G_all in _frame_chunks(seed, "first_step", batches, _two_or_more, chunks or Chunks()):
+        count = W_all.shape[0]
+        halves = np.array_split(np.arange(count), len(FIRST_STEP_CONFIGS))
+        for config_index, (config, frames_of_config) in enumerate(zip(FIRST_STEP_CONFIGS, halves)):
+            if frames_of_config.size == 0:
                 continue
-            key = (CLAIM_ID, "first_step", d, r, chunk_index)
-            rng = rng_for(seed, *key)
-            W_all = ri.random_point(d, r, rng, (count,))
-            G_all = wide_scale_gradients(rng, W_all.shape)
-            halves = np.array_split(np.arange(count), len(FIRST_STEP_CONFIGS))
-            for config_index, (config, frames_of_config) in enumerate(zip(FIRST_STEP_CONFIGS, halves)):
-                if frames_of_config.size == 0:
-                    continue
-                W, G = W_all[frames_of_config], G_all[frames_of_config]
-                PG = project_tangent(W, G, validate=False)
-                direction = PG / frobenius(PG)[:, None, None]
-                length = min(config.lr * math.sqrt(d * r), config.trust_radius)
-                W_step, _ = variant.step(W, G, variant.init(W), config)
-                W_expected = polar_retract(W, -length * direction, "svd", validate=False)
-                bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
-                         + 2 * (gamma(d * r) + 8 * u) * length)
-                check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
-                          extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
-            total += count
+            W, G = W_all[frames_of_config], G_all[frames_of_config]
+            PG = project_tangent(W, G, validate=False)
+            direction = PG / frobenius(PG)[:, None, None]
+            length = min(config.lr * math.sqrt(d * r), config.trust_radius)
+            W_step, _ = variant.step(W, G, variant.init(W), config)
+            W_expected = polar_retract(W, -length * direction, "svd", validate=False)
+            bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
+                     + 2 * (gamma(d * r) + 8 * u) * length)
+            check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
+                      extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
+        total += count
     return check, total
+
+
+def _two_or_more(batch) -> Iterator[int]:
+    return chunk_sizes(max(batch.count, 2), batch.d, batch.r)
 
 
 def _first_step(seed: int, profile: Profile, optimizer: str, **plan) -> tuple[NumericalCheck, int]:
@@ -715,74 +714,51 @@ def slope_figures(curves: list[dict]) -> dict:
     return figures
 
 
-def run(seed: int, profile: Profile, optimizer: str = "stiefel_adam") -> ClaimResult:
-    """Certificate body of P1 (see the module docstring)."""
-    timings = {}
-    started = time.perf_counter()
-    symbolic = start_task(symbolic_part)  # runs beside the chunk maps on a pool (propositions.kit.parallel)
-    from .kit.trajectories import trajectory_agreement  # the optimizer's own trajectories against the model
+# --------------------------------------------------------------------------------------------
+# The claim
+# --------------------------------------------------------------------------------------------
 
-    trajectories = start_task(trajectory_agreement, seed, profile, optimizer, claim=CLAIM_ID)
-    timings["symbolic_s"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    exact = exact_part(seed)
-    timings["exact_s"] = time.perf_counter() - started
+def projector_part(ctx: Context) -> Evidence:
+    """The projector identities and the gap identity (the chunks of projector_checks, merged in chunk order)."""
+    partials = map_chunks(projector_checks, ctx.seed, ctx.profile)
+    return Evidence(checks=merge_checks(p[0] for p in partials), frames=sum(p[1] for p in partials))
 
-    started = time.perf_counter()
-    # the chunks are independent draws: tasks of the current executor, merged in chunk order
-    partials = map_chunks(projector_checks, seed, profile)
-    projector, projector_frames = merge_checks(p[0] for p in partials), sum(p[1] for p in partials)
-    partials = map_chunks(minimiser_check, seed, profile)
-    minimiser = merge_checks(p[0] for p in partials)
+
+def minimiser_part(ctx: Context) -> Evidence:
+    """The minimiser from an independent basis of T_W (the chunks of minimiser_check)."""
+    partials = map_chunks(minimiser_check, ctx.seed, ctx.profile)
     minimiser_info = {**partials[-1][1], "frames": sum(p[1]["frames"] for p in partials)}
-    first_step, first_step_frames = _first_step(seed, profile, optimizer)
-    timings["numerical_s"] = time.perf_counter() - started
+    return Evidence(checks=merge_checks(p[0] for p in partials), frames=minimiser_info["frames"],
+                    extra={"minimiser": minimiser_info})
 
-    started = time.perf_counter()
-    slopes, curves, slope_summary = slope_tests(seed, profile)
-    timings["slope_s"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    controls = []
-    for name in CONTROLS:
-        control_check, _ = _first_step(seed, profile, name, frames=profile.control_frames, large=CONTROL_LARGE_SHAPES)
-        controls.append(ControlResult.from_checks(name, get_variant(name).description, [control_check]))
-    timings["controls_s"] = time.perf_counter() - started
+def first_step_part(ctx: Context) -> Evidence:
+    """The first step of the optimizer under test against the steepest-descent step."""
+    first_step, frames = _first_step(ctx.seed, ctx.profile, ctx.optimizer)
+    configs = [{"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius}
+               for c in FIRST_STEP_CONFIGS]
+    return Evidence(checks=[first_step], frames=frames, extra={"first_step_configs": configs})
 
-    checks = projector + minimiser + [first_step] + slopes
 
-    started = time.perf_counter()
-    checks += trajectories.result()
-    timings["trajectories_s"] = time.perf_counter() - started
-    return ClaimResult(
-        symbolic=symbolic.result(),
-        checks=checks,
-        controls=controls,
-        frames=projector_frames + minimiser_info["frames"] + first_step_frames,  # independent draws
-        exact=exact,
-        extra={
-            "optimizer": get_variant(optimizer).name,
-            "minimiser": minimiser_info,
-            "first_step_configs": [
-                {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius}
-                for c in FIRST_STEP_CONFIGS
-            ],
-            "slope_tests": {"grid": {"min": float(SLOPE_GRID[0]), "max": float(SLOPE_GRID[-1]), "points": len(SLOPE_GRID)},
-                            "slope_tol": SLOPE_TOL, "min_decades": MIN_DECADES, "floor_factor": FLOOR_FACTOR,
-                            "results": slope_summary},
-            "control_frames": profile.control_frames,
-            "timings": timings,
-        },
+def slope_part(ctx: Context) -> Evidence:
+    """The three slope tests of the retraction and of the expansion of f, with their figures."""
+    slopes, curves, slope_summary = slope_tests(ctx.seed, ctx.profile)
+    grid = {"min": float(SLOPE_GRID[0]), "max": float(SLOPE_GRID[-1]), "points": len(SLOPE_GRID)}
+    return Evidence(
+        checks=slopes,
         figures=slope_figures(curves),
-        notes=[
-            f"The independent minimiser (null-space basis of T_W) runs on the small shapes with d r <= "
-            f"{MINIMISER_MAX_DR}; its cost is O((d r)^3) per frame. Larger shapes are covered by the "
-            "projector checks, the gap identity and the first-step check.",
-            "d = r = 1 has T_W = {0}: P_W(G) = 0 for every G, outside the claim's hypothesis; it is "
-            "covered by the projector identities only.",
-        ],
+        extra={"slope_tests": {"grid": grid, "slope_tol": SLOPE_TOL, "min_decades": MIN_DECADES,
+                               "floor_factor": FLOOR_FACTOR, "results": slope_summary}},
     )
+
+
+def first_step_control(ctx: Context) -> Evidence:
+    """A control (ctx.optimizer) through the first-step check on the control plan: a tenth of the
+    frames and the cheaper large shapes (CONTROL_LARGE_SHAPES)."""
+    check, _ = _first_step(ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.control_frames,
+                           large=CONTROL_LARGE_SHAPES)
+    return Evidence(checks=[check])
 
 
 CLAIM = Claim(
@@ -790,6 +766,24 @@ CLAIM = Claim(
     title="Steepest descent in the embedded metric",
     statement=STATEMENT,
     latex=LATEX,
-    controls=CONTROLS,
-    run=run,
+    symbolic=Symbolic(SYMBOLIC_METHOD, symbolic_derivation),
+    exact=exact_part,
+    parts=(
+        Part("projector", projector_part),
+        Part("minimiser", minimiser_part),
+        Part("first_step", first_step_part),
+        Part("slopes", slope_part),
+        trajectory_part(CLAIM_ID),  # the optimizer's own trajectories against the model
+    ),
+    controls=(
+        Control("canonical_metric_gradient", first_step_control),
+        Control("projection_without_sym", first_step_control),
+    ),
+    notes=(
+        f"The independent minimiser (null-space basis of T_W) runs on the small shapes with d r <= "
+        f"{MINIMISER_MAX_DR}; its cost is O((d r)^3) per frame. Larger shapes are covered by the "
+        "projector checks, the gap identity and the first-step check.",
+        "d = r = 1 has T_W = {0}: P_W(G) = 0 for every G, outside the claim's hypothesis; it is "
+        "covered by the projector identities only.",
+    ),
 )

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 import reference_impl as ri
 from propositions import p1_steepest_descent as p1
 from propositions._common import DETECTION_FACTOR, Profile, rng_for
+from propositions.kit.protocol import derive_symbolic
 from reference_impl.manifold import project_tangent
 
 from strategies import seeds
@@ -26,10 +27,10 @@ def test_real_optimizer_passes(seed):
     result = p1.CLAIM.run(seed, SMALL, "stiefel_adam")
     assert result.verdict == "pass", result.failures()
     assert all(control.detected for control in result.controls)
-    assert {c.name for c in result.controls} == set(p1.CONTROLS)
+    assert {c.name for c in result.controls} == set(p1.CLAIM.control_names)
 
 
-@pytest.mark.parametrize("control", p1.CONTROLS)
+@pytest.mark.parametrize("control", p1.CLAIM.control_names)
 def test_control_as_optimizer_fails_first_step_check(control):
     result = p1.CLAIM.run(3, SMALL, control)
     assert result.verdict == "fail"
@@ -49,7 +50,7 @@ def test_recorded_controls_detected_with_margin():
 
 
 def test_symbolic_derivation_reduces():
-    symbolic = p1.symbolic_part()
+    symbolic = derive_symbolic(p1.CLAIM.symbolic)
     assert symbolic.status == "proved"
     assert len(symbolic.steps) >= 8
 

@@ -11,19 +11,18 @@ from propositions import p1_steepest_descent as p1
 from propositions import p2_scale_independence as p2
 from propositions import p3_conditioning as p3
 from propositions import p5_weight_decay as p5
-from propositions._common import SymbolicResult
+from propositions.kit import protocol
 from propositions.kit import symbolic as ks
+from propositions.kit.protocol import derive_symbolic
 from reference_impl import adam, manifold
 
 
 @pytest.fixture(autouse=True)
 def fresh_derivations():
-    """P1 and P3 cache their derivation; a mutated code must be derived afresh, and not leak."""
-    p1._derivation.cache_clear()
-    p3._derivation.cache_clear()
+    """run_claim caches each claim's derivation; a mutated code must be derived afresh, and not leak."""
+    protocol._derived.cache_clear()
     yield
-    p1._derivation.cache_clear()
-    p3._derivation.cache_clear()
+    protocol._derived.cache_clear()
 
 
 def _without_sym(W, G, *, validate=True):
@@ -89,16 +88,10 @@ def _failed(result):
     return result.status == "failed"
 
 
-def _derived_afresh(claim):
-    """The claim's symbolic tier derived now: derive_symbolic keeps one derivation per process, and a
-    mutated code must be derived afresh."""
-    return SymbolicResult(claim.symbolic.method, list(claim.symbolic.derive()))
-
-
 @pytest.mark.parametrize("broken", [_without_sym, _sign_flipped])
 def test_p1_fails_for_a_broken_projection(monkeypatch, broken):
     monkeypatch.setattr(manifold, "project_tangent", broken)
-    result = p1.symbolic_part()
+    result = derive_symbolic(p1.CLAIM.symbolic)
     assert _failed(result)
     failing = [s.description for s in result.steps if not s.reduced]
     assert any("G - W (W^T G + G^T W)/2" in text for text in failing)
@@ -106,25 +99,25 @@ def test_p1_fails_for_a_broken_projection(monkeypatch, broken):
 
 def test_p1_fails_when_sym_is_dropped(monkeypatch):
     monkeypatch.setattr(manifold, "sym", lambda A: A)
-    result = p1.symbolic_part()
+    result = derive_symbolic(p1.CLAIM.symbolic)
     assert _failed(result)
     assert any("nothing else" in s.description for s in result.steps if not s.reduced)
 
 
 def test_p5_fails_for_a_sign_flip(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", _sign_flipped)
-    assert not all(step.reduced for step in p5.symbolic_derivation())
+    assert _failed(derive_symbolic(p5.CLAIM.symbolic))
 
 
 def test_p5_fails_when_the_projection_is_skipped(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", lambda W, G, *, validate=True: G)
-    assert not all(step.reduced for step in p5.symbolic_derivation())
+    assert _failed(derive_symbolic(p5.CLAIM.symbolic))
 
 
 def test_p2_fails_for_a_fixed_step_direction(monkeypatch):
     # Riemannian SGD's direction -lr m^ is degree one in the gradient scale
     monkeypatch.setattr(adam, "scale_free_direction", lambda m_hat, v_hat, lr, eps: -lr * m_hat)
-    result = _derived_afresh(p2.CLAIM)
+    result = derive_symbolic(p2.CLAIM.symbolic)
     assert _failed(result)
     assert any("stages 3-7" in s.description for s in result.steps if not s.reduced)
 
@@ -137,7 +130,7 @@ def test_p2_fails_without_the_zero_guard(monkeypatch):
         return -lr * m_hat / (np.sqrt(v_hat) + eps)
 
     monkeypatch.setattr(adam, "scale_free_direction", unguarded)
-    result = _derived_afresh(p2.CLAIM)
+    result = derive_symbolic(p2.CLAIM.symbolic)
     assert _failed(result)
     failing = [s.description for s in result.steps if not s.reduced]
     assert len(failing) == 1 and "never 0/0" in failing[0]
@@ -145,7 +138,7 @@ def test_p2_fails_without_the_zero_guard(monkeypatch):
 
 def test_p2_fails_for_a_squared_scale(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", lambda W, G, *, validate=True: _sign_flipped(W, G) * 1.0)
-    assert _failed(_derived_afresh(p2.CLAIM))
+    assert _failed(derive_symbolic(p2.CLAIM.symbolic))
 
 
 def test_p3_fails_for_an_elementwise_second_moment(monkeypatch):
@@ -153,7 +146,7 @@ def test_p3_fails_for_an_elementwise_second_moment(monkeypatch):
     # one root per entry makes the unreduced fractions of ||xi|| grow with the product of d r
     # denominators; at St(2, 1) the defect is the same ((k_0 - k_1) w_0 m_0 != 0) and cheap
     monkeypatch.setattr(ks, "STAGE_SHAPE", (2, 1))
-    result = p3.symbolic_part()
+    result = derive_symbolic(p3.CLAIM.symbolic)
     assert _failed(result)
     failing = [s.description for s in result.steps if not s.reduced]
     assert any("one scalar" in text for text in failing) and any("lies in T_W" in text for text in failing)
@@ -161,4 +154,4 @@ def test_p3_fails_for_an_elementwise_second_moment(monkeypatch):
 
 def test_p3_fails_for_a_sign_flipped_projection(monkeypatch):
     monkeypatch.setattr(manifold, "project_tangent", _sign_flipped)
-    assert _failed(p3.symbolic_part())
+    assert _failed(derive_symbolic(p3.CLAIM.symbolic))
