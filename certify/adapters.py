@@ -46,7 +46,6 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-import itertools
 import json
 import math
 

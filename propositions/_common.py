@@ -29,13 +29,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from reference_impl import UNIT_ROUNDOFF
 
-from .kit.bounds import gamma, projection_error_bound  # noqa: F401 (the claims import them from here too)
 from .kit.figures import figures_to_dict
 
 u = UNIT_ROUNDOFF

@@ -442,7 +442,6 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
     step from its own inputs, the scaled inputs c G, c m, c^2 v carrying relative rounding u, u, 2u.
     """
     import torch
-    from torch_impl import functional
 
     powers = (2.0**-20, 2.0**-3, 2.0**7, 2.0**30)
     others = (1e-3, 0.3, 3.0, 7.1e4)
@@ -491,7 +490,6 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
 def _torch_trajectory(W0, gradients, c, config, device, variant):
     """[(W_t, m_t, v_t) for t = 0..T] of the float64 torch kernel driven by c G_1, c G_2, ..."""
     import torch
-    from torch_impl import functional
 
     W = _to_torch(W0, torch.float64, device)
     m = torch.zeros_like(W)
@@ -511,7 +509,6 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
     norm (|| |Q| ||_2 <= sqrt(d)); the transformed run gets those input errors, the comparison adds
     the rounding of Q W+, and each side is within `step_error_bound` of the exact step."""
     import torch
-    from torch_impl import functional
 
     config = CONFIGS["clip_decay"]
     for d, r in P4_SHAPES:

@@ -50,14 +50,13 @@ from reference_impl.adam import frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from ._common import LARGE_SHAPES, SMALL_SHAPES, NumericalCheck, Profile, SymbolicStep
-from ._common import chunk_sizes, gamma, projection_error_bound, rng_for, shape_plan, u, wide_scale_gradients
-from ._symbolic import reduce_with
+from ._common import chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
 from .kit import tightness
-from .kit.bounds import polar_error_bound
+from .kit.bounds import gamma, polar_error_bound, projection_error_bound
 from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
-from .kit.symbolic import is_zero
+from .kit.symbolic import is_zero, reduce_with
 from .kit.trajectories import trajectory_part
 
 CLAIM_ID = "P1"

@@ -65,16 +65,15 @@ from reference_impl import StiefelAdamConfig, get_variant
 from reference_impl.adam import clip_to_trust_region, frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, gamma, rng_for, shape_plan, u
-from ._common import projection_error_bound, wide_scale_gradients
-from ._symbolic import reduce_with
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan, u
+from ._common import wide_scale_gradients
 from .kit import observability, tightness
-from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, polar_error_bound
+from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, gamma, polar_error_bound, projection_error_bound
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
-from .kit.symbolic import is_zero
+from .kit.symbolic import is_zero, reduce_with
 from .kit.trajectories import trajectory_part
 
 CLAIM_ID = "P3"

@@ -78,7 +78,8 @@ from .kit.running_bounds import MEDIUM_SHAPES, TRAJECTORY_BOUND_TEXT, frame_dist
 from .kit.running_bounds import record_trajectory, run_trajectory, trajectory_rounding_bound, worst_over_steps
 from .kit.symbolic import is_zero
 from .kit.trajectories import trajectory_part
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, gamma, rng_for, shape_plan, u, ulps_apart
+from .kit.bounds import gamma
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, rng_for, shape_plan, u, ulps_apart
 
 CLAIM_ID = "P4"
 

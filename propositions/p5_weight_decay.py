@@ -49,9 +49,9 @@ from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.figures import LineFigure, Series
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.symbolic import is_zero
-from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, polar_error_bound, projection_error_bound
+from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, gamma, polar_error_bound, projection_error_bound
 from .kit.trajectories import trajectory_part
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, gamma, rng_for, shape_plan
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P5"

@@ -59,13 +59,13 @@ from .kit.figures import HistogramFigure
 from .kit.symbolic import is_zero
 from . import attention
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.bounds import gamma
 from ._common import (
     NumericalCheck,
     Profile,
     SymbolicResult,
     SymbolicStep,
     chunk_sizes,
-    gamma,
     rng_for,
     shape_plan,
 )

@@ -11,7 +11,8 @@ import pytest
 
 from certify import SCHEMA_VERSION, claims, environment, verification
 from certify import certificate as certificate_format
-from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+from propositions._common import ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+from certify_fakes import FakeClaim
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +48,7 @@ def _certify(claim_id: str, lookup, seed: int = 0) -> dict:
 
 
 def _certificate(seed=1, passing=True, claim_id="P1") -> dict:
-    claim = Claim(claim_id, "a claim", "text", "x = x", ("qr_retraction",), lambda s, p, optimizer="stiefel_adam": _result(s, passing))
+    claim = FakeClaim(claim_id, "a claim", "text", "x = x", ("qr_retraction",), lambda s, p, optimizer="stiefel_adam": _result(s, passing))
     return _certify(claim_id, lambda _: claim, seed)
 
 
@@ -203,7 +204,7 @@ def test_claim_verdict_contradicted_by_its_data_is_a_fail():
             data["verdict"], data["failures"] = "pass", []
             return data
 
-    claim = Claim("P2", "t", "s", "l", (), lambda s, p, optimizer="stiefel_adam": Lying())
+    claim = FakeClaim("P2", "t", "s", "l", (), lambda s, p, optimizer="stiefel_adam": Lying())
     sealed = _certify("P2", lambda _: claim)
     assert sealed["verdict"] == "fail"
     assert "reported verdict 'pass' although" in sealed["failures"][-1]
@@ -272,7 +273,7 @@ def test_warnings_of_a_run_become_notes():
             np.float64(1e300) * np.float64(1e300)
         return _result(seed, True)
 
-    claim = Claim("P2", "t", "s", "l", ("qr_retraction",), noisy)
+    claim = FakeClaim("P2", "t", "s", "l", ("qr_retraction",), noisy)
     sealed = _certify("P2", lambda _: claim)
     assert sealed["verdict"] == "pass"
     assert any(note.startswith("warning during the run: RuntimeWarning: overflow") for note in sealed["notes"])

@@ -16,7 +16,8 @@ import pytest
 
 from certify import certificate as certificate_format
 from certify import claims, cli, environment, report
-from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+from propositions._common import ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+from certify_fakes import FakeClaim, run_main
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DRAWING_FIGURE_LOADER = report.load_figure_class
@@ -46,13 +47,13 @@ def fake_result(seed: int, passing: bool, options: dict | None = None) -> ClaimR
     )
 
 
-def make_claim(claim_id: str, passing: bool = True) -> Claim:
+def make_claim(claim_id: str, passing: bool = True) -> FakeClaim:
     def run(seed, profile, optimizer="stiefel_adam", **options):
         return fake_result(seed, passing and optimizer == "stiefel_adam", options)
 
     # the fake cross-check declares what the real one does: it needs torch and runs on cpu/float64
     torch_claim = claim_id == claims.CROSSCHECK_ID
-    return Claim(
+    return FakeClaim(
         claim_id, f"fake claim {claim_id}", f"statement of {claim_id}", r"\forall W: f(W) = 0", ("qr_retraction",), run,
         requires=("torch",) if torch_claim else (),
         default_options=tuple(claims.DEFAULT_CROSSCHECK_OPTIONS.items()) if torch_claim else (),
@@ -78,12 +79,6 @@ def registry(monkeypatch):
     monkeypatch.setattr(report, "load_figure_class", lambda: None)
     return table
 
-
-def run_main(capsys, *argv):
-    code = cli.main(list(argv))
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.out + captured.err
-    return code, captured.out, captured.err
 
 
 def error_of(err: str) -> str:
@@ -162,7 +157,7 @@ def test_claim_that_raises_is_inconclusive(registry, capsys, tmp_path):
     def broken(seed, profile, optimizer="stiefel_adam"):
         raise ZeroDivisionError("division by zero")
 
-    registry["P4"] = Claim("P4", "broken", "s", "l", (), broken)
+    registry["P4"] = FakeClaim("P4", "broken", "s", "l", (), broken)
     code, out, _ = run_main(capsys, "run", "P4", "--out", str(tmp_path))
     assert code == 1
     certificate = certificate_format.load(tmp_path / "P4.json")
@@ -177,7 +172,7 @@ def test_result_that_breaks_the_schema_is_an_internal_error_reported_clearly(reg
             data["numerical"]["checks"][0]["passed"] = "yes"  # not a boolean
             return data
 
-    registry["P5"] = Claim("P5", "bad", "s", "l", (), lambda seed, profile, optimizer="stiefel_adam": BadResult())
+    registry["P5"] = FakeClaim("P5", "bad", "s", "l", (), lambda seed, profile, optimizer="stiefel_adam": BadResult())
     code, _, err = run_main(capsys, "run", "P5", "--out", str(tmp_path))
     assert code == 1
     assert "P5: internal error: SchemaViolation: certificate P5 does not match the schema" in err
@@ -190,7 +185,7 @@ def test_pass_without_controls_is_inconclusive(registry, capsys, tmp_path):
         result.controls = []
         return result
 
-    registry["P6"] = Claim("P6", "uncontrolled", "s", "l", (), no_controls)
+    registry["P6"] = FakeClaim("P6", "uncontrolled", "s", "l", (), no_controls)
     code, _, _ = run_main(capsys, "run", "P6", "--out", str(tmp_path))
     assert code == 1
     assert certificate_format.load(tmp_path / "P6.json")["verdict"] == "inconclusive"

@@ -16,9 +16,10 @@ import pytest
 
 import reference_impl as ri
 from certify import certificate as certificate_format
-from certify import claims, cli, compare, report
-from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, rng_for
+from certify import claims, compare, report
+from propositions._common import ClaimResult, ControlResult, NumericalCheck, SymbolicResult, rng_for
 from propositions.kit import observability
+from certify_fakes import FakeClaim, run_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # adapter_fakes
 
@@ -45,18 +46,12 @@ def _one_step_result(seed, optimizer) -> ClaimResult:
 
 @pytest.fixture
 def registry(monkeypatch):
-    table = {claim_id: Claim(claim_id, f"fake {claim_id}", "s", "l", ("qr_retraction",), lambda seed, profile, optimizer="stiefel_adam", **o: _one_step_result(seed, optimizer))
+    table = {claim_id: FakeClaim(claim_id, f"fake {claim_id}", "s", "l", ("qr_retraction",), lambda seed, profile, optimizer="stiefel_adam", **o: _one_step_result(seed, optimizer))
              for claim_id in claims.ALL_IDS}
     monkeypatch.setattr(claims, "lookup_claim", lambda claim_id: table[claim_id])
     monkeypatch.setattr(report, "load_figure_class", lambda: None)
     return table
 
-
-def run_main(capsys, *argv):
-    code = cli.main(list(argv))
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.out + captured.err
-    return code, captured.out, captured.err
 
 
 def test_compare_writes_a_verifiable_certificate_per_pair_and_the_matrix(registry, capsys, tmp_path):

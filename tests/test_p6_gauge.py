@@ -14,7 +14,7 @@ import reference_impl as ri
 from propositions import attention
 from propositions import p6_gauge as p6
 from propositions.kit.protocol import derive_symbolic
-from propositions._common import NumericalCheck, Profile, rng_for
+from propositions._common import Profile, rng_for
 
 from strategies import seeds
 

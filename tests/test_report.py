@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from certify import claims, report
-from propositions._common import Claim, ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
+from propositions._common import ClaimResult, ControlResult, NumericalCheck, SymbolicResult, SymbolicStep
 from propositions.kit.figures import DataFigure, HistogramFigure, LineFigure, Series
+from certify_fakes import FakeClaim
 
 FIGURES = {
     "drift": {"x": [1, 10, 100], "y": [1e-16, "inf", 4e-16], "xlabel": "steps", "ylabel": "||W^T W - I||", "logx": True, "logy": True, "title": "feasibility drift"},
@@ -39,7 +40,7 @@ def _certificate(claim_id: str, passing: bool, figures: dict = FIGURES) -> dict:
             notes=["the note of " + claim_id],
         )
 
-    claim = Claim(claim_id, f"title | of {claim_id}", f"The statement of {claim_id}.", r"P_W^2 = P_W", ("projection_without_sym",), run)
+    claim = FakeClaim(claim_id, f"title | of {claim_id}", f"The statement of {claim_id}.", r"P_W^2 = P_W", ("projection_without_sym",), run)
     original = claims.lookup_claim
     claims.lookup_claim = lambda _: claim
     try:

@@ -5,7 +5,7 @@ propositions.kit.symbolic.is_zero is the one zero test of every claim's derivati
 import sympy as sp
 
 from propositions import p1_steepest_descent, p2_scale_independence, p3_conditioning, p4_equivariance, p5_weight_decay, p6_gauge
-from propositions._symbolic import reduce_with
+from propositions.kit.symbolic import reduce_with
 from propositions.kit.symbolic import is_zero
 
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from certify import claims, report
+from certify_fakes import FakeClaim
 from propositions._common import (
     TIGHTNESS_THRESHOLD,
-    Claim,
     ClaimResult,
     ControlResult,
     NumericalCheck,
@@ -59,7 +59,7 @@ def test_certificate_and_report_carry_the_ratios(tmp_path):
         return _result([_check("tight", np.full(10, 0.3)), _check("loose", np.full(10, 1e-6)),
                         _check("excused", np.zeros(10), note="exact equality by design")])
 
-    claim = Claim("P1", "t", "s", "l", ("broken",), run)
+    claim = FakeClaim("P1", "t", "s", "l", ("broken",), run)
     original = claims.lookup_claim
     claims.lookup_claim = lambda _: claim
     try:

@@ -21,7 +21,6 @@ from reference_impl.manifold import polar_retract, project_tangent
 from propositions import p3_conditioning
 from propositions._common import DETECTION_FACTOR, PROFILES, Profile, rng_for, u
 from propositions.kit import model as model_module
-from propositions.kit import trajectories
 from propositions.kit.model import model_step
 from propositions.kit.trajectories import CLAIM_SETTINGS, one_step_bound, trajectory_agreement
 

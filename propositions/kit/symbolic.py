@@ -1,6 +1,6 @@
 """Symbolic execution of the reference's own code: the derivation is about the code, not a re-typed formula.
 
-The claims' MatrixSymbol derivations (propositions._symbolic) prove the formulas of docs/mathematics.md; no
+The claims' MatrixSymbol derivations (reduce_with, below) prove the formulas of docs/mathematics.md; no
 change to reference_impl can touch them. Here the reference's functions themselves
 (project_tangent, sym, skew, moments_and_direction, scale_free_direction, clip_to_trust_region)
 run on NumPy object arrays whose entries are exact symbolic values, so a changed sign, a dropped
@@ -76,6 +76,27 @@ def is_zero(expr) -> bool:
     if _reduced_zero(sp.expand(value)):
         return True
     return _reduced_zero(sp.simplify(value))
+
+
+# Each substitution pass removes at least one occurrence of a left-hand side; the MatrixSymbol
+# derivations of the claims nest at most a few products, so six passes are far more than a fixed
+# point needs.
+MAX_SUBSTITUTION_PASSES = 6
+
+
+def reduce_with(expr, substitutions: dict):
+    """Expand, apply the substitutions until nothing changes, simplify.
+
+    MatrixSymbol algebra has no notion of "W^T W = I"; a derivation written for every d and r
+    states such facts as a dict of substitutions ({W.T * W: Identity(r)}) and reduces with them.
+    """
+    expr = sp.expand(expr)
+    for _ in range(MAX_SUBSTITUTION_PASSES):
+        new = sp.expand(expr.subs(substitutions))
+        if new == expr:
+            break
+        expr = new
+    return sp.simplify(expr)
 
 
 def exact_rational(value) -> sp.Rational:

@@ -91,8 +91,8 @@ import reference_impl as ri
 from reference_impl import StiefelAdamConfig, get_variant
 
 from . import observability, tightness
-from .._common import NumericalCheck, Profile, projection_error_bound, rng_for, u
-from .bounds import polar_error_bound
+from .._common import NumericalCheck, Profile, rng_for, u
+from .bounds import polar_error_bound, projection_error_bound
 from .model import ModelStep, model_step, tangent_part
 from .protocol import Context, Evidence, Part
 
