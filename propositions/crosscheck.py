@@ -56,7 +56,7 @@ from propositions._common import (
     ulps_apart,
 )
 from propositions.kit import tightness
-from propositions.kit.bounds import gram_defect_bound
+from propositions.kit.bounds import gram_defect_bound, polar_perturbation_bound
 from propositions.kit.figures import LineFigure, Series
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
@@ -211,9 +211,11 @@ def step_error_bound(d, r, config, quantities, *, u_W, u_G, u_m, u_v, u_c, u_out
     * xi = -lr m^ / (sqrt(v^) + eps): e_xi = lr / bc1 (e_m / (s + eps) + ||m|| e_s / (s + eps)^2)
       + 4 u_c ||xi||; the trust-region cap is the projection onto a ball, 1-Lipschitz, plus the
       rounding (d r / 2 + 2) u_c ||xi|| of its norm and rescaling.
-    * polar retraction of A = W + xi: the polar factor moves by at most 3 ||dA||_F / sigma_min(A)
-      (Higham, Functions of Matrices, Thm 8.9 gives 2 / sigma_min to first order; 3 covers the
-      second-order term), and its own evaluation from the Gram matrix (length-d Gram, 4 r x r
+    * polar retraction of A = W + xi: the polar factor moves by at most
+      polar_perturbation_bound(||dA||_F, sigma_min(A) - ||dA||_F) (kit/bounds.py: distance over the
+      smallest singular value on the segment, which Weyl's inequality bounds below by
+      sigma_min(A) - ||dA||; where that is not positive, 2 sqrt(r), the distance two frames can be
+      apart at most), and its own evaluation from the Gram matrix (length-d Gram, 4 r x r
       matmuls per Newton-Schulz iteration or eigh's O(r) backward error, the final length-r
       product) costs e_ret = 4 (d + (4 k + 2) r) sqrt(r) u_c kappa^3, kappa = ||A||_2 / sigma_min(A)
       <= sqrt(1 + Delta^2), k = iterations.
@@ -246,7 +248,7 @@ def step_error_bound(d, r, config, quantities, *, u_W, u_G, u_m, u_v, u_c, u_out
     e_A = dW + e_xi + u_c * q["A"]
     kappa = q["A_2"] / q["sigma_min"]
     e_ret = 4 * (d + (4 * iterations + 2) * r) * root_r * u_c * kappa**3
-    e_W_new = 3 * e_A / q["sigma_min"] + e_ret + u_out * root_r
+    e_W_new = polar_perturbation_bound(e_A, q["sigma_min"] - e_A, r) + e_ret + u_out * root_r
     e_m_new = e_m + 2 * e_W_new * q["m"] + n_proj * u_c * q["m"]
     tiny = np.finfo(np.float64).tiny
     return {

@@ -45,14 +45,14 @@ import numpy as np
 import sympy as sp
 
 import reference_impl as ri
-from reference_impl import StiefelAdamConfig, get_variant
+from reference_impl import StiefelAdamConfig, get_variant, manifold_tolerance
 from reference_impl.adam import frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from ._common import LARGE_SHAPES, SMALL_SHAPES, NumericalCheck, Profile, SymbolicStep
 from ._common import chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
 from .kit import tightness
-from .kit.bounds import gamma, polar_error_bound, projection_error_bound
+from .kit.bounds import gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
 from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
@@ -654,9 +654,11 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
         "under test from a fresh state with eps = 0 (two configurations: cap inactive and active)",
         "Both sides project G identically; the step's length lr sqrt(d r)/||g|| or Delta/||xi|| carries "
         "the relative error of a length-(d r) sum plus a few operations, gamma_{dr} + 8u, so the two "
-        "tangent vectors differ by (gamma_{dr} + 8u) L (L the step length); the polar factor is "
-        "2-Lipschitz for singular values >= 1, and each float64 polar factor errs by "
-        "polar_error_bound(d, r, sqrt(1 + L^2)). Bound 2 polar_error_bound + 2 (gamma_{dr} + 8u) L.",
+        "tangent vectors differ by (gamma_{dr} + 8u) L (L the step length); the polar factor moves by "
+        "polar_perturbation_bound((gamma_{dr} + 8u) L, 1 - 2 phi) (distance / sigma_min along the segment of "
+        "W + tangent, W a frame within phi = manifold_tolerance(d, r)), and each float64 polar factor errs by "
+        "polar_error_bound(d, r, sqrt(1 + L^2)). Bound 2 polar_error_bound + 2 polar_perturbation_bound "
+        "(factor 2 for the dropped second-order terms).",
         tightness_note=tightness.SAME_ROUNDING,
     )
     # T_W = {0} (d = r = 1): P_W(G) = 0, the claim's hypothesis fails
@@ -674,8 +676,9 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
             length = min(config.lr * math.sqrt(d * r), config.trust_radius)
             W_step, _ = variant.step(W, G, variant.init(W), config)
             W_expected = polar_retract(W, -length * direction, "svd", validate=False)
+            phi = manifold_tolerance(d, r)
             bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
-                     + 2 * (gamma(d * r) + 8 * u) * length)
+                     + 2 * polar_perturbation_bound((gamma(d * r) + 8 * u) * length, 1 - 2 * phi))
             check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
                       extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
         total += count

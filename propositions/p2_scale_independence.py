@@ -913,10 +913,6 @@ def fixed_step_sgd(ctx: Context) -> Evidence:
     return Evidence(checks=[check])
 
 
-def _prepare(ctx: Context) -> None:
-    get_variant(ctx.optimizer)  # an unknown name is refused at once (ValueError)
-
-
 CLAIM = Claim(
     id=CLAIM_ID,
     title="Independence of gradient scale",
@@ -937,5 +933,4 @@ CLAIM = Claim(
         trajectory_part(CLAIM_ID),
     ),
     controls=(Control("fixed_step_sgd", fixed_step_sgd, "fixed-step Riemannian SGD W+ = R_W(-lr g): degree one in c"),),
-    prepare=_prepare,
 )

@@ -659,10 +659,6 @@ def haar_control(ctx: Context) -> Evidence:
     return Evidence(checks=[left["W"], right["W"]])
 
 
-def _prepare(ctx: Context) -> None:
-    get_variant(ctx.optimizer)  # an unknown name is refused at once (ValueError)
-
-
 CLAIM = Claim(
     id=CLAIM_ID,
     title="Exact O(d)- and O(r)-equivariance",
@@ -684,5 +680,4 @@ CLAIM = Claim(
                 "Adam's elementwise second moment: equivariant only under signed permutations"),
         Control("qr_retraction", haar_control, "sign-fixed QR retraction: not equivariant under the right action of O(r)"),
     ),
-    prepare=_prepare,
 )

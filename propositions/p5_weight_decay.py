@@ -49,7 +49,7 @@ from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.figures import LineFigure, Series
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.symbolic import is_zero
-from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, gamma, polar_error_bound, projection_error_bound
+from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
 from .kit.trajectories import trajectory_part
 from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan
 
@@ -74,12 +74,6 @@ TRAJECTORY_FRACTION = 4
 TRAJECTORY_MAX_COST = 2**18
 CONTROLS = ("euclidean_adamw", "unprojected_decay")
 
-# Polar perturbation constant: ||polar(A) - polar(B)||_F <= (1 + sqrt 2) ||A - B||_F / sigma_min
-# for full column rank d x r matrices, sigma_min the smaller of sigma_r(A), sigma_r(B). This is a
-# conservative form of the perturbation bounds of the unitary polar factor: Li and Sun (SIAM J.
-# Matrix Anal. Appl. 25, 2003, 362-372) give 2 / (sigma_r(A) + sigma_r(B)) <= 1 / sigma_min for real
-# full-rank rectangular matrices.
-POLAR_LIPSCHITZ = 1.0 + math.sqrt(2.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,8 +119,9 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
 
     The two steps' directions differ by at most dxi (direction_difference_bound: the moments, the
     scale-free step and the trust-region clip, stage by stage). The polar factor moves by at most
-    POLAR_LIPSCHITZ ||dxi|| / sigma_min with sigma_min(W + xi) >= 1 - 2 phi for tangent xi (P3),
-    and each of the two retractions rounds by polar_error_bound (kit/bounds.py) at that condition
+    polar_perturbation_bound(||dxi||, 1 - 2 phi) = ||dxi|| / (1 - 2 phi) (kit/bounds.py): every
+    point of the segment between the two W + xi is W plus a vector tangent up to rounding, whose
+    smallest singular value is at least 1 - 2 phi (P3(b) at a frame within phi), and each of the two retractions rounds by polar_error_bound (kit/bounds.py) at that condition
     number.
 
     d = r = 1 (the analysis divides by sqrt(v^), which is 0 there): St(1, 1) = {-1, +1} and
@@ -142,7 +137,7 @@ def step_difference_bound(W, G, state, config: StiefelAdamConfig, weight_decay: 
     dxi, xi_norm = direction_difference_bound(W, G, state, config, weight_decay)
     step_norm = np.minimum(xi_norm, config.trust_radius)
     cond = np.sqrt(1.0 + step_norm**2) / (1.0 - 2.0 * phi)
-    bound = POLAR_LIPSCHITZ * dxi / (1.0 - 2.0 * phi) + 2.0 * polar_error_bound(d, r, cond)
+    bound = polar_perturbation_bound(dxi, 1.0 - 2.0 * phi) + 2.0 * polar_error_bound(d, r, cond)
     if d == 1 and r == 1 and config.trust_radius < 1.0 - phi:
         return np.full(np.shape(bound), 2.0 * float(polar_error_bound(1, 1, 1.0)))
     # A zero mean square (G = 0) makes the analysis vacuous; no frame of the plan has G = 0, and an
@@ -199,11 +194,14 @@ def decoupled_decay_bound(d: int, r: int) -> float:
 
     Exactly, polar(alpha W) = polar(W), and ||polar(W) - W||_F = ||Sigma - I||_F <= ||W^T W - I||_F
     <= phi (|sigma - 1| <= |sigma^2 - 1|). fl(alpha W) = alpha W + dA with |dA| <= u alpha |W|,
-    moving the polar factor by <= POLAR_LIPSCHITZ u sqrt(r) (1 + 2 phi); the retraction rounds by
+    ||dA||_F <= u alpha sqrt(r) (1 + phi), and every matrix of the segment [alpha W, alpha W + dA]
+    has sigma_min >= alpha (1 - 2 phi): the polar factor moves by at most
+    polar_perturbation_bound(u sqrt(r) (1 + phi), 1 - 2 phi) (kit/bounds.py); the retraction rounds by
     polar_error_bound (kit/bounds.py) at condition 1 + 2 phi. Factor 2 for the dropped O(u^2).
     """
     phi = manifold_tolerance(d, r)
-    return 2.0 * (phi + POLAR_LIPSCHITZ * u * math.sqrt(r) * (1 + 2 * phi) + float(polar_error_bound(d, r, 1 + 2 * phi)))
+    moved = float(polar_perturbation_bound(u * math.sqrt(r) * (1 + phi), 1 - 2 * phi))
+    return 2.0 * (phi + moved + float(polar_error_bound(d, r, 1 + 2 * phi)))
 
 
 def norm_constant_bound(d: int, r: int) -> float:
@@ -374,7 +372,7 @@ def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
             f"lambda in {list(LAMBDA_GRID)}, ||G|| over six decades",
             "step_difference_bound: lambda times the rounding residual of P_W(W) plus the rounding of "
             "two projections, relative to ||g|| in the scale-free step, through the 1-Lipschitz trust "
-            "region and the (1 + sqrt 2)/sigma_min-Lipschitz polar factor, plus two retractions' rounding, each "
+            "region and the 1/sigma_min-Lipschitz polar factor (polar_perturbation_bound), plus two retractions' rounding, each "
             + POLAR_ERROR_TEXT,
             tightness_note=tightness.SAME_ROUNDING,
         ),
@@ -621,10 +619,6 @@ def control_part(ctx: Context) -> Evidence:
     ))
 
 
-def _prepare(ctx: Context) -> None:
-    get_variant(ctx.optimizer)  # an unknown name is refused at once
-
-
 CLAIM = Claim(
     id=CLAIM_ID,
     title="Weight decay has identically zero Riemannian gradient",
@@ -652,5 +646,4 @@ CLAIM = Claim(
         "euclidean_adamw leaves the manifold; its step accepts any float64 matrix and its states are "
         "not re-validated as frames.",
     ),
-    prepare=_prepare,
 )

@@ -51,7 +51,7 @@ import math
 import numpy as np
 import sympy as sp
 
-from reference_impl import UNIT_ROUNDOFF, feasibility, get_variant, manifold_tolerance, random_point, riemannian_gradient
+from reference_impl import UNIT_ROUNDOFF, feasibility, manifold_tolerance, random_point, riemannian_gradient
 
 from .kit import tightness
 from .kit.parallel import Chunks, map_chunks, merge_checks
@@ -492,10 +492,6 @@ def anchored_query_loss(ctx: Context) -> Evidence:
     )
 
 
-def _prepare(ctx: Context) -> None:
-    get_variant(ctx.optimizer)  # P6 selects a gradient map only; an unknown name is refused at once
-
-
 CLAIM = Claim(
     id=CLAIM_ID,
     title="Negative result: gauge directions carry no gradient",
@@ -527,5 +523,4 @@ CLAIM = Claim(
         "optimizer selects the gradient map riemannian_gradient(W, G, 0, variant) of the gauge-orthogonality "
         "check only; P6 is about gradients, not steps.",
     ),
-    prepare=_prepare,
 )

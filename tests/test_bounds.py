@@ -111,3 +111,38 @@ def test_numpy_exp_is_within_the_softmax_analysis_ulps():
     ulps = error / np.spacing(exact)
     assert ulps.max() <= attention.EXP_ULPS
     assert attention.SOFTMAX_ROUNDING == 9
+
+
+def _polar(A):
+    U, _, Vt = np.linalg.svd(A, full_matrices=False)
+    return U @ Vt
+
+
+def test_polar_perturbation_bound_is_the_lipschitz_constant_and_is_attained():
+    """distance / sigma_min covers finite perturbations along segments of W + tangent, is attained
+    (to first order) by a skew perturbation of a square frame, and half of it is not a bound."""
+    rng = np.random.default_rng(20261203)
+    worst = 0.0
+    for d, r in ((2, 1), (4, 4), (8, 3), (16, 5)):
+        W = ri.random_point(d, r, rng, batch=(64,))
+        xi_a, xi_b = (0.5 * ri.project_tangent(W, rng.standard_normal(W.shape)) for _ in range(2))
+        distance = np.linalg.norm(xi_a - xi_b, axis=(-2, -1))
+        moved = np.linalg.norm(_polar(W + xi_a) - _polar(W + xi_b), axis=(-2, -1))
+        ratio = moved / bounds.polar_perturbation_bound(distance, 1.0 - ri.manifold_tolerance(d, r))
+        assert np.all(ratio <= 1.0)
+        worst = max(worst, float(ratio.max()))
+    assert worst > 0.1  # not vacuous on random segments
+    Q = ri.random_point(4, 4, rng)
+    X = rng.standard_normal((4, 4))
+    dA = Q @ (X - X.T)
+    dA *= 1e-7 / np.linalg.norm(dA)
+    moved = np.linalg.norm(_polar(Q + dA) - Q)
+    assert moved <= bounds.polar_perturbation_bound(1e-7, 1.0) * (1 + 1e-6)
+    assert moved > 0.5 * bounds.polar_perturbation_bound(1e-7, 1.0)
+
+
+def test_polar_perturbation_bound_without_a_singular_value_bound_is_the_diameter():
+    assert bounds.polar_perturbation_bound(0.1, 0.0, r=4) == pytest.approx(4.0)
+    assert bounds.polar_perturbation_bound(100.0, 1.0, r=9) == pytest.approx(6.0)
+    assert np.isinf(bounds.polar_perturbation_bound(0.1, -1.0))
+    assert bounds.polar_perturbation_bound(0.3, 0.5) == pytest.approx(0.6)

@@ -118,7 +118,7 @@ POLAR_ERROR_TEXT = (
 )
 
 
-def polar_perturbation_bound(distance, sigma_min):
+def polar_perturbation_bound(distance, sigma_min, r: int | None = None):
     """Bound on ||polar(A) - polar(B)||_F in exact arithmetic when ||A - B||_F <= distance and every
     matrix of the segment [A, B] has smallest singular value >= sigma_min > 0 (scalars or arrays).
 
@@ -133,14 +133,21 @@ def polar_perturbation_bound(distance, sigma_min):
     a W within a of St(d, r) (Weyl); the tangent space is linear, so the segment between W + xi_a and
     W + xi_b is again of that form. (Li and Sun's 2 / (sigma_r(A) + sigma_r(B)), SIAM J. Matrix
     Anal. Appl. 25 (2003), needs no segment; it agrees where sigma_r(A) = sigma_r(B) = sigma_min.)
+    With r given, the bound is also capped at 2 sqrt(r): two d x r matrices with orthonormal columns
+    are at most that far apart, so where sigma_min <= 0 (no lower bound on the segment) that is the bound.
     """
-    return np.asarray(distance, dtype=np.float64) / np.asarray(sigma_min, dtype=np.float64)
+    distance = np.asarray(distance, dtype=np.float64)
+    sigma_min = np.asarray(sigma_min, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = np.where(sigma_min > 0, distance / np.where(sigma_min > 0, sigma_min, 1.0), np.inf)
+    return bound if r is None else np.minimum(bound, 2.0 * math.sqrt(r))
 
 
 POLAR_PERTURBATION_TEXT = (
     "polar_perturbation_bound(distance, sigma_min) = distance / sigma_min (propositions/kit/bounds.py): the "
     "polar factor's derivative has Frobenius norm <= 1 / sigma_min, integrated along a segment of matrices "
-    "W + tangent whose smallest singular value is >= sigma_min (1 at a frame, 1 - a within a of St(d, r))"
+    "W + tangent whose smallest singular value is >= sigma_min (1 at a frame, 1 - a within a of St(d, r)); "
+    "never more than 2 sqrt(r), the largest distance of two orthonormal d x r matrices"
 )
 
 

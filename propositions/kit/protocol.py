@@ -128,6 +128,14 @@ def derive_symbolic(symbolic: Symbolic) -> SymbolicResult:
     return SymbolicResult(symbolic.method, [replace(step) for step in _derived(symbolic.derive)])
 
 
+def known_variant(ctx: Context) -> None:
+    """The default `prepare`: an optimizer that names no variant of reference_impl.VARIANTS (and is
+    no Variant object) is refused at once, with reference_impl's one-line ValueError."""
+    from reference_impl import get_variant
+
+    get_variant(ctx.optimizer)
+
+
 @dataclass(frozen=True)
 class Claim:
     """A registry entry and the recipe of its certificate; run(seed, profile, optimizer, **options).
@@ -137,6 +145,8 @@ class Claim:
     requires: importable packages the run needs beyond the core dependencies (a claim whose
     requirement is missing is skipped by `certify all` with a note, never failed).
     default_options: the keyword options run() takes and their defaults.
+    prepare(ctx): checks the options before anything runs and may return a normalised context
+    (default known_variant: the optimizer must be a variant of reference_impl).
     environment(ctx): a context manager the whole run happens inside (e.g. one thread).
     """
 
@@ -151,7 +161,7 @@ class Claim:
     notes: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     default_options: tuple[tuple[str, str], ...] = ()
-    prepare: Callable[[Context], Context | None] | None = None
+    prepare: Callable[[Context], Context | None] | None = known_variant
     environment: Callable[[Context], ContextManager] | None = None
 
     @property
@@ -244,4 +254,4 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
     )
 
 
-__all__ = ["Claim", "Context", "Control", "Evidence", "Part", "Symbolic", "derive_symbolic", "run_claim"]
+__all__ = ["Claim", "Context", "Control", "Evidence", "Part", "Symbolic", "derive_symbolic", "known_variant", "run_claim"]
