@@ -450,18 +450,10 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
         state = _warm_state(W, scales, rng)
     for k in range(0 if error else steps):
         G = _gradient(setting.gradients, W, scales, rng)
-        inputs = [np.array(x, copy=True) for x in (W, G, state.m, state.v)]
-        try:
-            with np.errstate(all="ignore"):
-                W_new, state_new = variant.step(W, G, state, config)
-        except (ValueError, ArithmeticError) as exception:
-            error = f"step {k + 1} raised {type(exception).__name__}: {exception}"
-            break
-        if not all(np.array_equal(x, y) for x, y in zip(inputs, (W, G, state.m, state.v))):
-            error = f"step {k + 1} modified its input (docs/algorithm.md: inputs are never modified)"
-            break
-        if np.shape(W_new) != W.shape or not _state_shapes_fit(state_new, W):
-            error = f"step {k + 1} returned a frame or state of the wrong shape"
+        W_new, state_new, error = _checked_step(variant, W, G, state, config, k, watched=(W, G, state.m, state.v))
+        if error is None and not _state_shapes_fit(state_new, W):
+            error = f"step {k + 1} returned a state of the wrong shape"
+        if error is not None:
             break
         with np.errstate(all="ignore"):
             model = model_step(W, G, state.m, state.v, state.t, config)
@@ -491,6 +483,22 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
                       shape=shape, key=key, seed=checks.seed, extra=extra)
     if error is not None:
         checks.fail_all((frames,), key, shape, error)
+
+
+def _checked_step(variant, W, G, state, config, k: int, watched):
+    """(W_new, state_new, None) for one step of the optimizer under test, or (None, None, reason)
+    when it raises, modifies one of the `watched` inputs or returns a frame of the wrong shape."""
+    before = [np.array(x, copy=True) for x in watched]
+    try:
+        with np.errstate(all="ignore"):
+            W_new, state_new = variant.step(W, G, state, config)
+    except (ValueError, ArithmeticError) as exception:
+        return None, None, f"step {k + 1} raised {type(exception).__name__}: {exception}"
+    if not all(np.array_equal(x, y) for x, y in zip(before, watched)):
+        return None, None, f"step {k + 1} modified its input (docs/algorithm.md: inputs are never modified)"
+    if np.shape(W_new) != W.shape:
+        return None, None, f"step {k + 1} returned a frame of the wrong shape"
+    return W_new, state_new, None
 
 
 def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int, r: int, lead: tuple,
@@ -531,19 +539,9 @@ def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int,
     m_error, v_error = np.zeros(lead), np.zeros(lead)
     for k in range(0 if error else steps):
         G = _gradient(setting.gradients, W, scales, rng)
-        W_in = np.array(W, copy=True)
-        G_in = np.array(G, copy=True)
-        try:
-            with np.errstate(all="ignore"):
-                W_new, state_new = variant.step(W, G, state, config)
-        except (ValueError, ArithmeticError) as exception:
-            error = f"step {k + 1} raised {type(exception).__name__}: {exception}"
-            break
-        if not (np.array_equal(W_in, W) and np.array_equal(G_in, G)):
-            error = f"step {k + 1} modified its input (docs/algorithm.md: inputs are never modified)"
-            break
-        if np.shape(W_new) != W.shape:
-            error = f"step {k + 1} returned a frame of the wrong shape"
+        # a black box's state is its own: only W and G are watched
+        W_new, state_new, error = _checked_step(variant, W, G, state, config, k, watched=(W, G))
+        if error is not None:
             break
         with np.errstate(all="ignore"):
             model = model_step(W, G, m_model, v_model, t_model, config)
