@@ -60,15 +60,7 @@ from .kit.symbolic import is_zero
 from . import attention
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.bounds import gamma
-from ._common import (
-    NumericalCheck,
-    Profile,
-    SymbolicResult,
-    SymbolicStep,
-    chunk_sizes,
-    rng_for,
-    shape_plan,
-)
+from ._common import NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P6"
@@ -166,9 +158,9 @@ def torch_bound(errors: attention.RoundingBounds, name: str) -> np.ndarray:
 SYMBOLIC_METHOD = "sympy MatrixSymbol algebra with Omega^T = -Omega; explicit entries at n = d = r = 2"
 
 
-def symbolic_derivation() -> list[SymbolicStep]:
-    """The derivation's steps (seed-independent: run_claim derives them once per process)."""
-    result = SymbolicResult(SYMBOLIC_METHOD)
+def _matrix_symbol_steps() -> list[SymbolicStep]:
+    """For every n, d, r (MatrixSymbol algebra): the logits do not move along the gauge, and the
+    chain rule makes W_Q^T G_Q + W_K^T G_K symmetric."""
     n, d, r = sp.symbols("n d r", integer=True, positive=True)
     X = sp.MatrixSymbol("X", n, d)
     W_Q = sp.MatrixSymbol("W_Q", d, r)
@@ -177,30 +169,30 @@ def symbolic_derivation() -> list[SymbolicStep]:
     Omega = sp.MatrixSymbol("Omega", r, r)
     t = sp.Symbol("t")
     s = sp.Symbol("s", positive=True)  # 1 / sqrt(r)
-
     moved = sp.expand((W_Q + t * W_Q * Omega) * (W_K + t * W_K * Omega).T)
     first_order = sp.expand(sp.diff(moved, t).subs(t, 0)).subs(Omega.T, -Omega)
-    result.steps.append(
+    G_Q = s * X.T * Gbar * X * W_K
+    G_K = s * X.T * Gbar.T * X * W_Q
+    M = W_Q.T * G_Q + W_K.T * G_K
+    return [
         SymbolicStep(
             "the logits do not move to first order along (W_Q Omega, W_K Omega): d/dt (W_Q + t W_Q Omega)"
             "(W_K + t W_K Omega)^T at t = 0 is W_Q (Omega + Omega^T) W_K^T = 0 for skew Omega",
             r"\tfrac{d}{dt}\big|_0 (W_Q + tW_Q\Omega)(W_K + tW_K\Omega)^\top = W_Q(\Omega + \Omega^\top)W_K^\top = 0",
             is_zero(first_order),
-        )
-    )
-    G_Q = s * X.T * Gbar * X * W_K
-    G_K = s * X.T * Gbar.T * X * W_Q
-    M = W_Q.T * G_Q + W_K.T * G_K
-    result.steps.append(
+        ),
         SymbolicStep(
             "chain rule G_Q = X^T Gbar X W_K / sqrt r, G_K = X^T Gbar^T X W_Q / sqrt r: "
             "W_Q^T G_Q + W_K^T G_K is symmetric for every Gbar, so its skew part vanishes",
             r"W_Q^\top G_Q + W_K^\top G_K = \tfrac{1}{\sqrt r}\big(Q^\top \bar G K + K^\top \bar G^\top Q\big)"
             r" = \big(W_Q^\top G_Q + W_K^\top G_K\big)^\top",
             is_zero(sp.expand(M - M.T)),
-        )
-    )
-    # explicit entries: an arbitrary loss of the logits, its partials g_ij as free symbols
+        ),
+    ]
+
+
+def _explicit_loss_step() -> SymbolicStep:
+    """n = d = r = 2 with explicit entries and an arbitrary loss of the logits (partials g_ij free)."""
     size = 2
     Xe = sp.Matrix(size, size, lambda i, j: sp.Symbol(f"x_{i}{j}"))
     Qe = sp.Matrix(size, size, lambda i, j: sp.Symbol(f"q_{i}{j}"))
@@ -214,28 +206,32 @@ def symbolic_derivation() -> list[SymbolicStep]:
         )
 
     Me = Qe.T * gradient(Qe) + Ke.T * gradient(Ke)
-    result.steps.append(
-        SymbolicStep(
-            "explicit entries, n = d = r = 2, loss an arbitrary function of the logits (dloss/dL_ij = g_ij): "
-            "skew(W_Q^T G_Q + W_K^T G_K) = 0 entry by entry",
-            r"\mathrm{skew}\Big(\textstyle\sum_{ij} g_{ij}\big(W_Q^\top \partial_{W_Q} L_{ij}"
-            r" + W_K^\top \partial_{W_K} L_{ij}\big)\Big) = 0",
-            is_zero((Me - Me.T) / 2),
-        )
+    return SymbolicStep(
+        "explicit entries, n = d = r = 2, loss an arbitrary function of the logits (dloss/dL_ij = g_ij): "
+        "skew(W_Q^T G_Q + W_K^T G_K) = 0 entry by entry",
+        r"\mathrm{skew}\Big(\textstyle\sum_{ij} g_{ij}\big(W_Q^\top \partial_{W_Q} L_{ij}"
+        r" + W_K^\top \partial_{W_K} L_{ij}\big)\Big) = 0",
+        is_zero((Me - Me.T) / 2),
     )
+
+
+def _pairing_step() -> SymbolicStep:
+    """<S, Omega> = 0 for symmetric S and skew Omega, explicit r = 2, 3."""
     pairing_zero = True
     for k in (2, 3):
         S = sp.Matrix(k, k, lambda i, j: sp.Symbol(f"s_{min(i, j)}{max(i, j)}"))
         upper = sp.Matrix(k, k, lambda i, j: sp.Symbol(f"w_{i}{j}") if i < j else 0)
         pairing_zero &= is_zero((S.T * (upper - upper.T)).trace())
-    result.steps.append(
-        SymbolicStep(
-            "hence the gauge derivative <W_Q^T G_Q + W_K^T G_K, Omega> vanishes: <S, Omega> = 0 for symmetric S, "
-            "skew Omega (explicit r = 2, 3)",
-            r"\langle S, \Omega\rangle = \operatorname{tr}(S^\top\Omega) = 0,\ S = S^\top,\ \Omega = -\Omega^\top",
-            pairing_zero,
-        )
+    return SymbolicStep(
+        "hence the gauge derivative <W_Q^T G_Q + W_K^T G_K, Omega> vanishes: <S, Omega> = 0 for symmetric S, "
+        "skew Omega (explicit r = 2, 3)",
+        r"\langle S, \Omega\rangle = \operatorname{tr}(S^\top\Omega) = 0,\ S = S^\top,\ \Omega = -\Omega^\top",
+        pairing_zero,
     )
+
+
+def _riemannian_gauge_step() -> SymbolicStep:
+    """<P_W(G), W Omega> = <G, W Omega> at an explicit rotation frame of O(2)."""
     phi, w = sp.symbols("phi w", real=True)
     rotation = sp.Matrix([[sp.cos(phi), -sp.sin(phi)], [sp.sin(phi), sp.cos(phi)]])
     Ge = sp.Matrix(2, 2, lambda i, j: sp.Symbol(f"G_{i}{j}"))
@@ -244,15 +240,17 @@ def symbolic_derivation() -> list[SymbolicStep]:
     projected = Ge - rotation * (gram + gram.T) / 2
     gauge = rotation * Om
     difference = sp.trigsimp(sp.expand((projected.T * gauge).trace() - (Ge.T * gauge).trace()))
-    result.steps.append(
-        SymbolicStep(
-            "the gauge direction W Omega is tangent and P_W is self-adjoint: <P_W(G), W Omega> = <G, W Omega> "
-            "(explicit rotation frame in O(2)), so the Riemannian gradient has the same (zero) gauge component",
-            r"\langle P_W(G), W\Omega\rangle = \langle G, W\Omega\rangle",
-            sp.simplify(difference) == 0,
-        )
+    return SymbolicStep(
+        "the gauge direction W Omega is tangent and P_W is self-adjoint: <P_W(G), W Omega> = <G, W Omega> "
+        "(explicit rotation frame in O(2)), so the Riemannian gradient has the same (zero) gauge component",
+        r"\langle P_W(G), W\Omega\rangle = \langle G, W\Omega\rangle",
+        sp.simplify(difference) == 0,
     )
-    return result.steps
+
+
+def symbolic_derivation() -> list[SymbolicStep]:
+    """The derivation's steps (seed-independent: run_claim derives them once per process)."""
+    return _matrix_symbol_steps() + [_explicit_loss_step(), _pairing_step(), _riemannian_gauge_step()]
 
 
 EXACT_CASES = ((2, 2, 2), (3, 3, 2), (4, 4, 3))  # (n, d, r)
