@@ -16,7 +16,9 @@ Roofline. StiefelAdam's cost is its d x r^2 matrix products; the script counts t
 that occur, W^T X (r x r result) and X M (d x r result), and times one batched matmul of each
 shape in every round. roofline = n_WtX t_WtX + n_XM t_XM; "x roofline" = step time / roofline,
 the overhead of everything else (elementwise passes, the r x r Newton-Schulz, the optimizer's
-checks and copies).
+checks and copies). The r x r products of the Newton-Schulz iteration are counted too and timed as
+one batched r x r matmul; "x roofline with r x r" adds them, which leaves the elementwise passes,
+the checks and the copies as the remaining overhead.
 """
 
 from __future__ import annotations
@@ -46,17 +48,22 @@ MATMULS = (torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default, torch.ops
 
 
 class ProductCounter(TorchDispatchMode):
-    """Counts the d x r^2 products (batched matmuls with an operand of d rows) by result shape."""
+    """Counts the d x r^2 products (batched matmuls with an operand of d rows) by result shape, and
+    the r x r x r products of the Newton-Schulz iteration (every operand r x r)."""
 
     def __init__(self, d: int, r: int):
         super().__init__()
         self.d, self.r = d, r
-        self.counts = {"WtX": 0, "XM": 0}
+        self.counts = {"WtX": 0, "XM": 0, "rr": 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
-        if func in MATMULS and any(torch.is_tensor(a) and a.dim() == 3 and self.d in a.shape[-2:] for a in args):
-            self.counts["XM" if result.shape[-2] == self.d else "WtX"] += 1
+        if func in MATMULS:
+            matrices = [a for a in args if torch.is_tensor(a) and a.dim() == 3]
+            if any(self.d in a.shape[-2:] for a in matrices):
+                self.counts["XM" if result.shape[-2] == self.d else "WtX"] += 1
+            elif all(tuple(a.shape[-2:]) == (self.r, self.r) for a in matrices):
+                self.counts["rr"] += 1
         return result
 
 
@@ -101,6 +108,7 @@ def bench_shape(shape, dtype, rounds: int, min_time: float, generator, device) -
     M = torch.randn((heads, r, r), dtype=compute, generator=generator).to(device)
     contenders["matmul W^T X"] = lambda: torch.bmm(X.mT, X)
     contenders["matmul X M"] = lambda: torch.bmm(X, M)
+    contenders["matmul M M"] = lambda: torch.bmm(M, M)
     # warm up, and choose repetitions per round so that each entry runs about min_time
     repetitions = {}
     for name, function in contenders.items():
@@ -139,8 +147,9 @@ def main(argv=None) -> int:
         f"StiefelAdam step, torch {torch.__version__}, {device}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
         f"{args.rounds} interleaved rounds; ratios: median (min - max) over rounds",
         "",
-        "| heads, d, r | products (W^T X + X M) | StiefelAdam ms | geoopt ms | geoopt / StiefelAdam | StiefelAdam / roofline | StiefelAdam / AdamW |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| heads, d, r | products (W^T X + X M) | r x r products | StiefelAdam ms | geoopt ms | geoopt / StiefelAdam "
+        "| StiefelAdam / roofline | StiefelAdam / roofline with r x r | StiefelAdam / AdamW |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
@@ -148,14 +157,17 @@ def main(argv=None) -> int:
         times = bench_shape(shape, dtype, args.rounds, args.min_time, generator, device)
         ours = times["StiefelAdam"]
         roofline = [counts["WtX"] * a + counts["XM"] * b for a, b in zip(times["matmul W^T X"], times["matmul X M"])]
+        with_rr = [f + counts["rr"] * c for f, c in zip(roofline, times["matmul M M"])]
         geo = times.get("geoopt EuclideanStiefel")
         row = [
             str(shape),
             f"{counts['WtX'] + counts['XM']} ({counts['WtX']} + {counts['XM']})",
+            str(counts["rr"]),
             f"{1e3 * statistics.median(ours):.2f}",
             f"{1e3 * statistics.median(geo):.2f}" if geo else "-",
             _summary([g / s for g, s in zip(geo, ours)]) if geo else "-",
             _summary([s / f for s, f in zip(ours, roofline)]),
+            _summary([s / f for s, f in zip(ours, with_rr)]),
             _summary([s / a for s, a in zip(ours, times["AdamW"])]),
         ]
         lines.append("| " + " | ".join(row) + " |")

@@ -157,26 +157,15 @@ class StiefelAdam(torch.optim.Optimizer):
                 name = f"params[{index}] of param group {group_index}"
                 if grad.is_sparse:
                     raise ValueError(f"{name}: StiefelAdam does not support sparse gradients")
-                # A finite sum implies finite entries (inf and NaN propagate through addition), and
-                # the reduction costs 1/30 of the elementwise test, which runs only when the sum
-                # is not finite (a NaN/inf, or a finite gradient whose sum overflowed).
-                if not bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(grad).all()):
-                    if group["skip_nonfinite"]:
-                        self.skipped_steps += 1
-                        continue
-                    raise ValueError(
-                        f"{name}: gradient must be finite (found NaN or inf); parameter and state were "
-                        "left unchanged (pass skip_nonfinite=True to skip such steps)"
-                    )
                 state = self.state[p]
-                if len(state) == 0:
-                    state.update(self._init_state(p))
+                # a fresh state is stored only with the first step that is written
+                current = state if len(state) else self._init_state(p)
                 W_new, m_new, v_new = stiefel_adam_step(
                     p,
                     grad,
-                    state["exp_avg"],
-                    state["exp_avg_sq"],
-                    state["step"],
+                    current["exp_avg"],
+                    current["exp_avg_sq"],
+                    current["step"],
                     group["lr"],
                     beta1,
                     beta2,
@@ -185,20 +174,31 @@ class StiefelAdam(torch.optim.Optimizer):
                     group["weight_decay"],
                     retraction_method=group["retraction_method"],
                 )
-                # A finite gradient can still overflow the compute dtype (float32 for float32 and
-                # bfloat16 storage) inside W^T G; nothing is written unless the step is finite.
-                # |W_new| <= 1 entrywise, so its sum cannot overflow; m_new's can, hence the fallback
-                m_finite = bool(torch.isfinite(m_new.sum())) or bool(torch.isfinite(m_new).all())
-                if not (bool(torch.isfinite(W_new.sum())) and m_finite):
+                # Nothing is written unless the step is finite, and two cheap reductions decide it:
+                # |W_new| <= 1 entrywise, so a non-finite sum of W_new means a NaN or inf entry, and
+                # v_new is one scalar per frame. Every NaN or inf of G or of m_new reaches one of
+                # them: it makes ||g||^2 (hence v) non-finite, or, with v finite and > 0, the
+                # coefficient c finite and xi = c m_new non-finite, so W_new = polar(W + xi) NaN. A
+                # finite gradient can still overflow the compute dtype (float32 for float32 and
+                # bfloat16 storage), in W^T G or in ||g||^2 (entries near 1e19 in float32), which
+                # would leave v = inf and the parameter frozen from then on: the same test catches it.
+                if not (bool(torch.isfinite(W_new.sum())) and bool(torch.isfinite(v_new).all())):
                     if group["skip_nonfinite"]:
                         self.skipped_steps += 1
                         continue
+                    if not bool(torch.isfinite(grad).all()):
+                        raise ValueError(
+                            f"{name}: gradient must be finite (found NaN or inf); parameter and state were "
+                            "left unchanged (pass skip_nonfinite=True to skip such steps)"
+                        )
                     raise ValueError(
                         f"{name}: the step overflowed in {W_new.dtype} (largest gradient entry "
                         f"{float(grad.abs().max()):.3g}); parameter and state were left unchanged "
                         "(scale the loss down, or pass skip_nonfinite=True to skip such steps)"
                     )
                 # in place, as torch.optim does: references to the state stay valid
+                if current is not state:
+                    state.update(current)
                 p.copy_(W_new)
                 state["exp_avg"].copy_(m_new)
                 state["exp_avg_sq"].copy_(v_new)
