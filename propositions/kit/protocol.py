@@ -220,6 +220,12 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
         evidence[name] = _timed(timings, name, task.result)
     symbolic_result = _timed(timings, "symbolic_wait", symbolic.result) if symbolic else derive_symbolic(claim.symbolic)
 
+    return _assemble(claim, ctx, symbolic_result, exact, evidence, controls, control_evidence, timings)
+
+
+def _assemble(claim: Claim, ctx: Context, symbolic_result, exact, evidence: dict, controls: list,
+              control_evidence: list, timings: dict) -> ClaimResult:
+    """The ClaimResult, its parts' evidence put together in the declared order."""
     checks, frames, figures, inconclusive = [], 0, {}, []
     notes = list(claim.notes)
     extra: dict = {"optimizer": getattr(ctx.optimizer, "name", ctx.optimizer)}
@@ -236,7 +242,7 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
     control_extra = {name: found.extra for name, found in control_evidence if found.extra}
     if control_extra:
         extra["control_evidence"] = control_extra
-    for name, found in control_evidence:
+    for _, found in control_evidence:
         _merge_into(figures, found.figures, "figure", claim.id)
         notes += found.notes
     extra["timings"] = timings
