@@ -210,6 +210,65 @@ def split_run_record(extra):
     return strip(extra, []), timings
 
 
+def _result_without_evidence(method: str, *, verdict: str, failures: list[str] = (), inconclusive: list[str] = (), checks: list[dict] = ()) -> dict:
+    """A claim result with no evidence beyond `checks`: for a claim that did not run or stopped early."""
+    return {
+        "verdict": verdict,
+        "failures": list(failures),
+        "symbolic": {"method": method, "status": "not_applicable", "steps": []},
+        "exact": [],
+        "numerical": {"frames": 0, "dtype": "float64", "checks": list(checks)},
+        "controls": [],
+        "extra": {},
+        "figures": {},
+        "notes": [],
+        "inconclusive": list(inconclusive),
+    }
+
+
+def _torch_record(claim_id: str, data: dict, options: dict) -> tuple[dict | None, str | None]:
+    """(torch's environment, the device whose kernels the residuals come from), None where torch was not used."""
+    torch_info = torch_environment(options.get("device", "cpu")) if claim_id == CROSSCHECK_ID and data.get("numerical", {}).get("checks") else None
+    # the rounding fingerprint covers torch's kernels where the residuals come from torch: the
+    # cross-check, and a claim that reports that it ran torch (P6's autograd cross-check)
+    uses_torch = torch_info is not None or data.get("extra", {}).get("torch_cross_check") is True
+    torch_device = options.get("device", "cpu") if uses_torch else None
+    return torch_info, torch_device
+
+
+def _statement(claim_id: str, claim) -> dict:
+    return {"text": getattr(claim, "statement", "") or "", "latex": getattr(claim, "latex", "") or "", "docs": certificate_format.docs_pointer(claim_id)}
+
+
+def _provenance(reproduce: str, seed: int, profile: str, optimizer: str, options: dict) -> dict:
+    """What the evidence depends on: the code's version and state, and the run's settings."""
+    git = environment_record.git_state()
+    return {
+        "project_version": environment_record.project_version(),
+        "git_commit": git["commit"],
+        "git_tree_clean": git["tree_clean"],
+        "reproduce": reproduce,
+        "seed": seed,
+        "profile": profile,
+        "optimizer": optimizer,
+        "options": dict(options),
+    }
+
+
+def _run_record(command: str, wall_seconds: float, frames: int, workers: int | None, scheduler: str | None, claim_timings: dict) -> dict:
+    """How and when this run happened (outside the digest)."""
+    return {
+        "command": command,
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "wall_seconds": round(wall_seconds, 6),
+        "frames_per_second": round(frames / wall_seconds, 3) if frames and wall_seconds > 0 else None,
+        "workers": workers,
+        "scheduler": scheduler,
+        "host": platform.node(),
+        "claim_timings": claim_timings,
+    }
+
+
 def build_certificate(
     claim_id: str,
     *,
@@ -234,33 +293,16 @@ def build_certificate(
     """
     reproduce = reproduce_command(claim_id, seed, profile, optimizer, options)
     if data is None:
-        data = {
-            "verdict": "inconclusive",
-            "failures": [],
-            "symbolic": {"method": "none (the claim did not run)", "status": "not_applicable", "steps": []},
-            "exact": [],
-            "numerical": {"frames": 0, "dtype": "float64", "checks": []},
-            "controls": [],
-            "extra": {},
-            "figures": {},
-            "notes": [],
-            "inconclusive": [problem or "the claim produced no result"],
-        }
+        data = _result_without_evidence("none (the claim did not run)", verdict="inconclusive", inconclusive=[problem or "the claim produced no result"])
     verdict, failures, inconclusive = _audited_verdict(data)
     extra, claim_timings = split_run_record(data.get("extra", {}))
     numerical = _numerical_part(data.get("numerical", {}), seed, profile, reproduce)
-    frames = numerical["frames"]
-    torch_info = torch_environment(options.get("device", "cpu")) if claim_id == CROSSCHECK_ID and data.get("numerical", {}).get("checks") else None
-    # the rounding fingerprint covers torch's kernels where the residuals come from torch: the
-    # cross-check, and a claim that reports that it ran torch (P6's autograd cross-check)
-    uses_torch = torch_info is not None or data.get("extra", {}).get("torch_cross_check") is True
-    torch_device = options.get("device", "cpu") if uses_torch else None
-    git = environment_record.git_state()
+    torch_info, torch_device = _torch_record(claim_id, data, options)
     return {
         "schema_version": SCHEMA_VERSION,
         "id": claim_id,
         "title": getattr(claim, "title", None) or f"{claim_id} (the claim could not be loaded)",
-        "statement": {"text": getattr(claim, "statement", "") or "", "latex": getattr(claim, "latex", "") or "", "docs": certificate_format.docs_pointer(claim_id)},
+        "statement": _statement(claim_id, claim),
         "verdict": verdict,
         "failures": failures,
         "inconclusive": inconclusive,
@@ -272,26 +314,8 @@ def build_certificate(
         "figures": data.get("figures", {}),
         "notes": list(data.get("notes", [])),
         "environment": environment_record.environment(torch_info, torch_device=torch_device),
-        "provenance": {
-            "project_version": environment_record.project_version(),
-            "git_commit": git["commit"],
-            "git_tree_clean": git["tree_clean"],
-            "reproduce": reproduce,
-            "seed": seed,
-            "profile": profile,
-            "optimizer": optimizer,
-            "options": dict(options),
-        },
-        "run": {
-            "command": command,
-            "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "wall_seconds": round(wall_seconds, 6),
-            "frames_per_second": round(frames / wall_seconds, 3) if frames and wall_seconds > 0 else None,
-            "workers": workers,
-            "scheduler": scheduler,
-            "host": platform.node(),
-            "claim_timings": claim_timings,
-        },
+        "provenance": _provenance(reproduce, seed, profile, optimizer, options),
+        "run": _run_record(command, wall_seconds, numerical["frames"], workers, scheduler, claim_timings),
     }
 
 
@@ -310,6 +334,61 @@ def _warning_notes(caught: list) -> list[str]:
     return distinct
 
 
+def _load_claim(claim_id: str, optimizer: str):
+    """(the claim or None, the outside implementation to run or None, why the claim cannot run or None)."""
+    try:
+        claim = lookup_claim(claim_id)
+    except Exception as error:
+        return None, None, f"the claim module of {claim_id} could not be loaded: {describe_error(error)}"
+    if claim is not None and is_adapter_spec(optimizer):
+        # an outside implementation (certify.adapters): resolved here, so that verify re-runs it too
+        adapted, problem = _resolve_implementation(claim_id, optimizer)
+        return claim, adapted, problem
+    return claim, None, None
+
+
+def _run_registered(claim, claim_id: str, seed: int, profile: str, optimizer: str, options: dict) -> dict:
+    """claim.run on a reference_impl variant, as a dict, with the warnings it raised among its notes."""
+    from propositions import get_profile
+
+    # warnings (an overflow in a domain scan, say) belong in the certificate, not on the terminal
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # the protocol hands run() the Profile itself (frames, steps, ...), named by profile;
+        # its map_tasks calls run on the executor the command set up, labelled by the claim
+        with parallel.labelled(claim_id):
+            result = claim.run(seed, get_profile(profile), optimizer=optimizer, **options)
+        data = result.to_dict()
+    if not isinstance(data, dict):
+        raise TypeError(f"ClaimResult.to_dict() returned {type(data).__name__}, not dict")
+    return {**data, "notes": list(data.get("notes", [])) + _warning_notes(caught)}
+
+
+def _run_claim(claim, adapted, claim_id: str, seed: int, profile: str, optimizer: str, options: dict) -> tuple[dict | None, str | None]:
+    """(the claim's result, None), or (None, what it raised)."""
+    try:
+        if adapted is not None:
+            return _run_adapted(claim, claim_id, seed, profile, adapted, options), None
+        return _run_registered(claim, claim_id, seed, profile, optimizer, options), None
+    except Exception as error:
+        return None, f"{claim_id} raised while it ran: {describe_error(error)}"
+
+
+def _sealed_certificate(claim_id: str, data: dict | None, problem: str | None, settings: dict) -> tuple[dict, str | None]:
+    """(the sealed, schema-valid certificate, None); where data does not make one, (an inconclusive
+    certificate that says why, the internal-error line)."""
+    try:
+        sealed = certificate_format.seal(build_certificate(claim_id, data=data, problem=problem, **settings))
+        certificate_format.validate(sealed)
+        return sealed, None
+    except Exception as error:
+        internal_error = f"internal error: {describe_error(error)}"
+    built = build_certificate(claim_id, data=None, problem=f"its result could not be made into a certificate: {internal_error}", **settings)
+    sealed = certificate_format.seal(built)
+    certificate_format.validate(sealed)
+    return sealed, internal_error
+
+
 def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DEFAULT_OPTIMIZER, options: dict | None = None, command: str,
                   workers: int | None = 1, scheduler: str | None = None) -> tuple[dict, str | None]:
     """Run one claim and return (sealed, schema-valid certificate, internal-error line or None).
@@ -322,57 +401,14 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
     """
     options = dict(options or {})
     started = time.perf_counter()
-    claim = None
+    claim, adapted, problem = _load_claim(claim_id, optimizer)
     data = None
-    problem = None
-    try:
-        claim = lookup_claim(claim_id)
-    except Exception as error:
-        problem = f"the claim module of {claim_id} could not be loaded: {describe_error(error)}"
-    adapted = None
-    if claim is not None and is_adapter_spec(optimizer):
-        # an outside implementation (certify.adapters): resolved here, so that verify re-runs it too
-        adapted, problem = _resolve_implementation(claim_id, optimizer)
-    if problem is not None:
-        pass
-    elif adapted is not None:
-        try:
-            data = _run_adapted(claim, claim_id, seed, profile, adapted, options)
-        except Exception as error:
-            data = None
-            problem = f"{claim_id} raised while it ran: {describe_error(error)}"
-    elif claim is not None:
-        try:
-            from propositions import get_profile
-
-            # warnings (an overflow in a domain scan, say) belong in the certificate, not on the terminal
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                # the protocol hands run() the Profile itself (frames, steps, ...), named by profile;
-                # its map_tasks calls run on the executor the command set up, labelled by the claim
-                with parallel.labelled(claim_id):
-                    result = claim.run(seed, get_profile(profile), optimizer=optimizer, **options)
-                data = result.to_dict()
-            if not isinstance(data, dict):
-                raise TypeError(f"ClaimResult.to_dict() returned {type(data).__name__}, not dict")
-            data = {**data, "notes": list(data.get("notes", [])) + _warning_notes(caught)}
-        except Exception as error:
-            data = None
-            problem = f"{claim_id} raised while it ran: {describe_error(error)}"
+    if problem is None and claim is not None:
+        data, problem = _run_claim(claim, adapted, claim_id, seed, profile, optimizer, options)
     wall_seconds = time.perf_counter() - started
     settings = dict(seed=seed, profile=profile, optimizer=optimizer, options=options, command=command, claim=claim, wall_seconds=wall_seconds,
                     workers=workers, scheduler=scheduler)
-    internal_error = None
-    try:
-        built = build_certificate(claim_id, data=data, problem=problem, **settings)
-        sealed = certificate_format.seal(built)
-        certificate_format.validate(sealed)
-    except Exception as error:
-        internal_error = f"internal error: {describe_error(error)}"
-        built = build_certificate(claim_id, data=None, problem=f"its result could not be made into a certificate: {internal_error}", **settings)
-        sealed = certificate_format.seal(built)
-        certificate_format.validate(sealed)
-    return sealed, internal_error
+    return _sealed_certificate(claim_id, data, problem, settings)
 
 
 def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
@@ -434,18 +470,8 @@ def _implementation_failure(claim_id: str, message: str) -> dict:
         "the tolerance at which reference_impl.step accepts a frame: an output beyond it cannot be the next step's input",
     )
     check.add([math.inf], 1.0, extra={"error": message})
-    return to_jsonable({
-        "verdict": "fail",
-        "failures": [f"the implementation misbehaved: {message}"],
-        "symbolic": {"method": "none (the run stopped at the implementation's output)", "status": "not_applicable", "steps": []},
-        "exact": [],
-        "numerical": {"frames": 0, "dtype": "float64", "checks": [check.to_dict()]},
-        "controls": [],
-        "extra": {},
-        "figures": {},
-        "notes": [],
-        "inconclusive": [],
-    })
+    return to_jsonable(_result_without_evidence("none (the run stopped at the implementation's output)", verdict="fail",
+                                                failures=[f"the implementation misbehaved: {message}"], checks=[check.to_dict()]))
 
 
 def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options: dict) -> dict:

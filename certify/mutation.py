@@ -454,7 +454,8 @@ def _percent(score) -> str:
     return "-" if score is None or (isinstance(score, float) and math.isnan(score)) else f"{100 * score:.1f}%"
 
 
-def render_markdown(summary: dict) -> str:
+def _opening_lines(summary: dict) -> list[str]:
+    """The title, the score and the scope of the mutation run."""
     totals = summary["totals"]
     lines = ["# Mutation score of the certifier", ""]
     lines += [
@@ -479,9 +480,13 @@ def render_markdown(summary: dict) -> str:
         + "; module-level constants (mutmut mutates function bodies only)."
         + (" Only lines that the kill suite executes are mutated; the others are listed at the end." if summary["scope"]["only_executed_lines"] else ""),
         "",
-        "## Per module",
-        "",
     ]
+    return lines
+
+
+def _module_lines(summary: dict) -> list[str]:
+    """## Per module: the counts of each mutated module and of all together."""
+    totals = summary["totals"]
     header = ["module", "killed", "survived", "timeout", "suspicious", "other", "total", "score"]
     incomplete = bool(totals.get("not_tested"))
     if incomplete:
@@ -492,19 +497,25 @@ def render_markdown(summary: dict) -> str:
         return cells + [c.get("not_tested", 0)] if incomplete else cells
 
     rows = [row(name, c) for name, c in summary["modules"].items()] + [row("**all**", totals)]
-    lines += _table(header, rows) + [""]
+    return ["## Per module", ""] + _table(header, rows) + [""]
 
+
+def _wall_time_line(timing: dict) -> str:
+    """How many mutants were tested in what wall time, or why there is no timing."""
+    if timing.get("wall_seconds") is None:
+        return "No timing: the report was written from results of an earlier run."
+    per = timing.get("seconds_per_mutant")
+    return (
+        f"{timing.get('mutants_tested', '?')} mutants tested in {timing['wall_seconds']:.0f} s wall with {timing.get('max_children', '?')} "
+        f"parallel children" + (f" ({per:.2f} s per mutant)" if per else "")
+        + ("" if timing.get("fresh", True) else "; results kept from an earlier run were not re-tested") + "."
+    )
+
+
+def _timing_lines(summary: dict) -> list[str]:
+    """## Timing: the run's wall time, the medians per mutant, the kill suite and the per-mutant limit."""
     timing = summary["timing"]
-    lines += ["## Timing", ""]
-    if timing.get("wall_seconds") is not None:
-        per = timing.get("seconds_per_mutant")
-        lines += [
-            f"{timing.get('mutants_tested', '?')} mutants tested in {timing['wall_seconds']:.0f} s wall with {timing.get('max_children', '?')} "
-            f"parallel children" + (f" ({per:.2f} s per mutant)" if per else "")
-            + ("" if timing.get("fresh", True) else "; results kept from an earlier run were not re-tested") + ".",
-        ]
-    else:
-        lines += ["No timing: the report was written from results of an earlier run."]
+    lines = ["## Timing", "", _wall_time_line(timing)]
     medians = [f"{timing[key]:.2f} s per {what} mutant" for key, what in (("median_seconds_killed", "killed"), ("median_seconds_survived", "surviving"))
                if timing.get(key) is not None]
     if medians:
@@ -517,11 +528,15 @@ def render_markdown(summary: dict) -> str:
     settings = summary["settings"]
     if settings:
         lines += ["", f"Per-mutant limit: (estimated time of its tests + {settings.get('timeout_constant')} s) x {settings.get('timeout_multiplier')} wall, twice that in CPU time."]
-    lines += [""]
+    return lines + [""]
 
-    lines += ["## Mutants not killed", ""]
+
+def _survivor_lines(summary: dict) -> list[str]:
+    """## Mutants not killed: the count of each class, then one row per mutant, the gaps first."""
     classes = summary["survivor_classes"]
-    lines += [
+    lines = [
+        "## Mutants not killed",
+        "",
         f"{sum(classes.values())} in all: {classes['equivalent']} equivalent (compute the same thing), {classes['validation']} validation "
         f"(input checks: out of the certificates' scope, covered by tests/test_validation.py), {classes['control']} control (a broken "
         f"variant changed, still broken and detected), {classes['sampler']} sampler (a random input drawn differently, still valid), {classes['gap']} gap (the certificates miss a change in what is computed), "
@@ -537,25 +552,36 @@ def render_markdown(summary: dict) -> str:
              f"{_code(m['old'])} -> {_code(m['new'])}", m["class"], m["reason"]] for m in survivors]
     if rows:
         lines += _table(["file", "function", "#", "status", "diff", "class", "reason"], rows) + [""]
+    return lines
 
+
+def _unexecuted_section(summary: dict) -> list[str]:
+    """## Lines no certificate executes, grouped by file and function; nothing when there are none."""
     unexecuted = {name: entries for name, entries in summary["unexecuted_lines"].items() if entries}
-    if unexecuted:
-        count = sum(len(entries) for entries in unexecuted.values())
-        lines += [
-            "## Lines no certificate executes",
-            "",
-            f"{count} statements inside functions of the mutated files never run in the kill suite: no mutant was made there, since "
-            "no certificate could see one. Most are the raise branches of input checks; the others are paths that no certificate "
-            "takes (an option or a helper the claims never use), which a certificate would have to exercise before a change there could count.",
-            "",
-        ]
-        for name, entries in unexecuted.items():
-            by_function: dict[str, list[dict]] = {}
-            for entry in entries:
-                by_function.setdefault(entry["function"], []).append(entry)
-            for function, items in by_function.items():
-                lines.append(f"- `{name}` {function}: " + "; ".join(f"L{item['line']} {_code(item['text'][:80])}" for item in items))
-        lines += [""]
+    if not unexecuted:
+        return []
+    count = sum(len(entries) for entries in unexecuted.values())
+    lines = [
+        "## Lines no certificate executes",
+        "",
+        f"{count} statements inside functions of the mutated files never run in the kill suite: no mutant was made there, since "
+        "no certificate could see one. Most are the raise branches of input checks; the others are paths that no certificate "
+        "takes (an option or a helper the claims never use), which a certificate would have to exercise before a change there could count.",
+        "",
+    ]
+    for name, entries in unexecuted.items():
+        by_function: dict[str, list[dict]] = {}
+        for entry in entries:
+            by_function.setdefault(entry["function"], []).append(entry)
+        for function, items in by_function.items():
+            lines.append(f"- `{name}` {function}: " + "; ".join(f"L{item['line']} {_code(item['text'][:80])}" for item in items))
+    return lines + [""]
+
+
+def render_markdown(summary: dict) -> str:
+    """The text of MUTATION.md from the summary of `summarize`."""
+    lines = (_opening_lines(summary) + _module_lines(summary) + _timing_lines(summary)
+             + _survivor_lines(summary) + _unexecuted_section(summary))
     return "\n".join(lines).rstrip() + "\n"
 
 

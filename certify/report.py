@@ -325,15 +325,15 @@ def _median_ratio_cell(check: dict) -> str:
     return f"{text} {LOOSE_MARK}" if _is_loose(check) else text
 
 
-def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> list[str]:
-    lines: list[str] = []
+def _opening_lines(certificate: dict) -> list[str]:
+    """The claim's heading, verdict line, statement and its failures / inconclusive reasons."""
     provenance = certificate["provenance"]
-    numerical = certificate["numerical"]
-    lines += [f"## {certificate['id']}: {certificate['title']}", ""]
+    run = certificate_format.run_record(certificate)
+    lines = [f"## {certificate['id']}: {certificate['title']}", ""]
     lines += [
         f"**Verdict: {certificate['verdict']}** · digest `{certificate['digest']['value'][:16]}` · "
-        f"reproduce: `{provenance['reproduce']}` · {certificate_format.run_record(certificate)['wall_seconds']:.2f} s, "
-        f"{format_number(certificate_format.run_record(certificate).get('frames_per_second'))} frames/s",
+        f"reproduce: `{provenance['reproduce']}` · {run['wall_seconds']:.2f} s, "
+        f"{format_number(run.get('frames_per_second'))} frames/s",
         "",
     ]
     if certificate["statement"]["text"]:
@@ -342,66 +342,103 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
     for heading, items in (("Failures", certificate["failures"]), ("Inconclusive", certificate["inconclusive"])):
         if items:
             lines += [f"**{heading}:**", ""] + [f"- {item}" for item in items] + [""]
+    return lines
 
-    symbolic = certificate["symbolic"]
-    lines += [f"### Symbolic derivation ({symbolic.get('status')}; {symbolic.get('method')})", ""]
+
+def _symbolic_lines(symbolic: dict) -> list[str]:
+    """### Symbolic derivation: one numbered item per step, with its LaTeX."""
+    lines = [f"### Symbolic derivation ({symbolic.get('status')}; {symbolic.get('method')})", ""]
     for number, step in enumerate(symbolic.get("steps", []), start=1):
         mark = "reduces to the identity" if step.get("reduced") else "DID NOT REDUCE"
         lines += [f"{number}. {step.get('description', '')} ({mark})", ""]
         lines += _latex_block(step.get("latex", ""))
     if not symbolic.get("steps"):
         lines += ["No symbolic steps.", ""]
+    return lines
 
-    if certificate["exact"]:
-        lines += ["### Exact checks", ""]
-        lines += _table(["check", "description", "samples", "passed"], [[e.get("name"), e.get("description", ""), format_number(e.get("samples")), format_number(bool(e.get("passed")))] for e in certificate["exact"]])
-        lines += [""]
 
-    lines += [f"### Numerical checks ({format_number(numerical['frames'])} frames, {numerical['dtype']}, seed {numerical['seed']}, profile {numerical['profile']})", ""]
-    if numerical["checks"]:
-        rows = [
-            [
-                check.get("name"),
-                format_number(check.get("samples")),
-                format_number(check["residual"].get("max")),
-                format_number(check["residual"].get("median")),
-                format_number(check["bound"].get("max")),
-                _median_ratio_cell(check),
-                format_number((check.get("ratio") or {}).get("p01")),
-                format_number(check.get("max_ratio")),
-                format_number(bool(check.get("passed"))),
-            ]
-            for check in numerical["checks"]
-        ]
-        lines += _table(["check", "samples", "max residual", "median residual", "bound (max)", "median residual/bound", "p01 residual/bound", "worst residual/bound", "passed"], rows)
-        lines += [""]
-        if any(_is_loose(check) for check in numerical["checks"]):
-            lines += [f"{LOOSE_MARK} median residual/bound below {TIGHTNESS_THRESHOLD:g}: the bound is over three decades above the typical residual (its tightness note, or the audit in the notes, says so).", ""]
-        for check in numerical["checks"]:
-            tightness = f" Tightness: {check['tightness_note']}" if check.get("tightness_note") else ""
-            lines += [f"- **{check.get('name')}**: {check.get('description', '').rstrip('.')}; bound: {check.get('bound_derivation', '')}{tightness}"]
-        lines += [""]
-        worst = numerical.get("worst_case")
-        if worst:
-            where = ", ".join(f"{key} {json.dumps(worst[key])}" for key in ("shape", "key", "index_in_draw") if worst.get(key) is not None)
-            lines += [f"Worst case: check `{worst['check']}`, residual/bound {format_number(worst.get('ratio'))}" + (f" ({where})" if where else "") + f"; reproduce with `{worst['reproduce']}`.", ""]
-    else:
-        lines += ["No numerical checks.", ""]
+def _exact_lines(exact: list[dict]) -> list[str]:
+    """### Exact checks as a table; nothing when the claim has none."""
+    if not exact:
+        return []
+    rows = [[e.get("name"), e.get("description", ""), format_number(e.get("samples")), format_number(bool(e.get("passed")))] for e in exact]
+    return ["### Exact checks", ""] + _table(["check", "description", "samples", "passed"], rows) + [""]
 
-    lines += ["### Controls", ""]
-    if certificate["controls"]:
-        rows = [
-            [c.get("name"), c.get("description", ""), c.get("check"), format_number(c.get("residual")), format_number(c.get("bound")), format_number(c.get("margin")), format_number(bool(c.get("detected")))]
-            for c in certificate["controls"]
-        ]
-        lines += _table(["control", "description", "caught by", "residual", "bound", "margin", "detected"], rows)
-        lines += [""]
-    else:
-        lines += ["No controls were run.", ""]
 
-    if certificate["notes"]:
-        lines += ["### Notes", ""] + [f"- {note}" for note in certificate["notes"]] + [""]
+def _check_row(check: dict) -> list:
+    """One row of the numerical table: the check's residuals, bound and ratios."""
+    return [
+        check.get("name"),
+        format_number(check.get("samples")),
+        format_number(check["residual"].get("max")),
+        format_number(check["residual"].get("median")),
+        format_number(check["bound"].get("max")),
+        _median_ratio_cell(check),
+        format_number((check.get("ratio") or {}).get("p01")),
+        format_number(check.get("max_ratio")),
+        format_number(bool(check.get("passed"))),
+    ]
 
+
+def _check_description(check: dict) -> str:
+    """One bullet: what the check measures, where its bound comes from, how tight it is."""
+    tightness = f" Tightness: {check['tightness_note']}" if check.get("tightness_note") else ""
+    return f"- **{check.get('name')}**: {check.get('description', '').rstrip('.')}; bound: {check.get('bound_derivation', '')}{tightness}"
+
+
+def _worst_case_lines(worst: dict | None) -> list[str]:
+    """Where the largest residual/bound was drawn and how to reproduce it; nothing without one."""
+    if not worst:
+        return []
+    where = ", ".join(f"{key} {json.dumps(worst[key])}" for key in ("shape", "key", "index_in_draw") if worst.get(key) is not None)
+    return [f"Worst case: check `{worst['check']}`, residual/bound {format_number(worst.get('ratio'))}" + (f" ({where})" if where else "") + f"; reproduce with `{worst['reproduce']}`.", ""]
+
+
+def _numerical_lines(numerical: dict) -> list[str]:
+    """### Numerical checks: the table, the loose-bound note, one bullet per check and the worst case."""
+    lines = [f"### Numerical checks ({format_number(numerical['frames'])} frames, {numerical['dtype']}, seed {numerical['seed']}, profile {numerical['profile']})", ""]
+    checks = numerical["checks"]
+    if not checks:
+        return lines + ["No numerical checks.", ""]
+    lines += _table(["check", "samples", "max residual", "median residual", "bound (max)", "median residual/bound", "p01 residual/bound", "worst residual/bound", "passed"],
+                    [_check_row(check) for check in checks])
+    lines += [""]
+    if any(_is_loose(check) for check in checks):
+        lines += [f"{LOOSE_MARK} median residual/bound below {TIGHTNESS_THRESHOLD:g}: the bound is over three decades above the typical residual (its tightness note, or the audit in the notes, says so).", ""]
+    lines += [_check_description(check) for check in checks] + [""]
+    return lines + _worst_case_lines(numerical.get("worst_case"))
+
+
+def _control_lines(controls: list[dict]) -> list[str]:
+    """### Controls: one row per broken variant and whether a check caught it."""
+    if not controls:
+        return ["### Controls", "", "No controls were run.", ""]
+    rows = [
+        [c.get("name"), c.get("description", ""), c.get("check"), format_number(c.get("residual")), format_number(c.get("bound")), format_number(c.get("margin")), format_number(bool(c.get("detected")))]
+        for c in controls
+    ]
+    return ["### Controls", ""] + _table(["control", "description", "caught by", "residual", "bound", "margin", "detected"], rows) + [""]
+
+
+def _notes_lines(notes: list[str]) -> list[str]:
+    if not notes:
+        return []
+    return ["### Notes", ""] + [f"- {note}" for note in notes] + [""]
+
+
+def _figure_data_lines(claim_id: str, name: str, entry) -> list[str]:
+    """A figure that is not drawn, as (a preview of) its JSON."""
+    columns = {key: value for key, value in entry.items() if key != "kind"} if isinstance(entry, dict) else entry
+    text = json.dumps(columns, sort_keys=True)
+    if len(text) > _DATA_PREVIEW_CHARS:
+        text = text[:_DATA_PREVIEW_CHARS] + f" ... ({len(text)} characters in all; the full data is in {claim_id}.json)"
+    typed = isinstance(entry, dict) and entry.get("kind") == "data"
+    return [f"Figure data `{name}`" + ("" if typed else " (not a recognised plot)") + ":", "", "```json", text, "```", ""]
+
+
+def _figure_lines(claim_id: str, drawn, as_data, plots_available: bool) -> list[str]:
+    """### Figures: the drawn ones as images, the others as data."""
+    lines: list[str] = []
     if drawn or as_data or not plots_available:
         lines += ["### Figures", ""]
     if not plots_available:
@@ -409,13 +446,21 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
     for caption, file_name in drawn:
         lines += [f"![{_cell(caption)}]({FIGURES_DIR}/{file_name})", "", f"*{caption}*", ""]
     for name, entry in as_data:
-        columns = {key: value for key, value in entry.items() if key != "kind"} if isinstance(entry, dict) else entry
-        text = json.dumps(columns, sort_keys=True)
-        if len(text) > _DATA_PREVIEW_CHARS:
-            text = text[:_DATA_PREVIEW_CHARS] + f" ... ({len(text)} characters in all; the full data is in {certificate['id']}.json)"
-        typed = isinstance(entry, dict) and entry.get("kind") == "data"
-        lines += [f"Figure data `{name}`" + ("" if typed else " (not a recognised plot)") + ":", "", "```json", text, "```", ""]
+        lines += _figure_data_lines(claim_id, name, entry)
     return lines
+
+
+def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> list[str]:
+    """The claim's part of REPORT.md: its opening, then one subsection per tier, the notes and the figures."""
+    return (
+        _opening_lines(certificate)
+        + _symbolic_lines(certificate["symbolic"])
+        + _exact_lines(certificate["exact"])
+        + _numerical_lines(certificate["numerical"])
+        + _control_lines(certificate["controls"])
+        + _notes_lines(certificate["notes"])
+        + _figure_lines(certificate["id"], drawn, as_data, plots_available)
+    )
 
 
 def render_markdown(certificates: list[dict], sections: dict, *, plots_available: bool, notes: list[str] = (), total_wall_seconds: float | None = None) -> str:
