@@ -81,35 +81,24 @@ def recorder(W, G, state, config):
     return ri.step(W, G, state, config)
 
 
-def break_p1(W, G, state, config):
-    if REGIMES["P1"](W, G, state, config):
-        return _step(W, G, state, config, gradient="canonical")
-    return ri.step(W, G, state, config)
+def _broken_in(claim: str, **change):
+    """reference_impl.step, but _step(..., **change) inside `claim`'s regime (REGIMES) only."""
+
+    def step(W, G, state, config):
+        if REGIMES[claim](W, G, state, config):
+            return _step(W, G, state, config, **change)
+        return ri.step(W, G, state, config)
+
+    step.__name__ = f"break_{claim.lower()}"
+    return step
 
 
-def break_p2(W, G, state, config):
-    # inside the regime ||g||^2 <= ||G||^2 < 1e-200, so a floor of 1e-210 moves v by >= 1e-7 relative
-    if REGIMES["P2"](W, G, state, config):
-        return _step(W, G, state, config, v_floor=1e-210)
-    return ri.step(W, G, state, config)
-
-
-def break_p3(W, G, state, config):
-    if REGIMES["P3"](W, G, state, config):
-        return _step(W, G, state, config, retraction="newton_schulz")
-    return ri.step(W, G, state, config)
-
-
-def break_p4(W, G, state, config):
-    if REGIMES["P4"](W, G, state, config):
-        return _step(W, G, state, config, per_column=True)
-    return ri.step(W, G, state, config)
-
-
-def break_p5(W, G, state, config):
-    if REGIMES["P5"](W, G, state, config):
-        return _step(W, G, state, config, unprojected=True)
-    return ri.step(W, G, state, config)
+break_p1 = _broken_in("P1", gradient="canonical")
+# inside the regime ||g||^2 <= ||G||^2 < 1e-200, so a floor of 1e-210 moves v by >= 1e-7 relative
+break_p2 = _broken_in("P2", v_floor=1e-210)
+break_p3 = _broken_in("P3", retraction="newton_schulz")
+break_p4 = _broken_in("P4", per_column=True)
+break_p5 = _broken_in("P5", unprojected=True)
 
 
 def wrong_signature(W, G):
