@@ -131,7 +131,10 @@ def test_polar_perturbation_bound_is_the_lipschitz_constant_and_is_attained():
         ratio = moved / bounds.polar_perturbation_bound(distance, 1.0 - ri.manifold_tolerance(d, r))
         assert np.all(ratio <= 1.0)
         worst = max(worst, float(ratio.max()))
-    assert worst > 0.1  # not vacuous on random segments
+    # not vacuous: on St(2, 1), the circle, short segments of w + tangent move the polar factor by
+    # nearly their length (sigma_min = 1 at the frame), so some draw comes within the factor 2 that
+    # the attainment test below also allows
+    assert worst > 0.5
     Q = ri.random_point(4, 4, rng)
     X = rng.standard_normal((4, 4))
     dA = Q @ (X - X.T)
