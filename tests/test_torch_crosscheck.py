@@ -125,7 +125,7 @@ def test_unguarded_gram_identity_for_the_gradient_norm_fails_the_crosscheck(monk
     leaves its bound."""
     from torch_impl import functional
 
-    def unguarded(W, G_decayed, WtG, drift):
+    def unguarded(W, G_decayed, WtG, drift, sync_free=False):
         sigma = 0.5 * (WtG + WtG.mT)
         return torch.linalg.vector_norm(G_decayed, dim=(-2, -1)).square() - torch.linalg.vector_norm(sigma, dim=(-2, -1)).square()
 

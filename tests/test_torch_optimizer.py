@@ -122,11 +122,33 @@ def test_optimizer_step_is_the_functional_step():
         G = torch.from_numpy(rng.standard_normal(W.shape))
         parameter.grad = G.clone()
         optimizer.step()
-        W_f, m_f, v_f = _step(W_f, G, m_f, v_f, t, config)
+        counts = torch.full((2,), float(t), dtype=torch.float64)  # the optimizer's per-frame counts
+        W_f, m_f, v_f = _step(W_f, G, m_f, v_f, counts, config)
         assert torch.equal(parameter.data, W_f)
         assert torch.equal(optimizer.state[parameter]["exp_avg"], m_f)
         assert torch.equal(optimizer.state[parameter]["exp_avg_sq"], v_f)
-        assert optimizer.state[parameter]["step"] == t + 1
+        assert torch.equal(optimizer.state[parameter]["step"], counts + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_per_frame_counts_and_one_count_give_the_same_step_where_pow_is_correctly_rounded(dtype):
+    """The tensor form of t (one count per frame, bias corrections by torch.pow) against the int
+    form (Python floats): the same operations, so equal bit for bit at every t where torch.pow
+    returns Python's beta^t for both betas; elsewhere they may differ in the last bit of beta^t."""
+    W, rng = _frames((3,), 7, 3, "counts", str(dtype), dtype=dtype)
+    m = torch.zeros(W.shape, dtype=functional.compute_dtype(dtype))
+    v = torch.zeros(3, dtype=functional.compute_dtype(dtype))
+    betas, compared = (0.9, 0.999), 0
+    for t in range(40):
+        G = torch.from_numpy(rng.standard_normal(W.shape)).to(dtype)
+        one = functional.stiefel_adam_step(W, G, m, v, t, 0.05, *betas, 1e-8, 0.5, 0.1)
+        counts = torch.full((3,), float(t), dtype=torch.float64)
+        per_frame = functional.stiefel_adam_step(W, G, m, v, counts, 0.05, *betas, 1e-8, 0.5, 0.1, sync_free=True)
+        if all(float(torch.pow(torch.tensor(b, dtype=torch.float64), float(t + 1))) == b ** (t + 1) for b in betas):
+            compared += 1
+            assert all(torch.equal(x, y) for x, y in zip(one, per_frame))
+        W, m, v = one
+    assert compared >= 20
 
 
 def test_trust_radius_inf_uses_eigh_and_stays_on_manifold():
@@ -166,7 +188,7 @@ def test_state_dict_round_trip_resumes_bit_for_bit(dtype):
     assert torch.equal(resumed.data, parameter.data)
     for key in ("exp_avg", "exp_avg_sq"):
         assert torch.equal(resumed_optimizer.state[resumed][key], optimizer.state[parameter][key])
-    assert resumed_optimizer.state[resumed]["step"] == 6
+    assert torch.equal(resumed_optimizer.state[resumed]["step"], torch.full((3,), 6.0, dtype=torch.float64))
 
 
 def test_param_groups_have_their_own_settings():
@@ -243,30 +265,49 @@ def test_float32_frame_passes_the_storage_dtype_tolerance():
 
 
 @pytest.mark.parametrize("skip", [False, True])
-def test_nonfinite_gradient_leaves_parameter_and_state_untouched(skip):
+def test_nonfinite_gradient_in_one_frame(skip):
+    """A NaN in frame 1 of p_bad: with skip_nonfinite that frame keeps its frame, moments and
+    count while frame 0 of the same tensor and the other parameter step; without it, ValueError
+    and nothing at all is written (not even the parameters before it)."""
     W, rng = _frames((2,), 6, 2, "nonfinite")
-    p_bad, p_good = torch.nn.Parameter(W.clone()), torch.nn.Parameter(W.clone())
-    optimizer = StiefelAdam([p_bad, p_good], lr=0.05, skip_nonfinite=skip)
+    p_good, p_bad = torch.nn.Parameter(W.clone()), torch.nn.Parameter(W.clone())
+    # two groups with different lr, so that the two parameters are stepped in two batched calls
+    optimizer = StiefelAdam([{"params": [p_good], "lr": 0.04}, {"params": [p_bad]}], lr=0.05, skip_nonfinite=skip)
     p_bad.grad = torch.from_numpy(rng.standard_normal(W.shape))
     p_good.grad = p_bad.grad.clone()
     optimizer.step()
-    before = p_bad.detach().clone()
-    state_before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in optimizer.state[p_bad].items()}
-    good_before = p_good.detach().clone()
+    before = {p: (p.detach().clone(), copy.deepcopy(optimizer.state[p])) for p in (p_good, p_bad)}
     p_bad.grad = p_bad.grad.clone()
     p_bad.grad[1, 3, 0] = math.nan
     p_good.grad = torch.from_numpy(rng.standard_normal(W.shape))
-    if skip:
-        optimizer.step()
-        assert optimizer.skipped_steps == 1
-        assert not torch.equal(p_good.data, good_before)  # the finite parameter still steps
-    else:
-        with pytest.raises(ValueError, match="finite"):
+    expected = {p: functional.stiefel_adam_step(
+        before[p][0], p.grad, before[p][1]["exp_avg"], before[p][1]["exp_avg_sq"], before[p][1]["step"],
+        lr, 0.9, 0.999, 1e-8, 0.5, 0.0) for p, lr in ((p_good, 0.04), (p_bad, 0.05))}
+    if not skip:
+        with pytest.raises(ValueError, match=r"params\[0\] of param group 1: gradient must be finite"):
             optimizer.step()
-    assert torch.equal(p_bad.data, before)
-    for key, value in state_before.items():
-        after = optimizer.state[p_bad][key]
-        assert torch.equal(after, value) if torch.is_tensor(value) else after == value
+        for p in (p_good, p_bad):
+            assert torch.equal(p.data, before[p][0])
+            for key, value in before[p][1].items():
+                assert torch.equal(optimizer.state[p][key], value)
+        return
+    optimizer.step()
+    assert optimizer.skipped_steps == 1  # one frame
+    W_new, m_new, v_new = expected[p_good]
+    assert torch.equal(p_good.data, W_new) and torch.equal(optimizer.state[p_good]["exp_avg"], m_new)
+    W_new, m_new, v_new = expected[p_bad]
+    state, (W_before, state_before) = optimizer.state[p_bad], before[p_bad]
+    assert torch.equal(p_bad.data[0], W_new[0]) and torch.equal(p_bad.data[1], W_before[1])
+    assert torch.equal(state["exp_avg"][0], m_new[0]) and torch.equal(state["exp_avg"][1], state_before["exp_avg"][1])
+    assert torch.equal(state["exp_avg_sq"], torch.stack([v_new[0], state_before["exp_avg_sq"][1]]))
+    assert torch.equal(state["step"], torch.tensor([2.0, 1.0], dtype=torch.float64))
+    # the skipped frame goes on from its own count: the next finite step is its second
+    p_bad.grad = torch.from_numpy(rng.standard_normal(W.shape))
+    W_expected = functional.stiefel_adam_step(p_bad.detach().clone(), p_bad.grad, state["exp_avg"].clone(),
+                                              state["exp_avg_sq"].clone(), state["step"].clone(), 0.05)[0]
+    optimizer.step()
+    assert torch.equal(p_bad.data, W_expected)
+    assert torch.equal(optimizer.state[p_bad]["step"], torch.tensor([3.0, 2.0], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -309,12 +350,15 @@ def test_a_finite_gradient_that_overflows_the_second_moment_is_refused_not_froze
     p.grad = torch.full_like(p, 1e37)
     if skip:
         optimizer.step()
-        assert optimizer.skipped_steps == 1
+        assert optimizer.skipped_steps == 2  # both frames
+        # the state is stored (deciding otherwise would wait for the device), and is the fresh one
+        state = optimizer.state[p]
+        assert not state["step"].any() and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
     else:
         with pytest.raises(ValueError, match="the step overflowed in torch.float32"):
             optimizer.step()
+        assert len(optimizer.state[p]) == 0  # nothing written, not even a fresh state
     assert torch.equal(p.detach(), before)
-    assert len(optimizer.state[p]) == 0  # a fresh state is stored only with a written step
     if not skip:
         p.grad = p.grad.clone()
         p.grad[0, 0, 0] = float("nan")
@@ -333,7 +377,7 @@ def test_step_that_overflows_in_float32_leaves_parameter_and_state_untouched(ski
     p.grad = torch.full_like(p, 3e38)  # finite, but W^T G overflows float32
     if skip:
         optimizer.step()
-        assert optimizer.skipped_steps == 1
+        assert optimizer.skipped_steps == 2
     else:
         with pytest.raises(ValueError, match="the step overflowed in torch.float32"):
             optimizer.step()
@@ -341,7 +385,7 @@ def test_step_that_overflows_in_float32_leaves_parameter_and_state_untouched(ski
     after_state = optimizer.state_dict()["state"]
     for key in ("exp_avg", "exp_avg_sq"):
         assert torch.equal(after_state[0][key], before_state[0][key])
-    assert after_state[0]["step"] == before_state[0]["step"]
+    assert torch.equal(after_state[0]["step"], before_state[0]["step"])
 
 
 def test_public_polar_retract_refuses_steps_outside_the_newton_schulz_basin():

@@ -54,7 +54,6 @@ S^(-1/2) is evaluated by one of two methods (``retraction_method``):
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -85,7 +84,6 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2.0
 
 
-@functools.lru_cache(maxsize=None)
 def newton_schulz_iterations(trust_radius: float, dtype: torch.dtype) -> int:
     """Quintic iterations that bring every eigenvalue of X^T X to 1 within unit_roundoff(dtype).
 
@@ -229,7 +227,6 @@ def project_moment(W: torch.Tensor, G_decayed: torch.Tensor, m: torch.Tensor, be
     return m_new.baddbmm_(W, combined, alpha=-1.0), WtG
 
 
-@functools.lru_cache(maxsize=None)
 def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, method: str = "auto") -> float:
     """Bound on ||W^T W - I||_F for a frame that this kernel returned (the precondition under
     which `gradient_norm_squared` may use its r x r identity); inf for the eigh retraction.
@@ -251,7 +248,9 @@ def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, m
     return (d * (r + trust_radius**2) + (2 * kappa + 4 * k + 3) * r**1.5 + math.sqrt(r)) * u_c + 2 * math.sqrt(r) * u_s
 
 
-def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.Tensor, drift: float) -> torch.Tensor:
+def gradient_norm_squared(
+    W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.Tensor, drift: float, sync_free: bool = False
+) -> torch.Tensor:
     """||P_W(G~)||^2 per frame, from r x r quantities where that is as accurate as forming P_W(G~).
 
     With Sigma = sym(W^T G~) and D = W^T W - I, ||G~ - W Sigma||^2 = ||G~||^2 - ||Sigma||^2 +
@@ -269,6 +268,11 @@ def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.T
     ||Sigma^2||_F (one r x r product, r / d of a d x r^2 one) is tried; otherwise g = G~ - W Sigma is formed
     (one more d x r^2 product, for the batch when any frame needs it) and used for those frames. Shapes: W, G~ (B, d, r),
     WtG (B, r, r); returns (B,).
+
+    sync_free=True makes the same per-frame choice without asking the host whether any frame needs
+    the sharper test or the explicit g (each `bool(...)` below waits for the device): both are
+    always evaluated and `torch.where` picks, so the values are bit for bit those of the default
+    route, at the price of the sixth product on every call.
     """
     d, r = W.shape[-2], W.shape[-1]
     u = unit_roundoff(W.dtype)
@@ -286,6 +290,12 @@ def gradient_norm_squared(W: torch.Tensor, G_decayed: torch.Tensor, WtG: torch.T
     # depend on the other frames of its batch (a shared decision made a frame at scale 2^-120
     # round differently when another frame of the batch had scale 2^-300)
     identity_ok = rounding + drift * sigma_sq <= explicit_error
+    if sync_free:
+        sharper = ~identity_ok & (rounding < explicit_error)
+        sigma_squared_sq = torch.linalg.vector_norm(torch.bmm(sigma, sigma), dim=(-2, -1))
+        identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
+        g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
+        return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
     if bool(identity_ok.all()):
         return identity
     sharper = ~identity_ok & (rounding < explicit_error)
@@ -308,11 +318,28 @@ def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> t
 
     c = -lr / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps), capped so that ||c m||_F <= Delta;
     v^ = 0 means g = 0 since the start (so m = 0) and gives c = 0, never 0/0 (docs/algorithm.md#pitfalls).
+
+    step_count is t, either one int for every frame (the bias corrections are then Python floats,
+    correctly rounded) or a float64 tensor of shape m.shape[:-2], one count per frame (what the
+    optimizer keeps, so that a skipped frame keeps its own count without a host sync); the
+    corrections are then `torch.pow` on the device, which is accurate to about one ulp of
+    beta^t but not always correctly rounded, so the two forms can differ in the last bit of
+    beta^t. Otherwise the two forms evaluate the same operations in the same order.
     """
-    bias_correction1 = 1 - beta1**step_count
-    bias_correction2 = 1 - beta2**step_count
-    root_v_hat = torch.sqrt(v / bias_correction2)
-    coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
+    if torch.is_tensor(step_count):
+        work = v.dtype
+        count = step_count.to(device=v.device, dtype=torch.float64)
+        # the operations of the int form, elementwise: `scalar / tensor` is torch's
+        # reciprocal(tensor) * scalar, `tensor / scalar` a division in the compute dtype
+        bias_correction2 = (1 - torch.pow(beta2, count)).to(work)
+        numerator = (torch.full_like(count, -lr) / (1 - torch.pow(beta1, count))).to(work)  # as Python's -lr / bc1
+        root_v_hat = torch.sqrt(v / bias_correction2)
+        coefficient = torch.where(root_v_hat > 0, torch.reciprocal(root_v_hat + eps) * numerator, 0.0)
+    else:
+        bias_correction1 = 1 - beta1**step_count
+        bias_correction2 = 1 - beta2**step_count
+        root_v_hat = torch.sqrt(v / bias_correction2)
+        coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
     if not math.isinf(trust_radius):
         # Frobenius norm, a rotation-invariant cap: keeps the step O(d) x O(r) equivariant
         norm = torch.linalg.vector_norm(m, dim=(-2, -1)) * coefficient.abs()
@@ -341,6 +368,7 @@ def stiefel_adam_step(
     weight_decay: float = 0.0,
     *,
     retraction_method: str = "auto",
+    sync_free: bool = False,
 ):
     """One StiefelAdam step (docs/algorithm.md) for frames W (..., d, r). Pure: inputs unchanged.
 
@@ -348,13 +376,17 @@ def stiefel_adam_step(
     `frame_drift_bound` (as stiefel_init_ and this function leave them); G: Euclidean gradient,
     same shape (any floating dtype, cast to the compute dtype); m: first moment (..., d, r) as the
     previous call returned it (or 0), v: second moment (...) (one scalar per frame), both in the
-    state dtype (float64 for float64 W, float32 otherwise); t: steps taken so far.
+    state dtype (float64 for float64 W, float32 otherwise); t: steps taken so far, one int for
+    every frame or a tensor of shape (...), one count per frame (`step_coefficient`).
     Returns (W_new in W's dtype, m_new, v_new in the state dtype).
 
     m_new is stage 3's moment, tangent at W, not yet transported to W_new: the transport
     P_{W_new}(m_new) is done by the next call, inside its own projection (one projection of
     beta1 m + (1 - beta1) G~ instead of two), and `transported_moment(W_new, m_new)` gives
     docs/algorithm.md's m+. retraction_method: "auto", "newton_schulz" or "eigh" (module docstring).
+    sync_free=True: nothing in the call waits for the device (no `bool(tensor)`), so that it can be
+    captured by torch.compile or a CUDA graph; the values are the same bit for bit
+    (`gradient_norm_squared`).
     """
     work = compute_dtype(W.dtype)
     batch_shape = W.shape[:-2]
@@ -362,8 +394,10 @@ def stiefel_adam_step(
     W_c = _as_batch3(W.to(work))
     G_c = decayed_gradient(W_c, _as_batch3(G.to(work)), weight_decay)
     m_c, WtG = project_moment(W_c, G_c, _as_batch3(m.to(work)), beta1)
-    g_squared = gradient_norm_squared(W_c, G_c, WtG, frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method))
+    drift = frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method)
+    g_squared = gradient_norm_squared(W_c, G_c, WtG, drift, sync_free)
     v_c = second_moment(v.to(work).reshape(-1), g_squared, beta2, d * r)
-    coefficient = step_coefficient(m_c, v_c, t + 1, lr, beta1, beta2, eps, trust_radius)
+    step_count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
+    coefficient = step_coefficient(m_c, v_c, step_count, lr, beta1, beta2, eps, trust_radius)
     W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
     return W_new.reshape(W.shape).to(W.dtype), m_c.reshape(W.shape), v_c.reshape(batch_shape)
