@@ -2,7 +2,8 @@
 
 The query and key projections of every head, W_Q, W_K of shape (heads, d_model, d_head), are
 frames trained by torch_impl.StiefelAdam; everything else (embeddings, W_V, W_O, the MLP, the
-unembedding) by torch.optim.AdamW. Both get the same weight decay. The run shows:
+unembedding) by the same optimizer's manifold="euclidean" group, which is torch.optim's AdamW.
+Both groups get the same weight decay. The run shows:
 
 * the frames stay on the manifold: max ||W^T W - I||_F over heads stays at rounding level;
 * decay leaves them untouched: ||W_Q||_F^2 = d_head per head throughout (its Riemannian gradient is
@@ -86,8 +87,12 @@ def main(argv=None) -> int:
     model = OneLayerAttention(p, d_model=64, heads=4, d_head=16, generator=generator)
     frames = [model.W_Q, model.W_K]
     euclidean = {name: param for name, param in model.named_parameters() if name not in ("W_Q", "W_K")}
-    stiefel_optimizer = StiefelAdam(frames, lr=3e-3, weight_decay=args.weight_decay)
-    adamw = torch.optim.AdamW(euclidean.values(), lr=3e-3, weight_decay=args.weight_decay)
+    # one optimizer: the frames, and the ordinary weights in a group stepped by torch.optim's AdamW
+    optimizer = StiefelAdam(
+        [{"params": frames}, {"params": list(euclidean.values()), "manifold": "euclidean"}],
+        lr=3e-3,
+        weight_decay=args.weight_decay,
+    )
 
     history = {"step": [], "feasibility": [], "W_Q_norm2": [], **{name: [] for name in euclidean}}
     print(f"modular addition mod {p}: {len(train)} training pairs, StiefelAdam on W_Q, W_K "
@@ -115,11 +120,9 @@ def main(argv=None) -> int:
                   + " ".join(f"{history[name][-1]:9.3f}" for name in euclidean))
         if step == args.steps:
             break
-        stiefel_optimizer.zero_grad()
-        adamw.zero_grad()
+        optimizer.zero_grad()
         loss.backward()
-        stiefel_optimizer.step()
-        adamw.step()
+        optimizer.step()
     seconds = time.perf_counter() - start
     shrink = {name: history[name][-1] / history[name][0] for name in euclidean}
     print(f"\n{args.steps} steps in {seconds:.1f} s")
