@@ -1,0 +1,621 @@
+"""The optimizer class: `torch_impl.StiefelAdam` as people train with it computes the certified step.
+
+Claim. One `StiefelAdam` instance, driven for several steps over parameters of different shapes in
+param groups with different lr, betas, eps, weight_decay and trust_radius (one group added with
+`add_param_group` mid-run, one of ordinary tensors with manifold="euclidean"), gives every frame
+the step of `reference_impl.step` with its own group's hyper-parameters and its own step count, to
+within the derived rounding bound of the precision it stores and computes in (float64, float32,
+bfloat16); a parameter without a gradient is not stepped and its state does not advance; a frame
+whose gradient is not finite keeps its frame, moments and count under skip_nonfinite while the
+other frames of its tensor step; a state_dict saved mid-run and loaded into a fresh instance
+continues bit for bit; the closure's loss is returned; and the ordinary tensors get exactly
+torch.optim.AdamW's step.
+
+Why it should hold. The class only does bookkeeping around the kernel that the cross-check holds
+to the reference: which hyper-parameters and which state a frame is stepped with, which count, and
+what is written back. Each of those is an exact statement, and the arithmetic is the kernel's.
+
+How it is checked. A scripted run (below, `SCENARIO`) in each dtype, lock-step against a reference
+model kept per frame in float64: before every step each frame and its state are set to the
+reference's values rounded to the optimizer's dtypes (so each step is compared from the same
+inputs and the bound is one step's, not a trajectory's), then `optimizer.step(closure)` runs and
+every stepped frame's W+, transported m+ and v+ are compared with `reference_impl.step` from the
+same inputs against `step_error_bound` of the cross-check's error analysis at that dtype's unit
+roundoffs, plus the bias-correction term `bias_correction_rho` (the class keeps one count per
+frame as a tensor and evaluates beta^t with torch.pow, the reference with Python's correctly
+rounded pow). Counts, untouched parameters, the skipped frame, the resumed run, the closure's
+loss and the AdamW twin are exact equalities (0.5 ulp).
+
+What would make it fail. Any bookkeeping change: the controls are subclasses of StiefelAdam that
+each break one piece (the first group's settings for every group, a count that advances for a
+skipped frame, skipping the whole tensor, stepping a parameter without a gradient, a
+load_state_dict that drops the counts, an added group that takes the defaults, a dropped closure
+loss, coupled decay for ordinary tensors); each must fail a check with a margin of at least
+DETECTION_FACTOR.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+
+import reference_impl as ref
+from propositions._common import NumericalCheck, rng_for, ulps_apart
+from propositions.crosscheck import (
+    _iterations,
+    _reference_moment,
+    _transport_roundoff,
+    _unit_roundoffs,
+    reference_quantities,
+    step_error_bound,
+)
+from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+
+CLAIM_ID = "optimizer"
+DTYPE_NAMES = ("float64", "float32", "bfloat16")
+U64 = 2.0**-53
+
+# torch.pow's accuracy in ulps: CUDA documents at most 2 for double pow; the CPU's vectorised pow
+# is within 1. Charged in `bias_correction_rho`.
+POW_ULPS = 2.0
+
+
+def _config(lr, betas, eps, trust_radius, weight_decay):
+    return dict(lr=lr, betas=betas, eps=eps, trust_radius=trust_radius, weight_decay=weight_decay)
+
+
+# The scripted run. Frame groups: (name, shapes, settings, skip_nonfinite); the group "late" is
+# added with add_param_group after step ADD_AFTER; "ordinary" holds one ordinary tensor.
+GROUPS = (
+    ("first", ((3, 12, 4), (16, 3)), _config(0.05, (0.9, 0.999), 1e-8, 0.5, 0.1), False),
+    ("second", ((2, 6, 6), (8, 1)), _config(0.02, (0.8, 0.99), 1e-6, 0.3, 0.0), True),
+    ("late", ((2, 9, 3),), _config(0.03, (0.95, 0.98), 0.0, 0.4, 0.2), False),
+)
+ORDINARY = {"shape": (5, 7), "lr": 0.01, "betas": (0.85, 0.995), "eps": 1e-7, "weight_decay": 0.05}
+ADD_AFTER = 0  # "late" joins after the first step
+NO_GRADIENT = (1, "first", 1)  # (step, group, parameter index): .grad is None at that step
+NONFINITE = (2, "second", 0, 1)  # (step, group, parameter index, frame): a NaN in that frame's gradient
+SAVE_AFTER = 1  # the state_dict is saved after this step and resumed in a fresh instance
+MIN_STEPS = 4
+
+
+def bias_correction_rho(beta1: float, beta2: float, t: np.ndarray) -> np.ndarray:
+    """Relative error, in the step's coefficient c = -lr sqrt(bc2) / (bc1 (sqrt(v) + eps sqrt(bc2)))
+    (first order), of bias corrections bc_i = 1 - beta_i^t evaluated with torch.pow (POW_ULPS
+    ulps) against Python's correctly rounded pow, t the count after the step (per frame).
+
+    beta^t differs by at most POW_ULPS ulps, <= 2 POW_ULPS u x (x = beta^t); 1 - x is exact for
+    x >= 1/2 (Sterbenz) and otherwise rounds once in each (2 u). So bc differs by at most
+    (2 POW_ULPS u x + 2 u (1 - x)) / (1 - x) relatively; c has 1 / bc1 and sqrt(v / bc2) in its
+    denominator, so rho = rho_1 + rho_2 / 2. The difference cancels in the step where it is capped
+    at the trust region (the cap divides the coefficient out), and this charges it anyway."""
+    t = np.asarray(t, dtype=np.float64)
+
+    def rho(beta):
+        x = beta**t
+        return (2 * POW_ULPS * U64 * x + 2 * U64 * (1 - x)) / (1 - x)
+
+    return rho(beta1) + rho(beta2) / 2
+
+
+def _derivation(dtype_name: str) -> str:
+    return (
+        f"one step's error (propositions.crosscheck.step_error_bound) at {dtype_name}'s unit roundoffs "
+        f"({_roundoff_text(dtype_name)}), with the transport of m charged where the kernel does it, plus the "
+        f"bias corrections' torch.pow ({POW_ULPS:g} ulps) against Python's pow: relative "
+        f"(2 {POW_ULPS:g} u beta^t + 2 u (1 - beta^t)) / (1 - beta^t) in each, u = 2^-53"
+    )
+
+
+def _roundoff_text(dtype_name: str) -> str:
+    roundoffs = _unit_roundoffs(dtype_name)
+    return ", ".join(f"{name} = {value:.3g}" for name, value in roundoffs.items())
+
+
+def _new_checks(dtype_name: str) -> dict:
+    exact = "exact equality: max |x - y| / ulp(y) over the tensors, bound 0.5 (bit for bit)"
+    derivation = _derivation(dtype_name)
+
+    def check(name, description, bound_derivation):
+        return NumericalCheck(f"{dtype_name}/{name}", description, bound_derivation,
+                              tightness_note=None if bound_derivation is derivation else "an exact equality: 0 by design")
+
+    return {
+        "W": check("frame", f"||W+_class - W+_ref||_F per stepped frame, {dtype_name}, each frame with its own group's settings", derivation),
+        "m": check("first_moment", f"||m+_class - m+_ref||_F per stepped frame (m+ transported), {dtype_name}", derivation),
+        "v": check("second_moment", f"|v+_class - v+_ref| per stepped frame, {dtype_name}", derivation),
+        "t": check("step_count", "|t_class - t_ref| per frame: one count per frame, advanced only by a written step", exact),
+        "untouched": check("no_gradient_untouched", "a parameter whose .grad is None: parameter and state after the step against before (ulps)", exact),
+        "skipped": check("nonfinite_frame_untouched", "the frame with a NaN gradient under skip_nonfinite: its frame, m and v after against before (ulps)", exact),
+        "resume": check("resume_bit_for_bit", "parameters and states of a fresh instance loaded from the mid-run state_dict against the original, after the same steps (ulps)", exact),
+        "closure": check("closure_loss", "the loss step(closure) returns against the closure's own (ulps; inf if not returned)", exact),
+        "ordinary": check("euclidean_is_adamw", "the manifold='euclidean' tensor and its state against torch.optim.AdamW with the group's settings (ulps)", exact),
+    }
+
+
+class _ReferenceFrame:
+    """One frame's reference trajectory in float64: W, the reference state (m transported), and
+    the moment before its transport (what the class's state holds)."""
+
+    def __init__(self, W: np.ndarray):
+        self.W = np.array(W, dtype=np.float64)  # a copy: a float64 parameter must never share its memory
+        self.state = ref.init(W)
+        self.moment_in = self.state.m
+
+
+def _torch_dtype(name):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _to_numpy(x) -> np.ndarray:
+    import torch
+
+    return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+def _build(optimizer_class, params: dict, dtype_name: str, with_late: bool):
+    """A StiefelAdam (or a control's subclass) over the scenario's groups."""
+    groups = [{"params": params[name], **settings, "skip_nonfinite": skip} for name, _, settings, skip in GROUPS if name != "late"]
+    groups.append({"params": params["ordinary"], "manifold": "euclidean", **{k: v for k, v in ORDINARY.items() if k != "shape"}})
+    optimizer = optimizer_class(groups, lr=0.001)
+    if with_late:  # in the order the original run has its groups: "late" last
+        optimizer.add_param_group(_late_group(params))
+    return optimizer
+
+
+def _late_group(params: dict) -> dict:
+    _, _, settings, skip = GROUPS[2]
+    return {"params": params["late"], **settings, "skip_nonfinite": skip}
+
+
+def _draw(seed: int, run: int, dtype_name: str, steps: int):
+    """Initial frames (float64), gradients per step per parameter, the ordinary tensor."""
+    rng = rng_for(seed, CLAIM_ID, dtype_name, run)
+    frames = {name: [ref.random_point(s[-2], s[-1], rng, tuple(s[:-2])) for s in shapes] for name, shapes, _, _ in GROUPS}
+    gradients = [{name: [rng.standard_normal(W.shape) for W in frames[name]] for name in frames} for _ in range(steps)]
+    ordinary = rng.standard_normal(ORDINARY["shape"])
+    ordinary_gradients = [rng.standard_normal(ORDINARY["shape"]) for _ in range(steps)]
+    step, group, index, frame = NONFINITE
+    G = gradients[step][group][index]
+    G.reshape((-1,) + G.shape[-2:])[frame, 0, 0] = np.nan
+    return frames, gradients, ordinary, ordinary_gradients
+
+
+def _closure(optimizer, params, gradients, ordinary_gradient, step, dtype):
+    """loss = sum_p <p, G_p>: backward leaves p.grad = G_p (rounded to the parameter's dtype)."""
+    import torch
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.zeros((), dtype=torch.float64)
+        for name, tensors in params.items():
+            sources = [ordinary_gradient] if name == "ordinary" else gradients[name]
+            for p, G in zip(tensors, sources):
+                loss = loss + (p * torch.tensor(G, dtype=dtype)).sum().to(torch.float64)
+        loss.backward()
+        no_grad_step, group, index = NO_GRADIENT
+        if step == no_grad_step:
+            params[group][index].grad = None
+        closure.loss = loss
+        return loss
+
+    return closure
+
+
+def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_class, checks: dict) -> int:
+    """The scripted run in one dtype (module docstring); fills checks, returns the frames stepped."""
+    import torch
+    from torch_impl import functional
+
+    dtype = _torch_dtype(dtype_name)
+    state_dtype = functional.compute_dtype(dtype)
+    roundoffs = _unit_roundoffs(dtype_name)
+    frames, gradients, ordinary0, ordinary_gradients = _draw(seed, run, dtype_name, steps)
+    params = {name: [torch.nn.Parameter(torch.tensor(W, dtype=dtype)) for W in Ws] for name, Ws in frames.items()}
+    params["ordinary"] = [torch.nn.Parameter(torch.tensor(ordinary0, dtype=dtype))]
+    twin = torch.nn.Parameter(params["ordinary"][0].detach().clone())
+    adamw = torch.optim.AdamW([twin], lr=ORDINARY["lr"], betas=ORDINARY["betas"], eps=ORDINARY["eps"], weight_decay=ORDINARY["weight_decay"])
+    model = {name: [[_ReferenceFrame(W.reshape((-1,) + W.shape[-2:])[k]) for k in range(W.reshape((-1,) + W.shape[-2:]).shape[0])]
+                    for W in Ws] for name, Ws in frames.items()}
+    settings = {name: ref.StiefelAdamConfig(**config) for name, _, config, _ in GROUPS}
+    optimizer = _build(optimizer_class, params, dtype_name, with_late=False)
+    stepped = 0
+    key = (CLAIM_ID, dtype_name, run)
+    for step in range(steps):
+        active = [name for name in settings if name != "late" or step > ADD_AFTER]
+        _set_inputs(optimizer, params, model, active, dtype, state_dtype)
+        before = {id(p): (p.detach().clone(), copy.deepcopy(dict(optimizer.state[p]))) for name in active for p in params[name]}
+        closure = _closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype)
+        loss = optimizer.step(closure)
+        checks["closure"].add(_ulps_or_inf(loss, closure.loss), 0.5, key=key, seed=seed, extra={"step": step + 1})
+        twin.grad = params["ordinary"][0].grad.clone()
+        adamw.step()
+        _compare_ordinary(optimizer, params["ordinary"][0], twin, adamw, checks["ordinary"], key, seed, step)
+        for name in active:
+            for index, p in enumerate(params[name]):
+                stepped += _step_and_compare(
+                    optimizer, p, model[name][index], gradients[step][name][index], settings[name], dtype_name,
+                    roundoffs, (step, name, index), before.get(id(p)), checks, key, seed,
+                )
+        if step == ADD_AFTER:
+            optimizer.add_param_group(_late_group(params))
+    _resume(seed, run, dtype_name, steps, optimizer_class, checks["resume"], key)
+    return stepped
+
+
+def _ulps_or_inf(returned, expected) -> np.ndarray:
+    import torch
+
+    if returned is expected:
+        return np.array([0.0])
+    if not torch.is_tensor(returned):
+        return np.array([np.inf])
+    return np.atleast_1d(ulps_apart(_to_numpy(returned), _to_numpy(expected)))
+
+
+def _set_inputs(optimizer, params, model, active, dtype, state_dtype) -> None:
+    """Lock-step: every frame and its state set to the reference's, rounded (in place)."""
+    import torch
+
+    for name in active:
+        for p, reference in zip(params[name], model[name]):
+            W = np.stack([frame.W for frame in reference]).reshape(p.shape)
+            p.data.copy_(torch.from_numpy(W).to(dtype))
+            state = optimizer.state[p]
+            if len(state):
+                m = np.stack([frame.moment_in for frame in reference]).reshape(p.shape)
+                v = np.array([frame.state.v for frame in reference], dtype=np.float64).reshape(p.shape[:-2])
+                state["exp_avg"].copy_(torch.from_numpy(m).to(state_dtype))
+                state["exp_avg_sq"].copy_(torch.from_numpy(v).to(state_dtype))
+
+
+def _step_and_compare(optimizer, p, reference, G, config, dtype_name, roundoffs, where, before, checks, key, seed) -> int:
+    """The reference's step of each frame of p against the class's, per the scenario's events."""
+    from torch_impl import functional
+
+    step, group, index = where
+    extra = {"step": step + 1, "group": group, "parameter": index}
+    if (step, group, index) == NO_GRADIENT:
+        W_before, state_before = before
+        residual = _tensors_ulps([p], [W_before], optimizer.state[p], state_before)
+        checks["untouched"].add(residual, 0.5, key=key, seed=seed, extra=extra)
+        _compare_counts(optimizer, p, reference, checks, key, seed, extra)
+        return 0
+    G_frames = G.reshape((-1,) + G.shape[-2:])
+    state = optimizer.state[p]
+    W_new = _to_numpy(p).reshape(G_frames.shape)
+    m_new = _to_numpy(functional.transported_moment(p.detach().to(state["exp_avg"].dtype), state["exp_avg"])).reshape(G_frames.shape)
+    v_new = _to_numpy(state["exp_avg_sq"]).reshape(-1)
+    d, r = G_frames.shape[-2:]
+    stepped = 0
+    for k, frame in enumerate(reference):
+        if (step, group, index, k) == NONFINITE:
+            # against what the class held before the step (the lock-step inputs, in its own dtypes)
+            W_before, state_before = _to_numpy(before[0]), before[1]
+            m_before = _to_numpy(state_before["exp_avg"]).reshape(G_frames.shape)[k]
+            v_before = _to_numpy(state_before["exp_avg_sq"]).reshape(-1)[k]
+            m_after = _to_numpy(state["exp_avg"]).reshape(G_frames.shape)[k]
+            residual = max(_max_ulps(W_new[k], W_before.reshape(G_frames.shape)[k]), _max_ulps(m_after, m_before), _max_ulps(v_new[k], v_before))
+            checks["skipped"].add(np.array([residual]), 0.5, shape=(d, r), key=key, seed=seed, extra={**extra, "frame": k})
+            continue
+        q = reference_quantities(frame.W, G_frames[k], frame.state, config)
+        W_ref, state_ref = ref.step(frame.W, G_frames[k], frame.state, config)
+        u_m = roundoffs["u_m"] + _transport_roundoff(d, r, roundoffs["u_c"], frame.moment_in, frame.state.m)
+        bound = step_error_bound(d, r, config, q, iterations=_iterations(config, dtype_name), **{**roundoffs, "u_m": u_m})
+        rho = bias_correction_rho(*config.betas, frame.state.t + 1)
+        slack = _bias_correction_slack(q, rho, d, r, config)
+        frame_extra = {**extra, "frame": k}
+        checks["W"].add(ref.frobenius(W_new[k] - W_ref), bound["W"] + slack, shape=(d, r), key=key, seed=seed, extra=frame_extra)
+        checks["m"].add(ref.frobenius(m_new[k] - state_ref.m), bound["m"] + 2 * slack * q["m"], shape=(d, r), key=key, seed=seed, extra=frame_extra)
+        checks["v"].add(np.abs(np.array([v_new[k] - state_ref.v])), bound["v"], shape=(d, r), key=key, seed=seed, extra=frame_extra)
+        frame.moment_in = _reference_moment(frame.W, G_frames[k], frame.state, config)
+        frame.W, frame.state = W_ref, state_ref
+        stepped += 1
+    _compare_counts(optimizer, p, reference, checks, key, seed, extra)
+    return stepped
+
+
+def _bias_correction_slack(q, rho, d, r, config):
+    """What a relative error rho of the coefficient adds to ||W+ - W+_ref||: the step xi moves by at
+    most rho ||xi_unclipped|| (the cap at the trust region is a projection onto a ball, 1-Lipschitz),
+    and the polar factor moves by at most that over sigma_min(W + xi) (>= 1 - the drift; charged
+    as 2 for a frame within its bound), to first order."""
+    return 2.0 * rho * np.asarray(q["xi_unclipped"], dtype=np.float64)
+
+
+def _compare_counts(optimizer, p, reference, checks, key, seed, extra) -> None:
+    counts = _to_numpy(optimizer.state[p]["step"]).reshape(-1) if len(optimizer.state[p]) else np.zeros(len(reference))
+    expected = np.array([frame.state.t for frame in reference], dtype=np.float64)
+    checks["t"].add(np.abs(counts - expected), 0.5, key=key, seed=seed, extra=extra)
+
+
+def _max_ulps(x: np.ndarray, y: np.ndarray) -> float:
+    """max |x - y| / ulp(y) elementwise (float64), 0 when bit-identical, inf for other shapes or a NaN."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape:
+        return math.inf
+    difference = np.abs(x - y)
+    with np.errstate(invalid="ignore"):
+        ratio = np.where(difference == 0, 0.0, difference / np.spacing(np.abs(y)))
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    return float(np.max(ratio, initial=0.0))
+
+
+def _tensors_ulps(tensors, expected, state, state_expected) -> np.ndarray:
+    """The largest ulp distance over parameters and every state entry (inf if the keys differ)."""
+    import torch
+
+    residual = max((_max_ulps(_to_numpy(x), _to_numpy(y)) for x, y in zip(tensors, expected)), default=0.0)
+    if set(state) != set(state_expected):
+        return np.array([math.inf])
+    for name, value in state_expected.items():
+        other = state[name]
+        if torch.is_tensor(value):
+            residual = max(residual, _max_ulps(_to_numpy(other), _to_numpy(value)))
+        else:
+            residual = max(residual, _max_ulps(np.asarray(float(other)), np.asarray(float(value))))
+    return np.array([residual])
+
+
+def _compare_ordinary(optimizer, p, twin, adamw, check, key, seed, step) -> None:
+    state, twin_state = optimizer.state[p], adamw.state[twin]
+    residual = _tensors_ulps([p], [twin], state, twin_state)
+    check.add(residual, 0.5, key=key, seed=seed, extra={"step": step + 1})
+
+
+def _free_run(optimizer_class, params, dtype_name, gradients, ordinary_gradients, steps, optimizer=None, start=0, save_after=None):
+    """Steps start..steps-1 of the scenario without lock-step inputs; with save_after, the
+    state_dict and parameter values after that step are returned too."""
+    dtype = _torch_dtype(dtype_name)
+    if optimizer is None:
+        optimizer = _build(optimizer_class, params, dtype_name, with_late=start > ADD_AFTER)
+    saved = None
+    for step in range(start, steps):
+        active = [name for name, _, _, _ in GROUPS if name != "late" or step > ADD_AFTER]
+        optimizer.step(_closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype))
+        if step == ADD_AFTER and start <= ADD_AFTER:
+            optimizer.add_param_group(_late_group(params))
+        if step == save_after:
+            saved = (copy.deepcopy(optimizer.state_dict()), {n: [p.detach().clone() for p in ps] for n, ps in params.items()})
+    return optimizer, saved
+
+
+def _resume(seed, run, dtype_name, steps, optimizer_class, check, key) -> None:
+    """One instance runs the whole scenario, saving its state_dict after SAVE_AFTER; a fresh
+    instance over fresh parameters loads it and runs the remaining steps; both must end bit for
+    bit the same (parameters and every state tensor)."""
+    import torch
+
+    dtype = _torch_dtype(dtype_name)
+    frames, gradients, ordinary0, ordinary_gradients = _draw(seed, run, dtype_name, steps)
+
+    def parameters(values):
+        return {name: [torch.nn.Parameter(v.clone()) for v in vs] for name, vs in values.items()}
+
+    initial = {name: [torch.tensor(W, dtype=dtype) for W in Ws] for name, Ws in frames.items()}
+    initial["ordinary"] = [torch.tensor(ordinary0, dtype=dtype)]
+    original = parameters(initial)
+    optimizer, (state_dict, values) = _free_run(optimizer_class, original, dtype_name, gradients, ordinary_gradients, steps, save_after=SAVE_AFTER)
+    fresh = parameters(values)
+    resumed = _build(optimizer_class, fresh, dtype_name, with_late=SAVE_AFTER >= ADD_AFTER)
+    resumed.load_state_dict(state_dict)
+    _free_run(optimizer_class, fresh, dtype_name, gradients, ordinary_gradients, steps, optimizer=resumed, start=SAVE_AFTER + 1)
+    residual = max(
+        float(_tensors_ulps([p], [q], resumed.state[p], optimizer.state[q])[0])
+        for name in original for p, q in zip(fresh[name], original[name])
+    )
+    check.add(np.array([residual]), 0.5, key=key, seed=seed, extra={"saved_after_step": SAVE_AFTER + 1})
+
+
+# --------------------------------------------------------------------------------------------
+# Parts, controls, the claim
+# --------------------------------------------------------------------------------------------
+
+
+def runs_for(profile) -> int:
+    """Independent draws of the scenario per dtype: 1 quick, 3 default, 30 thorough."""
+    return max(1, min(30, profile.frames // 3000))
+
+
+def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
+    """The scenario in one dtype, runs_for(profile) times, with the class under test."""
+    optimizer_class = _optimizer_class(ctx.optimizer)
+    checks = _new_checks(dtype_name)
+    steps = max(MIN_STEPS, ctx.profile.steps)
+    frames = sum(run_scenario(ctx.seed, run, dtype_name, steps, optimizer_class, checks) for run in range(runs_for(ctx.profile)))
+    from torch_impl import functional
+
+    roundoffs = _unit_roundoffs(dtype_name)
+    return Evidence(
+        checks=list(checks.values()),
+        frames=frames,
+        extra={f"unit_roundoffs_{dtype_name}": roundoffs,
+               f"storage_{dtype_name}": {"W": dtype_name, "m_v": str(functional.compute_dtype(_torch_dtype(dtype_name))).replace("torch.", "")}},
+    )
+
+
+def _part(dtype_name):
+    import functools
+
+    return Part(dtype_name, functools.partial(dtype_part, dtype_name))
+
+
+def _optimizer_class(name):
+    from torch_impl import StiefelAdam
+
+    if name == REAL_OPTIMIZER:
+        return StiefelAdam
+    return broken_optimizers()[name][0]
+
+
+REAL_OPTIMIZER = "stiefel_adam"
+
+
+def broken_optimizers() -> dict:
+    """name -> (StiefelAdam subclass that breaks one piece of bookkeeping, description)."""
+    import torch
+    from torch_impl import StiefelAdam
+
+    class FirstGroupSettings(StiefelAdam):
+        def _frame_buckets(self):
+            first = self.param_groups[0]
+            keys = ("lr", "betas", "eps", "trust_radius", "weight_decay", "skip_nonfinite", "retraction_method")
+            settings = tuple(first[key] for key in keys)
+            merged: dict = {}
+            for key, members in super()._frame_buckets().items():
+                # the first group's lr, betas, eps, trust_radius, weight_decay; the group's own skipping
+                merged.setdefault(settings[:5] + key[5:], []).extend(members)
+            return merged
+
+    class CountAdvancesOnSkip(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            bucket = super()._step_bucket(settings, members)
+            bucket.t = bucket.t + (~bucket.finite)
+            return bucket
+
+    class WholeTensorSkip(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            bucket = super()._step_bucket(settings, members)
+            start = 0
+            for p, _ in members:
+                frames = p.numel() // (p.shape[-1] * p.shape[-2])
+                stop = start + frames
+                if settings[5] and not bool(bucket.finite[start:stop].all()):
+                    state = self.state[p]
+                    bucket.W[start:stop] = p.detach().reshape(bucket.W[start:stop].shape)
+                    if len(state):
+                        bucket.m[start:stop] = state["exp_avg"].reshape(bucket.m[start:stop].shape)
+                        bucket.v[start:stop] = state["exp_avg_sq"].reshape(-1)
+                        bucket.t[start:stop] = state["step"].reshape(-1)
+                start = stop
+            return bucket
+
+    class StepsWithoutGradient(StiefelAdam):
+        def _frame_buckets(self):
+            for group in self.param_groups:
+                if group["manifold"] == "stiefel":
+                    for p in group["params"]:
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+            return super()._frame_buckets()
+
+    class LoadDropsCounts(StiefelAdam):
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            for group in self.param_groups:
+                if group["manifold"] == "stiefel":
+                    for p in group["params"]:
+                        if "step" in self.state[p]:
+                            self.state[p]["step"].zero_()
+
+    class AddedGroupTakesDefaults(StiefelAdam):
+        def add_param_group(self, param_group):
+            if getattr(self, "_constructed", False):
+                param_group = {key: value for key, value in param_group.items() if key in ("params", "manifold")}
+            super().add_param_group(param_group)
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._constructed = True
+
+    class ClosureLossDropped(StiefelAdam):
+        def step(self, closure=None):
+            super().step(closure)
+            return None
+
+    class CoupledDecayForOrdinary(StiefelAdam):
+        def _step_euclidean(self, group, group_index):
+            with torch.no_grad():
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.add_(p, alpha=group["weight_decay"])
+            super()._step_euclidean({**group, "weight_decay": 0.0}, group_index)
+
+    return {
+        "first_group_settings": (FirstGroupSettings, "every frame stepped with the first param group's hyper-parameters"),
+        "count_advances_on_skip": (CountAdvancesOnSkip, "a frame skipped for a non-finite step still advances its step count"),
+        "whole_tensor_skip": (WholeTensorSkip, "one non-finite frame skips every frame of its tensor"),
+        "steps_without_gradient": (StepsWithoutGradient, "a parameter whose .grad is None is stepped with a zero gradient"),
+        "load_drops_counts": (LoadDropsCounts, "load_state_dict restarts the step counts (bias corrections start over)"),
+        "added_group_takes_defaults": (AddedGroupTakesDefaults, "add_param_group ignores the group's own hyper-parameters"),
+        "closure_loss_dropped": (ClosureLossDropped, "step(closure) returns None instead of the closure's loss"),
+        "coupled_decay_for_ordinary": (CoupledDecayForOrdinary, "ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
+    }
+
+
+CONTROL_NAMES = (
+    "first_group_settings", "count_advances_on_skip", "whole_tensor_skip", "steps_without_gradient",
+    "load_drops_counts", "added_group_takes_defaults", "closure_loss_dropped", "coupled_decay_for_ordinary",
+)
+
+
+def control_part(ctx: Context) -> Evidence:
+    """A broken class through the float64 scenario (one run): it must fail a check by DETECTION_FACTOR."""
+    checks = _new_checks("float64")
+    run_scenario(ctx.seed, 0, "float64", max(MIN_STEPS, ctx.profile.steps), _optimizer_class(ctx.optimizer), checks)
+    return Evidence(checks=list(checks.values()))
+
+
+def _prepare(ctx: Context) -> None:
+    if ctx.optimizer != REAL_OPTIMIZER and ctx.optimizer not in CONTROL_NAMES:
+        raise ValueError(f"claim {CLAIM_ID}: optimizer must be {REAL_OPTIMIZER!r} or a control ({', '.join(CONTROL_NAMES)}), got {ctx.optimizer!r}")
+
+
+class _one_thread:
+    """One torch thread (and one BLAS thread) for the run: the reductions' order does not depend on
+    the machine's core count, and the scenario's small tensors run faster without a thread team."""
+
+    def __enter__(self):
+        import torch
+        from threadpoolctl import threadpool_limits
+
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        self.blas = threadpool_limits(limits=1, user_api="blas")
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        self.blas.restore_original_limits()
+        torch.set_num_threads(self.threads)
+        return False
+
+
+CLAIM = Claim(
+    id=CLAIM_ID,
+    title="The optimizer class StiefelAdam steps every frame as certified, in float64, float32 and bfloat16",
+    statement=(
+        "One torch_impl.StiefelAdam instance over parameters of different shapes in param groups with different "
+        "hyper-parameters (one added mid-run, one of ordinary tensors) gives every frame reference_impl.step with its "
+        "own group's settings and its own step count, within the derived rounding bound of float64, float32 and "
+        "bfloat16; leaves a parameter without a gradient untouched; under skip_nonfinite keeps a frame with a "
+        "non-finite gradient (frame, moments, count) while the other frames of its tensor step; resumes bit for bit "
+        "from a mid-run state_dict; returns the closure's loss; and steps ordinary tensors exactly as torch.optim.AdamW."
+    ),
+    latex=(
+        r"\|W^{+}_{\mathrm{class}} - \mathrm{step}_{\mathrm{ref}}(W, G, m, v, t; h_{\mathrm{group}})\|_F \le "
+        r"\beta(d, r, u_W, u_{mv}, u_c),\quad t_{\mathrm{frame}}^{+} = t_{\mathrm{frame}} + [\mathrm{step\ finite}]"
+    ),
+    symbolic=Symbolic("not applicable: bookkeeping of an implementation"),
+    parts=tuple(_part(name) for name in DTYPE_NAMES),
+    controls=tuple(Control(name, control_part, description) for name, description in (
+        ("first_group_settings", "every frame stepped with the first param group's hyper-parameters"),
+        ("count_advances_on_skip", "a frame skipped for a non-finite step still advances its step count"),
+        ("whole_tensor_skip", "one non-finite frame skips every frame of its tensor"),
+        ("steps_without_gradient", "a parameter whose .grad is None is stepped with a zero gradient"),
+        ("load_drops_counts", "load_state_dict restarts the step counts (bias corrections start over)"),
+        ("added_group_takes_defaults", "add_param_group ignores the group's own hyper-parameters"),
+        ("closure_loss_dropped", "step(closure) returns None instead of the closure's loss"),
+        ("coupled_decay_for_ordinary", "ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
+    )),
+    requires=("torch",),
+    prepare=_prepare,
+    environment=lambda ctx: _one_thread(),
+)
+
+__all__ = ["CLAIM", "bias_correction_rho", "broken_optimizers", "run_scenario"]
