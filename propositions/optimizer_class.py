@@ -185,17 +185,17 @@ def _draw(seed: int, run: int, dtype_name: str, steps: int):
     return frames, gradients, ordinary, ordinary_gradients
 
 
-def _closure(optimizer, params, gradients, ordinary_gradient, step, dtype):
+def _closure(optimizer, params, gradients, ordinary_gradient, step, dtype, device):
     """loss = sum_p <p, G_p>: backward leaves p.grad = G_p (rounded to the parameter's dtype)."""
     import torch
 
     def closure():
         optimizer.zero_grad()
-        loss = torch.zeros((), dtype=torch.float64)
+        loss = torch.zeros((), dtype=torch.float64, device=device)
         for name, tensors in params.items():
             sources = [ordinary_gradient] if name == "ordinary" else gradients[name]
             for p, G in zip(tensors, sources):
-                loss = loss + (p * torch.tensor(G, dtype=dtype)).sum().to(torch.float64)
+                loss = loss + (p * torch.tensor(G, dtype=dtype, device=device)).sum().to(torch.float64)
         loss.backward()
         no_grad_step, group, index = NO_GRADIENT
         if step == no_grad_step:
@@ -206,7 +206,7 @@ def _closure(optimizer, params, gradients, ordinary_gradient, step, dtype):
     return closure
 
 
-def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_class, checks: dict) -> int:
+def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_class, checks: dict, device: str = "cpu") -> int:
     """The scripted run in one dtype (module docstring); fills checks, returns the frames stepped."""
     import torch
     from torch_impl import functional
@@ -215,8 +215,8 @@ def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_cla
     state_dtype = functional.compute_dtype(dtype)
     roundoffs = _unit_roundoffs(dtype_name)
     frames, gradients, ordinary0, ordinary_gradients = _draw(seed, run, dtype_name, steps)
-    params = {name: [torch.nn.Parameter(torch.tensor(W, dtype=dtype)) for W in Ws] for name, Ws in frames.items()}
-    params["ordinary"] = [torch.nn.Parameter(torch.tensor(ordinary0, dtype=dtype))]
+    params = {name: [torch.nn.Parameter(torch.tensor(W, dtype=dtype, device=device)) for W in Ws] for name, Ws in frames.items()}
+    params["ordinary"] = [torch.nn.Parameter(torch.tensor(ordinary0, dtype=dtype, device=device))]
     twin = torch.nn.Parameter(params["ordinary"][0].detach().clone())
     adamw = torch.optim.AdamW([twin], lr=ORDINARY["lr"], betas=ORDINARY["betas"], eps=ORDINARY["eps"], weight_decay=ORDINARY["weight_decay"])
     model = {name: [[_ReferenceFrame(W.reshape((-1,) + W.shape[-2:])[k]) for k in range(W.reshape((-1,) + W.shape[-2:]).shape[0])]
@@ -227,9 +227,9 @@ def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_cla
     key = (CLAIM_ID, dtype_name, run)
     for step in range(steps):
         active = [name for name in settings if name != "late" or step > ADD_AFTER]
-        _set_inputs(optimizer, params, model, active, dtype, state_dtype)
+        _set_inputs(optimizer, params, model, active, dtype, state_dtype, device)
         before = {id(p): (p.detach().clone(), copy.deepcopy(dict(optimizer.state[p]))) for name in active for p in params[name]}
-        closure = _closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype)
+        closure = _closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype, device)
         loss = optimizer.step(closure)
         checks["closure"].add(_ulps_or_inf(loss, closure.loss), 0.5, key=key, seed=seed, extra={"step": step + 1})
         twin.grad = params["ordinary"][0].grad.clone()
@@ -243,7 +243,7 @@ def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_cla
                 )
         if step == ADD_AFTER:
             optimizer.add_param_group(_late_group(params))
-    _resume(seed, run, dtype_name, steps, optimizer_class, checks["resume"], key)
+    _resume(seed, run, dtype_name, steps, optimizer_class, checks["resume"], key, device)
     return stepped
 
 
@@ -257,20 +257,20 @@ def _ulps_or_inf(returned, expected) -> np.ndarray:
     return np.atleast_1d(ulps_apart(_to_numpy(returned), _to_numpy(expected)))
 
 
-def _set_inputs(optimizer, params, model, active, dtype, state_dtype) -> None:
+def _set_inputs(optimizer, params, model, active, dtype, state_dtype, device) -> None:
     """Lock-step: every frame and its state set to the reference's, rounded (in place)."""
     import torch
 
     for name in active:
         for p, reference in zip(params[name], model[name]):
             W = np.stack([frame.W for frame in reference]).reshape(p.shape)
-            p.data.copy_(torch.from_numpy(W).to(dtype))
+            p.data.copy_(torch.from_numpy(W).to(device=device, dtype=dtype))
             state = optimizer.state[p]
             if len(state):
                 m = np.stack([frame.moment_in for frame in reference]).reshape(p.shape)
                 v = np.array([frame.state.v for frame in reference], dtype=np.float64).reshape(p.shape[:-2])
-                state["exp_avg"].copy_(torch.from_numpy(m).to(state_dtype))
-                state["exp_avg_sq"].copy_(torch.from_numpy(v).to(state_dtype))
+                state["exp_avg"].copy_(torch.from_numpy(m).to(device=device, dtype=state_dtype))
+                state["exp_avg_sq"].copy_(torch.from_numpy(v).to(device=device, dtype=state_dtype))
 
 
 def _step_and_compare(optimizer, p, reference, G, config, dtype_name, roundoffs, where, before, checks, key, seed) -> int:
@@ -367,7 +367,7 @@ def _compare_ordinary(optimizer, p, twin, adamw, check, key, seed, step) -> None
     check.add(residual, 0.5, key=key, seed=seed, extra={"step": step + 1})
 
 
-def _free_run(optimizer_class, params, dtype_name, gradients, ordinary_gradients, steps, optimizer=None, start=0, save_after=None):
+def _free_run(optimizer_class, params, dtype_name, gradients, ordinary_gradients, steps, device, optimizer=None, start=0, save_after=None):
     """Steps start..steps-1 of the scenario without lock-step inputs; with save_after, the
     state_dict and parameter values after that step are returned too."""
     dtype = _torch_dtype(dtype_name)
@@ -376,7 +376,7 @@ def _free_run(optimizer_class, params, dtype_name, gradients, ordinary_gradients
     saved = None
     for step in range(start, steps):
         active = [name for name, _, _, _ in GROUPS if name != "late" or step > ADD_AFTER]
-        optimizer.step(_closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype))
+        optimizer.step(_closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype, device))
         if step == ADD_AFTER and start <= ADD_AFTER:
             optimizer.add_param_group(_late_group(params))
         if step == save_after:
@@ -384,7 +384,7 @@ def _free_run(optimizer_class, params, dtype_name, gradients, ordinary_gradients
     return optimizer, saved
 
 
-def _resume(seed, run, dtype_name, steps, optimizer_class, check, key) -> None:
+def _resume(seed, run, dtype_name, steps, optimizer_class, check, key, device) -> None:
     """One instance runs the whole scenario, saving its state_dict after SAVE_AFTER; a fresh
     instance over fresh parameters loads it and runs the remaining steps; both must end bit for
     bit the same (parameters and every state tensor)."""
@@ -396,14 +396,14 @@ def _resume(seed, run, dtype_name, steps, optimizer_class, check, key) -> None:
     def parameters(values):
         return {name: [torch.nn.Parameter(v.clone()) for v in vs] for name, vs in values.items()}
 
-    initial = {name: [torch.tensor(W, dtype=dtype) for W in Ws] for name, Ws in frames.items()}
-    initial["ordinary"] = [torch.tensor(ordinary0, dtype=dtype)]
+    initial = {name: [torch.tensor(W, dtype=dtype, device=device) for W in Ws] for name, Ws in frames.items()}
+    initial["ordinary"] = [torch.tensor(ordinary0, dtype=dtype, device=device)]
     original = parameters(initial)
-    optimizer, (state_dict, values) = _free_run(optimizer_class, original, dtype_name, gradients, ordinary_gradients, steps, save_after=SAVE_AFTER)
+    optimizer, (state_dict, values) = _free_run(optimizer_class, original, dtype_name, gradients, ordinary_gradients, steps, device, save_after=SAVE_AFTER)
     fresh = parameters(values)
     resumed = _build(optimizer_class, fresh, dtype_name, with_late=SAVE_AFTER >= ADD_AFTER)
     resumed.load_state_dict(state_dict)
-    _free_run(optimizer_class, fresh, dtype_name, gradients, ordinary_gradients, steps, optimizer=resumed, start=SAVE_AFTER + 1)
+    _free_run(optimizer_class, fresh, dtype_name, gradients, ordinary_gradients, steps, device, optimizer=resumed, start=SAVE_AFTER + 1)
     residual = max(
         float(_tensors_ulps([p], [q], resumed.state[p], optimizer.state[q])[0])
         for name in original for p, q in zip(fresh[name], original[name])
@@ -426,7 +426,8 @@ def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
     optimizer_class = _optimizer_class(ctx.optimizer)
     checks = _new_checks(dtype_name)
     steps = max(MIN_STEPS, ctx.profile.steps)
-    frames = sum(run_scenario(ctx.seed, run, dtype_name, steps, optimizer_class, checks) for run in range(runs_for(ctx.profile)))
+    device = ctx.option("device", "cpu")
+    frames = sum(run_scenario(ctx.seed, run, dtype_name, steps, optimizer_class, checks, device) for run in range(runs_for(ctx.profile)))
     from torch_impl import functional
 
     roundoffs = _unit_roundoffs(dtype_name)
@@ -556,13 +557,25 @@ CONTROL_NAMES = (
 def control_part(ctx: Context) -> Evidence:
     """A broken class through the float64 scenario (one run): it must fail a check by DETECTION_FACTOR."""
     checks = _new_checks("float64")
-    run_scenario(ctx.seed, 0, "float64", max(MIN_STEPS, ctx.profile.steps), _optimizer_class(ctx.optimizer), checks)
+    run_scenario(ctx.seed, 0, "float64", max(MIN_STEPS, ctx.profile.steps), _optimizer_class(ctx.optimizer), checks, ctx.option("device", "cpu"))
     return Evidence(checks=list(checks.values()))
 
 
+DEFAULT_OPTIONS = (("device", "cpu"),)
+
+
 def _prepare(ctx: Context) -> None:
+    """One-line ValueErrors for an unknown optimizer, option or device."""
+    import torch
+
     if ctx.optimizer != REAL_OPTIMIZER and ctx.optimizer not in CONTROL_NAMES:
         raise ValueError(f"claim {CLAIM_ID}: optimizer must be {REAL_OPTIMIZER!r} or a control ({', '.join(CONTROL_NAMES)}), got {ctx.optimizer!r}")
+    unknown = sorted(set(ctx.options) - {"device"})
+    if unknown:
+        raise ValueError(f"claim {CLAIM_ID} takes the option device, got {', '.join(unknown)}")
+    device = torch.device(ctx.option("device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was requested but torch.cuda.is_available() is False")
 
 
 class _one_thread:
@@ -614,6 +627,7 @@ CLAIM = Claim(
         ("coupled_decay_for_ordinary", "ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
     )),
     requires=("torch",),
+    default_options=DEFAULT_OPTIONS,
     prepare=_prepare,
     environment=lambda ctx: _one_thread(),
 )
