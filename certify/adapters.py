@@ -411,7 +411,7 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
     adapter.trial()
     description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({dtype})"))[1]
     return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=False,
-                          dtype=dtype, ignored=adapter.ignored)
+                          dtype=dtype, ignored=adapter.ignored, torch_factory=adapter.factory())
 
 
 class _TorchStepper:
@@ -451,6 +451,22 @@ class _TorchStepper:
 
     def _optimizer(self, parameters, config):
         return self.optimizer_class(parameters, **self._hyperparameters(config), **self.options)
+
+    def factory(self):
+        """The builder the bookkeeping claim drives the optimizer with (its own layouts of parameters,
+        groups and instances), at the trial's hyper-parameters."""
+        from propositions.bookkeeping import TorchFactory
+
+        def parameter(data):
+            if self.manifold is not None:
+                import geoopt
+
+                return geoopt.ManifoldParameter(data, manifold=self.manifold)
+            import torch
+
+            return torch.nn.Parameter(data)
+
+        return TorchFactory(lambda params: self._optimizer(params, TRIAL_CONFIG), parameter, self.dtype)
 
     def trial(self) -> None:
         """Find the hyper-parameters the class takes (a keyword it rejects is dropped and recorded)

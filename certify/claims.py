@@ -430,6 +430,10 @@ def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
 # the sampler certificate about the samplers and the cross-check about torch_impl's own kernel: an
 # outside implementation does not enter them.
 IMPLEMENTATION_CLAIMS = ("P1", "P2", "P3", "P4", "P5")
+# The bookkeeping invariances (propositions/bookkeeping.py) hold for any torch optimizer, whatever
+# its algorithm and precision: `certify compare` runs them beside P1..P5.
+BOOKKEEPING_ID = "bookkeeping"
+COMPARE_CLAIMS = IMPLEMENTATION_CLAIMS + (BOOKKEEPING_ID,)
 
 
 def is_adapter_spec(optimizer) -> bool:
@@ -443,14 +447,14 @@ def _resolve_implementation(claim_id: str, spec: str):
     """(variant, None) for an adapter spec that can run on claim_id, else (None, why not)."""
     from certify import adapters
 
-    if claim_id not in IMPLEMENTATION_CLAIMS:
-        return None, f"{claim_id} does not run the optimizer under test (only {', '.join(IMPLEMENTATION_CLAIMS)} do)"
+    if claim_id not in COMPARE_CLAIMS:
+        return None, f"{claim_id} does not run the optimizer under test (only {', '.join(COMPARE_CLAIMS)} do)"
     try:
         variant = adapters.resolve(spec)
     except adapters.AdapterError as error:
         return None, f"the implementation cannot be used: {error}"
     dtype = getattr(variant, "dtype", "float64")
-    if dtype != "float64":
+    if dtype != "float64" and claim_id != BOOKKEEPING_ID:
         return None, (
             f"not comparable: {spec} stores its frames in {dtype}, and every bound of {claim_id} is a float64 rounding bound "
             f"(u = 2^-53); float64 bounds would fail it and a tolerance widened to fit would certify nothing "

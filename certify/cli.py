@@ -558,9 +558,9 @@ def command_run(args, out: _Output, command: str) -> int:
     args.optimizer = _optimizer_from_args(args)
     _check_optimizer(args.optimizer)
     if claims.is_adapter_spec(args.optimizer):
-        outside = [claim_id for claim_id in ids if claim_id not in claims.IMPLEMENTATION_CLAIMS]
+        outside = [claim_id for claim_id in ids if claim_id not in claims.COMPARE_CLAIMS]
         if outside:
-            raise UsageError(f"{outside[0]} does not run the optimizer under test; an implementation runs on {', '.join(claims.IMPLEMENTATION_CLAIMS)}")
+            raise UsageError(f"{outside[0]} does not run the optimizer under test; an implementation runs on {', '.join(claims.COMPARE_CLAIMS)}")
     if claims.CROSSCHECK_ID in ids and args.optimizer != claims.DEFAULT_OPTIMIZER:
         # the cross-check tests the torch kernel, not a reference variant, and `certify crosscheck`
         # (its reproduce command) has no --optimizer: its kernel controls run in every certificate
@@ -792,7 +792,7 @@ def command_compare(args, out: _Output, command: str) -> int:
         path = compare.write_matrix(out_dir, text)
     except OSError as error:
         raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
-    out.table(["implementation", *claims.IMPLEMENTATION_CLAIMS], compare.matrix_rows(results), title="implementations x claims")
+    out.table(["implementation", *claims.COMPARE_CLAIMS], compare.matrix_rows(results), title="implementations x claims")
     for spec, listed in found.items():
         differing = [f"{p['property']}: {p['finding']}" for p in listed if p["differs"]]
         if differing:

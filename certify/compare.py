@@ -68,7 +68,7 @@ def run(specs: list[str], *, out_dir: Path, seed: int, profile: str, command: st
         directory = out_dir / "compare" / label(spec)
         directory.mkdir(parents=True, exist_ok=True)
         results[spec] = {}
-        for claim_id in claims.IMPLEMENTATION_CLAIMS:
+        for claim_id in claims.COMPARE_CLAIMS:
             sealed, internal_error = claims.certify_claim(claim_id, seed=seed, profile=profile, optimizer=spec, command=command)
             if internal_error:
                 progress(f"{spec} {claim_id}: {internal_error}")
@@ -79,7 +79,7 @@ def run(specs: list[str], *, out_dir: Path, seed: int, profile: str, command: st
 
 
 def matrix_rows(results: dict) -> list[list[str]]:
-    return [[spec] + [cell(results[spec][claim_id]) for claim_id in claims.IMPLEMENTATION_CLAIMS] for spec in results]
+    return [[spec] + [cell(results[spec][claim_id]) for claim_id in claims.COMPARE_CLAIMS] for spec in results]
 
 
 def _escape(text: str) -> str:
@@ -87,7 +87,7 @@ def _escape(text: str) -> str:
 
 
 def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_seconds: float, command: str) -> str:
-    header = ["implementation"] + list(claims.IMPLEMENTATION_CLAIMS)
+    header = ["implementation"] + list(claims.COMPARE_CLAIMS)
     lines = [
         MATRIX_BEGIN,
         "## Implementations compared",

@@ -51,12 +51,13 @@ def make_claim(claim_id: str, passing: bool = True) -> FakeClaim:
     def run(seed, profile, optimizer="stiefel_adam", **options):
         return fake_result(seed, passing and optimizer == "stiefel_adam", options)
 
-    # the fake cross-check declares what the real one does: it needs torch and runs on cpu/float64
-    torch_claim = claim_id == claims.CROSSCHECK_ID
+    # a fake declares what the real claim does: the cross-check (and every claim that drives torch)
+    # needs torch, and the cross-check runs on cpu/float64
+    torch_claim = "torch" in claims.lookup_claim(claim_id).requires
     return FakeClaim(
         claim_id, f"fake claim {claim_id}", f"statement of {claim_id}", r"\forall W: f(W) = 0", ("qr_retraction",), run,
         requires=("torch",) if torch_claim else (),
-        default_options=tuple(claims.DEFAULT_CROSSCHECK_OPTIONS.items()) if torch_claim else (),
+        default_options=tuple(claims.DEFAULT_CROSSCHECK_OPTIONS.items()) if claim_id == claims.CROSSCHECK_ID else (),
     )
 
 

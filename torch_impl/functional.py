@@ -292,7 +292,7 @@ def gradient_norm_squared(
     identity_ok = rounding + drift * sigma_sq <= explicit_error
     if sync_free:
         sharper = ~identity_ok & (rounding < explicit_error)
-        sigma_squared_sq = torch.linalg.vector_norm(torch.bmm(sigma, sigma), dim=(-2, -1))
+        sigma_squared_sq = _norm_of_square(sigma, sigma_norm)
         identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
         g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
         return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
@@ -300,12 +300,25 @@ def gradient_norm_squared(
         return identity
     sharper = ~identity_ok & (rounding < explicit_error)
     if bool(sharper.any()):
-        sigma_squared_sq = torch.linalg.vector_norm(torch.bmm(sigma, sigma), dim=(-2, -1))
+        sigma_squared_sq = _norm_of_square(sigma, sigma_norm)
         identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
         if bool(identity_ok.all()):
             return identity
     g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
     return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
+
+
+def _norm_of_square(sigma: torch.Tensor, sigma_norm: torch.Tensor) -> torch.Tensor:
+    """||Sigma^2||_F per frame as ||(Sigma / ||Sigma||)^2||_F ||Sigma||^2: of degree 2 in G~ exactly.
+
+    The direct vector_norm(Sigma Sigma) has entries of order ||G~||^2, and for ||G~|| >= 2^256 or so
+    those squares leave float64's range, where vector_norm rescales internally and stops being
+    exactly homogeneous: the route test (and so ||g||^2, by a rounding) then changed under
+    G~ -> 2^k G~, breaking P2's bit-identical trajectories. The normalised form has entries <= 1,
+    and dividing and multiplying by exact powers of two commute with the scaling."""
+    divisor = torch.where(sigma_norm > 0, sigma_norm, 1.0)[:, None, None]
+    unit = sigma / divisor
+    return torch.linalg.vector_norm(torch.bmm(unit, unit), dim=(-2, -1)) * sigma_norm.square()
 
 
 def second_moment(v: torch.Tensor, g_squared: torch.Tensor, beta2: float, size: int) -> torch.Tensor:

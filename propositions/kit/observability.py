@@ -82,6 +82,7 @@ class AdaptedVariant(Variant):
     state_observable: bool = True
     dtype: str = "float64"
     ignored: tuple[str, ...] = ()
+    torch_factory: object = None  # a torch optimizer's builder (propositions.bookkeeping.TorchFactory)
 
 
 def state_observable(optimizer) -> bool:

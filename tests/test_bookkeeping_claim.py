@@ -1,0 +1,50 @@
+"""The claim 'bookkeeping': layouts of parameters, groups and instances leave a torch optimizer's
+frames unchanged; torch_impl.StiefelAdam passes, each broken subclass fails, and it runs on outside
+torch optimizers through the adapter (float32 included), never 'not comparable'."""
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+from certify import adapters, claims  # noqa: E402
+from propositions._common import get_profile  # noqa: E402
+from propositions.bookkeeping import CLAIM, CONTROLS, regrouping_allowance  # noqa: E402
+
+
+def test_stiefel_adam_passes_with_every_control_detected():
+    result = CLAIM.run(seed=1, profile=get_profile("quick"))
+    assert result.verdict == "pass", result.failures()
+    assert {c.name for c in result.checks} == {"two_groups", "two_optimizers", "batched", "checkpoint", "rebuilt"}
+    assert all(c.samples > 0 for c in result.checks)
+    assert sorted(c.name for c in result.controls) == sorted(CONTROLS) and all(c.detected for c in result.controls)
+
+
+@pytest.mark.parametrize("name,check", [("lr_over_group_size", "two_groups"), ("shared_second_moment", "batched"),
+                                        ("load_drops_first_moment", "checkpoint")])
+def test_each_broken_class_fails_the_layout_that_exposes_it(name, check):
+    result = CLAIM.run(seed=1, profile=get_profile("quick"), optimizer=name)
+    failing = {c.name for c in result.checks if not c.passed}
+    assert result.verdict == "fail" and check in failing
+
+
+@pytest.mark.parametrize("spec", ["torch_impl", "torch_impl-float32"])
+def test_adapted_torch_optimizers_are_certified_in_their_own_dtype(spec):
+    variant = adapters.resolve(spec)
+    assert variant.torch_factory is not None
+    sealed, internal_error = claims.certify_claim("bookkeeping", seed=0, profile="quick", optimizer=spec, command="test")
+    assert internal_error is None
+    assert sealed["verdict"] == "pass", sealed["failures"] + sealed["inconclusive"]
+
+
+def test_a_numpy_step_is_not_applicable_not_passed():
+    sealed, _ = claims.certify_claim("bookkeeping", seed=0, profile="quick", optimizer="reference_impl", command="test")
+    assert sealed["verdict"] == "inconclusive"
+    assert any(reason.startswith("not applicable") for reason in sealed["inconclusive"])
+
+
+def test_the_allowance_grows_with_the_steps_and_the_unit_roundoff():
+    one, three = regrouping_allowance(16, 4, 2.0**-53, 1), regrouping_allowance(16, 4, 2.0**-53, 3)
+    assert math.isclose(three / one, 7.0)
+    assert math.isclose(regrouping_allowance(16, 4, 2.0**-24, 1) / one, 2.0**29)
