@@ -15,13 +15,22 @@ hyper-parameters in a `StiefelAdamConfig`. An adapter builds such a Variant arou
                                adapter tries a batch of two frames once and falls back to per frame
                                when the step raises or returns the wrong shape.
   torch:MODULE:CLASS[:JSON]    a torch.optim.Optimizer driven only through a parameter, its gradient
-                               and step(). JSON holds constructor keywords; three keys are the
+                               and step(). JSON holds constructor keywords; four keys are the
                                adapter's own: "dtype" ("float64" default, "float32"), "manifold"
                                ("module:Class", e.g. "geoopt:EuclideanStiefel": the parameter is then
-                               a geoopt.ManifoldParameter on that manifold) and "batched" (true
+                               a geoopt.ManifoldParameter on that manifold), "batched" (true
                                default: one parameter of shape (..., d, r); false: one parameter per
-                               frame). lr, betas, eps, weight_decay and trust_radius come from the
-                               claim's config; those the class does not take are recorded as ignored.
+                               frame) and "state" (how its state maps to m, v, t, below). lr, betas,
+                               eps, weight_decay and trust_radius come from the claim's config; those
+                               the class does not take are recorded as ignored.
+
+A torch optimizer may declare its state: "state": {"m": KEY, "v": KEY, "t": KEY, "m_tangent_at":
+"previous" | "current"} names the keys of optimizer.state[p] that hold the first moment (shape of
+W), the second moment (one scalar per frame) and the step count, and at which frame m is tangent
+("previous": the frame before the step, as torch_impl keeps it, so the adapter transports it,
+P_{W+}(m), as stage 8 does). The declaration is checked on the trial step (shapes, t = 1 after one
+step from a fresh state, m tangent where declared); the optimizer is then no black box: the claims
+read and build its state (warm starts write m, v, t into those keys) and run their moment checks.
 
 and the named shortcuts of SHORTCUTS (reference_impl, torch_impl, torch_impl-float32,
 geoopt-euclidean, geoopt-canonical, and every name of reference_impl.VARIANTS: the real step
@@ -65,10 +74,13 @@ class ImplementationError(ValueError):
     """The implementation misbehaved during a claim's run (its certificate fails with this line)."""
 
 
+# torch_impl.StiefelAdam's state (torch_impl/optimizer.py): m before its transport, one count per frame
+TORCH_IMPL_STATE = '{"m": "exp_avg", "v": "exp_avg_sq", "t": "step", "m_tangent_at": "previous"}'
 SHORTCUTS: dict[str, tuple[str, str]] = {
     "reference_impl": ("numpy:reference_impl:init,step", "reference_impl.init / reference_impl.step through the NumPy adapter"),
-    "torch_impl": ("torch:torch_impl:StiefelAdam", "torch_impl.StiefelAdam, float64 parameters"),
-    "torch_impl-float32": ('torch:torch_impl:StiefelAdam:{"dtype": "float32"}', "torch_impl.StiefelAdam, float32 parameters"),
+    "torch_impl": ('torch:torch_impl:StiefelAdam:{"state": ' + TORCH_IMPL_STATE + '}', "torch_impl.StiefelAdam, float64 parameters"),
+    "torch_impl-float32": ('torch:torch_impl:StiefelAdam:{"dtype": "float32", "state": ' + TORCH_IMPL_STATE + '}',
+                           "torch_impl.StiefelAdam, float32 parameters"),
     "geoopt-euclidean": (
         'torch:geoopt.optim:RiemannianAdam:{"manifold": "geoopt:EuclideanStiefel"}',
         "geoopt RiemannianAdam on a ManifoldParameter of geoopt.EuclideanStiefel (float64)",
@@ -396,6 +408,7 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
     batched = options.pop("batched", True)
     if not isinstance(batched, bool):
         raise AdapterError(f"{spec}: batched must be true or false, got {batched!r}")
+    state_map = _state_map(options.pop("state", None), spec, batched)
     optimizer_class = _attribute(_import(module_name, spec), class_name, spec)
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise AdapterError(f"{spec}: {module_name}.{class_name} is not a torch.optim.Optimizer class")
@@ -407,11 +420,27 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
             manifold = manifold_type()
         except Exception as error:
             raise AdapterError(f"{spec}: manifold {manifold_name} cannot be made: {_one_line(error)}") from None
-    adapter = _TorchStepper(name, optimizer_class, options, getattr(torch, dtype), manifold, batched)
+    adapter = _TorchStepper(name, optimizer_class, options, getattr(torch, dtype), manifold, batched, state_map)
     adapter.trial()
     description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({dtype})"))[1]
-    return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=False,
+    return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=state_map is not None,
                           dtype=dtype, ignored=adapter.ignored, torch_factory=adapter.factory())
+
+
+STATE_KEYS = ("m", "v", "t", "m_tangent_at")
+
+
+def _state_map(declared, spec: str, batched: bool) -> dict | None:
+    """The checked "state" declaration of a torch spec (module docstring), or None."""
+    if declared is None:
+        return None
+    if not isinstance(declared, dict) or set(declared) != set(STATE_KEYS):
+        raise AdapterError(f"{spec}: state must be an object with the keys {', '.join(STATE_KEYS)}, got {declared!r}")
+    if declared["m_tangent_at"] not in ("previous", "current"):
+        raise AdapterError(f"{spec}: state.m_tangent_at must be 'previous' or 'current', got {declared['m_tangent_at']!r}")
+    if not batched:
+        raise AdapterError(f"{spec}: a state declaration needs batched=true (one parameter holds every frame)")
+    return dict(declared)
 
 
 class _TorchStepper:
@@ -420,8 +449,10 @@ class _TorchStepper:
     (a deep copy of state_dict()) is the returned OpaqueState. A state can so be reused (P5 takes two
     steps from one state), and the optimizer sees only parameters, gradients and step()."""
 
-    def __init__(self, spec, optimizer_class, options, dtype, manifold, batched):
+    def __init__(self, spec, optimizer_class, options, dtype, manifold, batched, state_map=None):
         self.spec = spec
+        self.state_map = state_map
+        self.count_kind = None  # how the optimizer stores t: learned on the trial step
         self.optimizer_class = optimizer_class
         self.options = options
         self.dtype = dtype
@@ -486,14 +517,45 @@ class _TorchStepper:
             except Exception as error:
                 raise AdapterError(f"{self.spec}: the optimizer cannot be made: {_one_line(error)}") from None
         try:
-            self.step(W, G, self.init(W), TRIAL_CONFIG)
+            W_new, state = self.step(W, G, self.init(W), TRIAL_CONFIG)
         except ImplementationError:
-            pass  # it runs; misbehaving output is for the claims to report
+            return  # it runs; misbehaving output is for the claims to report
+        except AdapterError:
+            raise
         except Exception as error:
             raise AdapterError(f"{self.spec}: a trial step failed: {_one_line(error)}") from None
+        if self.state_map is not None:
+            self._check_declared_state(W, W_new, state)
+
+    def _check_declared_state(self, W, W_new, state) -> None:
+        """The declared m, v, t after one step from a fresh state: t = 1, v one scalar per frame
+        and positive (G is random), m of W's shape and tangent at W_new (after the transport)."""
+        problems = []
+        if state.t != 1:
+            problems.append(f"t = {state.t} after one step, not 1")
+        if np.shape(state.v) != W.shape[:-2] or not np.all(np.asarray(state.v) > 0):
+            problems.append(f"v has shape {np.shape(state.v)} (one positive scalar per frame has shape {W.shape[:-2]})")
+        if np.shape(state.m) != W.shape:
+            problems.append(f"m has shape {np.shape(state.m)}, not {W.shape}")
+        else:
+            normal = np.swapaxes(W_new, -1, -2) @ state.m
+            defect = ri.frobenius(normal + np.swapaxes(normal, -1, -2))
+            scale = np.maximum(ri.frobenius(state.m), np.finfo(np.float64).tiny)
+            # the transport's own rounding, (d + r + 2) sqrt(r) u ||m|| (kit/bounds.py's projection),
+            # with u the moment's storage (float32 below float64): 64 d r u covers it with room
+            import torch
+
+            u = 2.0**-53 if self.dtype == torch.float64 else 2.0**-24
+            tolerance = 64 * W.shape[-2] * W.shape[-1] * u
+            if not np.all(defect <= tolerance * scale):
+                problems.append("m is not tangent at the new frame (W^T m + m^T W != 0): m_tangent_at does not fit")
+        if problems:
+            raise AdapterError(f"{self.spec}: the declared state does not fit the optimizer: " + "; ".join(problems))
 
     def init(self, W):
         check_frame("W", W)
+        if self.state_map is not None:
+            return ri.init(np.asarray(W, dtype=np.float64))
         return OpaqueState(None, np.shape(W)[:-2])
 
     def step(self, W, G, state, config):
@@ -501,6 +563,8 @@ class _TorchStepper:
 
         W = np.asarray(W)
         G = np.asarray(G)
+        if self.state_map is not None:
+            return self._step_declared(W, G, state, config)
         if not isinstance(state, OpaqueState):
             raise StateNotObservable("a state built by the checker was handed to a torch optimizer (black box)")
         if state.lead != W.shape[:-2]:
@@ -525,6 +589,77 @@ class _TorchStepper:
         W_new = values[0].copy() if self.batched else (np.stack(values).reshape(W.shape) if values else np.array(W, copy=True))
         W_new = _check_output(self.spec, W, W_new, "float64" if self.dtype == torch.float64 else "float32")
         return W_new, OpaqueState(copy.deepcopy(optimizer.state_dict()), W.shape[:-2])
+
+    def _step_declared(self, W, G, state, config):
+        """One step with the state written into, and read from, the declared keys."""
+        import torch
+
+        if not isinstance(state, StiefelAdamState):
+            raise ValueError(f"state must be a StiefelAdamState (from init), got {type(state).__name__}")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            (parameter,) = self._parameters(W)
+            optimizer = self._optimizer([parameter], config)
+            if state.t > 0:
+                self._write_state(optimizer, parameter, state)
+            parameter.grad = torch.tensor(np.array(G, dtype=np.float64), dtype=self.dtype)
+            optimizer.step()
+        finally:
+            torch.set_num_threads(threads)
+        W_new = _check_output(self.spec, W, parameter.detach().to(torch.float64).numpy().copy(),
+                              "float64" if self.dtype == torch.float64 else "float32")
+        return W_new, self._read_state(optimizer, parameter, W_new)
+
+    def _write_state(self, optimizer, parameter, state) -> None:
+        """m, v, t into the declared keys, in the types the optimizer keeps them (seen on the trial)."""
+        import torch
+
+        keys, kind = self.state_map, self.count_kind
+        moment_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        count = float(state.t)
+        if kind is None or kind == "int":
+            value = int(state.t)
+        else:
+            layout, dtype = kind
+            value = torch.full(parameter.shape[:-2] if layout == "per_frame" else (), count, dtype=dtype)
+        optimizer.state[parameter] = {
+            keys["m"]: torch.tensor(np.asarray(state.m, dtype=np.float64), dtype=moment_dtype),
+            keys["v"]: torch.tensor(np.asarray(state.v, dtype=np.float64), dtype=moment_dtype),
+            keys["t"]: value,
+        }
+
+    def _read_state(self, optimizer, parameter, W_new):
+        """The StiefelAdamState the declared keys hold after a step (m transported where declared)."""
+        import torch
+
+        held = optimizer.state[parameter]
+        keys = self.state_map
+        missing = [keys[name] for name in ("m", "v", "t") if keys[name] not in held]
+        if missing:
+            raise AdapterError(f"{self.spec}: the declared state key(s) {missing} are not in optimizer.state (it holds {sorted(held)})")
+        count = held[keys["t"]]
+        if torch.is_tensor(count):
+            counts = count.detach().to(torch.float64).reshape(-1).numpy()
+            lead = tuple(parameter.shape[:-2])
+            if lead:  # one frame cannot tell one count per frame from one per parameter
+                self.count_kind = ("per_frame" if tuple(count.shape) == lead else "scalar", count.dtype)
+            elif self.count_kind is None:
+                self.count_kind = ("scalar", count.dtype)
+            if counts.size and not np.all(counts == counts[0]):
+                raise ImplementationError(f"{self.spec}: the frames of one parameter have different step counts {sorted(set(counts.tolist()))}")
+            t = int(counts[0]) if counts.size else 0
+        else:
+            self.count_kind = "int"
+            t = int(count)
+        m = held[keys["m"]].detach().to(torch.float64).numpy().copy()
+        v = held[keys["v"]].detach().to(torch.float64).numpy().copy()
+        if self.state_map["m_tangent_at"] == "previous" and m.shape == W_new.shape:
+            # stage 8's transport P_{W+}(m) = m - W+ sym(W+^T m), written out: reference_impl's
+            # project_tangent would refuse a float32 frame at float64's manifold tolerance
+            normal = np.swapaxes(W_new, -1, -2) @ m
+            m = m - W_new @ (0.5 * (normal + np.swapaxes(normal, -1, -2)))
+        return ri.StiefelAdamState(m=m, v=v, t=t)
 
 
 __all__ = ["AdapterError", "ImplementationError", "SHORTCUTS", "canonical_spec", "describe", "known_names", "resolve"]

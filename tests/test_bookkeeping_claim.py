@@ -48,3 +48,35 @@ def test_the_allowance_grows_with_the_steps_and_the_unit_roundoff():
     one, three = regrouping_allowance(16, 4, 2.0**-53, 1), regrouping_allowance(16, 4, 2.0**-53, 3)
     assert math.isclose(three / one, 7.0)
     assert math.isclose(regrouping_allowance(16, 4, 2.0**-24, 1) / one, 2.0**29)
+
+
+def test_torch_impl_declares_its_state_and_the_claims_read_it():
+    variant = adapters.resolve("torch_impl")
+    assert variant.state_observable
+    import numpy as np
+    import reference_impl as ri
+
+    rng = np.random.default_rng(0)
+    W = ri.random_point(6, 2, rng, (3,))
+    config = ri.StiefelAdamConfig(lr=0.05)
+    state = variant.init(W)
+    reference_state = ri.init(W)
+    for _ in range(3):
+        G = rng.standard_normal(W.shape)
+        W_new, state = variant.step(W, G, state, config)
+        W_ref, reference_state = ri.step(W, G, reference_state, config)
+        assert state.t == reference_state.t
+        assert np.max(np.abs(state.v - reference_state.v)) <= 1e-14 * np.max(reference_state.v)
+        assert np.max(ri.frobenius(state.m - reference_state.m)) <= 1e-13
+        W = W_ref  # the reference's frame, with the optimizer's state written back into it
+
+
+@pytest.mark.parametrize("declaration,message", [
+    ('{"m": "exp_avg", "v": "exp_avg_sq", "t": "step", "m_tangent_at": "current"}', "m is not tangent"),
+    ('{"m": "exp_avg", "v": "exp_avg", "t": "step", "m_tangent_at": "previous"}', "v has shape"),
+    ('{"m": "exp_avg", "v": "exp_avg_sq", "t": "count", "m_tangent_at": "previous"}', "not in optimizer.state"),
+    ('{"m": "exp_avg", "v": "exp_avg_sq"}', "keys m, v, t, m_tangent_at"),
+])
+def test_a_wrong_state_declaration_is_refused_on_the_trial_step(declaration, message):
+    with pytest.raises(adapters.AdapterError, match=message):
+        adapters.resolve('torch:torch_impl:StiefelAdam:{"state": ' + declaration + "}")
