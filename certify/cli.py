@@ -414,6 +414,13 @@ class _Recorder:
         self.out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
         for reason in sealed["failures"] + sealed["inconclusive"]:
             self.out.line(f"    {reason}")
+        found = sealed["extra"].get("counterexample")
+        if found:
+            from certify.counterexample import block
+
+            self.out.line("    minimal counterexample:")
+            for line in block(found):
+                self.out.line(f"      {line}")
         self.by_id[claim_id] = sealed
 
 
