@@ -7,6 +7,7 @@
     certify compare IMPL... [--implementation MODULE:CALLABLE]... [--torch-optimizer MODULE:CLASS[:JSON]]... [--out DIR] [--seed S] [--profile P]
     certify verify FILE... [--report FILE] [--workers N | --scheduler ADDRESS]
     certify cite FILE [--format text|markdown|bibtex]
+    certify regression CERT.json... -o FILE.py
     certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
 
 Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
@@ -159,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("files", nargs="+", metavar="FILE")
     verify.add_argument("--report", metavar="FILE", help="also write the tolerance report as markdown to FILE")
     _add_execution_options(verify)
+
+    regression = commands.add_parser("regression", help="write a pytest file replaying the minimal counterexamples of failing certificates")
+    regression.add_argument("files", nargs="+", metavar="FILE")
+    regression.add_argument("-o", "--output", required=True, metavar="FILE.py", help="the pytest file to write")
 
     cite = commands.add_parser("cite", help="citation of a certificate: id, statement, verdict, digest, version, reproduce command")
     cite.add_argument("file", metavar="FILE")
@@ -809,7 +814,24 @@ def command_compare(args, out: _Output, command: str) -> int:
     return 0 if all(c["verdict"] == expected[spec] for spec in specs for c in results[spec].values()) else 1
 
 
+def command_regression(args, out: _Output, command: str) -> int:
+    from certify import regression
+
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise UsageError(f"-o {args.output}: " + ("is a directory" if target.is_dir() else f"directory {target.parent} does not exist"))
+    try:
+        count = regression.write(args.files, target)
+    except regression.RegressionError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
+    out.line(f"{target}: {count} counterexample(s); run it with: python -m pytest {target}")
+    return 0
+
+
 COMMANDS = {
+    "regression": command_regression,
     "compare": command_compare,
     "all": command_all,
     "list": command_list,
