@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("implementations", nargs="*", metavar="IMPL", help="names (reference_impl, torch_impl, torch_impl-float32, geoopt-euclidean, geoopt-canonical, stiefel_adam, the controls) or numpy:/torch: specs")
     compare.add_argument("--implementation", action="append", default=[], metavar="MODULE:CALLABLE", help="add a NumPy step (numpy:MODULE:CALLABLE)")
     compare.add_argument("--torch-optimizer", action="append", default=[], metavar="MODULE:CLASS[:JSON]", help="add a torch optimizer (torch:MODULE:CLASS[:JSON])")
-    compare.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"certificates go to DIR/compare/<impl>/<claim>.json, the matrix into DIR/REPORT.md (default {DEFAULT_OUT})")
+    compare.add_argument("--out", default=None, metavar="DIR", help="certificates go to DIR/compare/<impl>/<claim>.json, the matrix into DIR/REPORT.md (default: a fresh folder compare-<UTC time> here, so that no report is overwritten)")
     compare.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
     compare.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help="how much evidence to collect (default quick)")
 
@@ -245,6 +245,16 @@ def _out_dir(text: str) -> Path:
     except OSError as error:
         raise UsageError(f"--out {text}: cannot be created ({error.strerror or error})") from None
     return out
+
+
+def _fresh_folder(prefix: str) -> Path:
+    """PREFIX-<UTC time> in the current directory, with -2, -3, ... where that name is taken."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    candidate, index = Path(f"{prefix}-{stamp}"), 1
+    while candidate.exists():
+        index += 1
+        candidate = Path(f"{prefix}-{stamp}-{index}")
+    return candidate
 
 
 def _check_optimizer(name: str) -> None:
@@ -654,6 +664,21 @@ def _is_mutation_report(path: Path) -> bool:
         return False
 
 
+def _unusable_implementation(recorded: dict) -> str | None:
+    """Why the outside implementation a certificate ran cannot be re-run here (it does not import,
+    say), or None; a re-run would only end inconclusive and read as an irreproducible certificate."""
+    from certify import adapters
+
+    spec = recorded["provenance"]["optimizer"]
+    if not claims.is_adapter_spec(spec):
+        return None
+    try:
+        adapters.resolve(spec)
+    except adapters.AdapterError as error:
+        return f"the implementation cannot be used here: {error}"
+    return None
+
+
 def command_verify(args, out: _Output, command: str) -> int:
     report_path = _report_path(args.report)
     loaded = []
@@ -673,6 +698,11 @@ def command_verify(args, out: _Output, command: str) -> int:
     exit_code = 0
     entries = []
     for index, (name, recorded) in enumerate(loaded, start=1):
+        unusable = _unusable_implementation(recorded)
+        if unusable:
+            out.line(f"[{index}/{len(loaded)}] {name}: digest ok; not re-run: {unusable}")
+            exit_code = 1
+            continue
         what = f"re-running {recorded['id']} ({recorded['provenance']['reproduce']})"
         if out.rich:
             with out.console.status(f"[{index}/{len(loaded)}] {name}: digest ok; {what}", spinner="dots"):
@@ -793,7 +823,7 @@ def command_compare(args, out: _Output, command: str) -> int:
         raise UsageError("name at least one implementation to compare (e.g. certify compare reference_impl torch_impl)")
     specs = list(dict.fromkeys(specs))
     variants = {spec: _resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
-    out_dir = _out_dir(args.out)
+    out_dir = _out_dir(args.out if args.out is not None else str(_fresh_folder("compare")))
     results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
     found = {}
     for spec, variant in variants.items():
