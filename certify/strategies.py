@@ -80,12 +80,18 @@ def gradients(draw, W: np.ndarray, scale=None):
     return factor * _generator(draw).standard_normal(np.shape(W))
 
 
-@st.composite
-def orthogonal_matrices(draw, n: int, det: int | None = None, batch=()):
+def orthogonal_matrices(n: int, det: int | None = None, batch=()) -> st.SearchStrategy[np.ndarray]:
     """Haar-random matrices of O(n), shape batch + (n, n); det +1 or -1 restricts to that component
     (the first column's sign is flipped where the determinant is the other one)."""
     if det not in (None, 1, -1):
         raise ValueError(f"det must be None, 1 or -1, got {det!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    return _orthogonal_matrices(n, det, tuple(batch))
+
+
+@st.composite
+def _orthogonal_matrices(draw, n: int, det, batch):
     Q = ri.random_orthogonal(n, _generator(draw), batch)
     if det is not None:
         flip = np.where(np.linalg.det(Q) * det < 0, -1.0, 1.0)
@@ -114,18 +120,25 @@ def configs(draw, lr=None, trust_radius=None, weight_decay=None, eps=None, betas
     )
 
 
-@st.composite
-def cases(draw, claim: str, black_box: bool = False, max_d: int = 6, max_steps: int = 8):
+def cases(claim: str, black_box: bool = False, max_d: int = 6, max_steps: int = 8) -> st.SearchStrategy:
     """A certify.counterexample.Case of claim's trajectory settings (propositions/kit/trajectories.py):
     a setting of the claim, a shape, a batch (0: a bare frame), a number of steps and a seed; its
     check is trajectory_model_W (replace(case, quantity=...) for m, v, bookkeeping). A black box
     takes only its own state: its warm settings start fresh."""
-    from certify.counterexample import Case, WIDE_EXPONENT
     from propositions.kit.trajectories import CLAIM_SETTINGS
 
     if claim not in CLAIM_SETTINGS:
         raise ValueError(f"no trajectory settings for claim {claim!r}; known: {', '.join(CLAIM_SETTINGS)}")
-    setting = draw(st.sampled_from(CLAIM_SETTINGS[claim][0]))
+    if max_d < 1 or max_steps < 1:
+        raise ValueError(f"max_d and max_steps must be at least 1, got {max_d} and {max_steps}")
+    return _cases(claim, black_box, max_d, max_steps, CLAIM_SETTINGS[claim][0])
+
+
+@st.composite
+def _cases(draw, claim, black_box, max_d, max_steps, settings):
+    from certify.counterexample import WIDE_EXPONENT, Case
+
+    setting = draw(st.sampled_from(settings))
     d = draw(st.integers(1, max_d))
     r = draw(st.integers(1, d))
     wide = setting.gradients == "wide"
