@@ -815,6 +815,19 @@ def command_mutate(args, out: _Output, command: str) -> int:
     return 0 if not mutation.unexplained(summary) else 1
 
 
+def _print_counterexamples(out: _Output, results: dict) -> None:
+    """The minimal counterexample of each failing pair, one block each."""
+    from certify.counterexample import block
+
+    for spec, row in results.items():
+        for claim_id, certificate in row.items():
+            found = certificate.get("extra", {}).get("counterexample")
+            if found and found.get("found"):
+                out.line(f"{spec} {claim_id}: minimal counterexample:")
+                for line in block(found):
+                    out.line(f"    {line}")
+
+
 def command_compare(args, out: _Output, command: str) -> int:
     from certify import compare, probes
 
@@ -835,6 +848,7 @@ def command_compare(args, out: _Output, command: str) -> int:
     except OSError as error:
         raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
     out.table(["implementation", *claims.IMPLEMENTATION_CLAIMS], compare.matrix_rows(results), title="implementations x claims")
+    _print_counterexamples(out, results)
     for spec, listed in found.items():
         differing = [f"{p['property']}: {p['finding']}" for p in listed if p["differs"]]
         if differing:

@@ -303,8 +303,11 @@ def shrink(variant, start: Case, search: _Search | None = None) -> tuple[Case, O
 def minimal_counterexample(variant, certificate: dict) -> dict | None:
     """The record of the minimal counterexample of a failing certificate (None: nothing to shrink)."""
     quantity = failing_quantity(certificate)
-    if quantity is None or certificate.get("id") not in CLAIM_SETTINGS:
+    if certificate.get("id") not in CLAIM_SETTINGS:
         return None
+    if quantity is None:
+        return {"found": False, "check": first_failing_check(certificate),
+                "reason": "no trajectory check failed: the failing checks have no replayable small case (see the certificate's worst case)"}
     started = time.perf_counter()
     white = observability.state_observable(variant)
     check = next(c for c in certificate["numerical"]["checks"] if str(c.get("name", "")).startswith(CHECK_PREFIX + quantity))
@@ -398,10 +401,11 @@ def block(found: dict) -> list[str]:
     """The counterexample as a few lines for the terminal and REPORT.md."""
     if not found.get("found"):
         return [f"no minimal counterexample: {found.get('reason')}"]
-    k = found["first_diverging_step"]
-    G = np.asarray(found["replay"]["gradients"][max(k, 1) - 1], dtype=np.float64)
-    text = np.array2string(G, precision=4, separator=", ", max_line_width=1000).replace("\n", "")
-    lines = [found["summary"], f"  G_{k} = {text}"]
+    k, gradients = found["first_diverging_step"], found["replay"]["gradients"]
+    lines = [found["summary"]]
+    if 1 <= k <= len(gradients):
+        G = np.asarray(gradients[k - 1], dtype=np.float64)
+        lines.append(f"  G_{k} = " + np.array2string(G, precision=4, separator=", ", max_line_width=1000).replace("\n", ""))
     if found.get("stage_finding"):
         lines.append(f"  {found['stage_finding']}")
     if found.get("first_failing_check") and found["first_failing_check"] != found["check"]:
