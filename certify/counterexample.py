@@ -392,7 +392,8 @@ def summary_line(found: dict) -> str:
     setting = (f"{p['start']} start, {p['gradients']} G x 1e{p['scale_exponent']}, lr={_number(p['lr'])}, betas=({_number(p['betas'][0])}, "
                f"{_number(p['betas'][1])}), eps={_number(p['eps'])}, Delta={_number(p['trust_radius'])}, lambda={_number(p['weight_decay'])}, seed {p['seed']}")
     outcome = found["error"] or f"residual {_number(found['residual'])}, bound {_number(found['bound'])}"
-    stage = f"; first stage that differs: {found['stage']} ({found['stage_number']})" if found["stage"] else "; no single stage differs"
+    stage = f"; first stage that differs: {found['stage']} ({found['stage_number']})" if found["stage"] else (
+        "" if found["error"] else "; no single stage differs")
     return (f"{found['claim']} {found['replayed_check']} fails at d={p['d']}, r={p['r']}, {frames}, {steps} ({setting}): "
             f"first diverging step {found['first_diverging_step']}, {outcome}{stage}")
 

@@ -37,8 +37,10 @@ the observed W+ (certify/probes.py, whose tolerances and their derivation are us
     box a differing tiny step from a history state is named "moments or bias correction";
   * a step of length 0.3 without cap along the tiny step's own direction u must be polar(W + a u) for
     some a (retraction);
-  * the step itself, its xi recovered by the inverse polar retraction (the retraction being polar by
-    then), must have the reference's length min(||xi_raw||, Delta) (cap; direction where no cap acts).
+  * the failing step itself from the held state, replayed with eps = 0 and no cap, then with its eps
+    and no cap, then as it was, against the model within the trajectory check's own one-step bound
+    (the retraction having fitted polar): the first to leave the model is the bias correction (for
+    a black box: the moments or the bias correction), the direction (eps) or the cap.
 """
 
 from __future__ import annotations
@@ -185,17 +187,35 @@ def retraction_finding(variant, W, G, state, reference_state, config) -> dict:
                     f"relative misfit {misfit:.3g}", misfit > FIT_TOLERANCE)
 
 
-def cap_finding(W, W_new, G, reference_state, config) -> dict:
-    """The failing step's xi (inverse polar retraction) against the reference's capped length."""
-    expected = _frobenius(_reference_xi(W, G, reference_state, config))
-    inverse = inverse_polar_retraction(W, np.asarray(W_new))
-    length = _frobenius(inverse.xi)
-    differs = np.abs(length - expected) > LENGTH_TOLERANCE * expected + inverse.error_bound
-    capped = (expected >= config.trust_radius * (1 - LENGTH_TOLERANCE)) | (length > config.trust_radius * (1 + LENGTH_TOLERANCE))
-    stage = "cap" if bool(np.any(differs & capped)) or not np.any(differs) else "direction"
-    return _finding(stage, f"||xi|| of the step itself: min(||xi_raw||, Delta), Delta = {config.trust_radius:g}",
-                    f"||xi|| in [{float(np.min(length)):.9g}, {float(np.max(length)):.9g}], reference "
-                    f"[{float(np.min(expected)):.9g}, {float(np.max(expected)):.9g}]", bool(np.any(differs)))
+def _step_residual(variant, at: dict, config, white: bool) -> tuple[float, float]:
+    """(worst residual, its bound) of the failing step replayed at `config` against the model, within
+    the trajectory check's own bound (twice the one-step bound; the carried bound for a black box)."""
+    W, G = np.asarray(at["W"]), np.asarray(at["G"])
+    m, v, t = at["reference_state"]
+    W1 = np.asarray(variant.step(W, G, at["state"], config)[0])
+    with np.errstate(all="ignore"):
+        model = model_step(W, G, m, v, t, config)
+        own = one_step_bound(W, G, m, v, t, config, model)
+        held = own if white else one_step_bound(W, G, m, v, t, config, model, *at["carried"])
+        residual = np.ravel(np.where(held.well_posed & own.well_posed, _frobenius(W1 - model.W), 0.0))
+        bound = np.ravel(np.broadcast_to(own.W + held.W, np.shape(model.W)[:-2]))
+    index = int(np.argmax(residual / bound))
+    return float(residual[index]), float(bound[index])
+
+
+def full_step_findings(variant, at: dict, config, white: bool) -> list[dict]:
+    """The failing step itself, from the held state, with eps = 0 and no cap, then the step's eps and
+    no cap, then the step's own config: the first of these to leave the model names stage 5, 6 or 7
+    (stages 1-4 and 8 having passed their probes)."""
+    ladder = (("bias correction" if white else "moments or bias correction", dict(eps=0.0, trust_radius=math.inf), "eps = 0, no cap"),
+              ("direction", dict(trust_radius=math.inf), f"eps = {config.eps:g}, no cap"),
+              ("cap", {}, f"eps = {config.eps:g}, Delta = {config.trust_radius:g}"))
+    findings = []
+    for stage, change, what in ladder:
+        residual, bound = _step_residual(variant, at, _config(config, **change), white)
+        findings.append(_finding(stage, f"the failing step from the held state ({what}) against the model within its one-step bound",
+                                 f"||W+ - W+_model|| = {residual:.3g} vs bound {bound:.3g}", residual > bound))
+    return findings
 
 
 def _guarded(run) -> list[dict]:
@@ -219,9 +239,10 @@ def _probes(variant, case, at: dict) -> list:
         ordered += _guarded(lambda: fresh_findings(variant, W, G, config, case.seed))
         if at["reference_state"][2] > 0:
             ordered += _guarded(lambda: history_findings(variant, W, G, state, reference, config, white))
-        ordered += _guarded(lambda: retraction_finding(variant, W, G, state, reference, config))
-        if "W_new" in at:
-            ordered += _guarded(lambda: cap_finding(W, at["W_new"], G, reference, config))
+        retraction = _guarded(lambda: retraction_finding(variant, W, G, state, reference, config))
+        if not any(finding["differs"] for finding in retraction):  # the full steps below take the retraction as polar
+            ordered += _guarded(lambda: full_step_findings(variant, at, config, white))
+        ordered += retraction
     return ordered + ([transport] if transport is not None else [])
 
 

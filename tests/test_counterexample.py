@@ -116,3 +116,18 @@ def test_shrinking_reaches_the_smallest_shape_the_mistake_needs():
     case, outcome = counterexample.shrink(variant, start)
     assert (case.d, case.r, case.batch, case.steps, case.start) == (2, 2, 0, 1, "fresh")
     assert outcome.fails and not math.isinf(outcome.residual)
+
+
+@pytest.mark.parametrize("spec, quantity, stage", [
+    ("numpy:broken_impls:eps_inside_sqrt", "W", "direction"),
+    ("numpy:broken_impls:untransported", "m", "transport"),
+    ("numpy:broken_impls:bias_from_step_2:black_box", "W", "moments or bias correction"),
+])
+def test_the_other_stages_are_named(spec, quantity, stage):
+    """Stage 6 (eps) and the transport, and what a black box's hidden moments leave open."""
+    from certify import adapters
+
+    check = {"name": f"trajectory_model_{quantity}[x]", "passed": False, "worst_case": {}}
+    found = counterexample.minimal_counterexample(adapters.resolve(spec), {"id": "P1", "provenance": {"seed": 0}, "numerical": {"checks": [check]}})
+    assert found["found"] and found["stage"] == stage, found["stage_evidence"]
+    assert found["parameters"]["d"] * found["parameters"]["r"] <= 8 and found["parameters"]["steps"] <= 3
