@@ -34,11 +34,12 @@ def _generator(draw) -> np.random.Generator:
 
 @st.composite
 def frame_shapes(draw, max_d: int = 8, max_batch_dims: int = 1, max_batch: int = 3):
-    """(batch, d, r) with 1 <= r <= d <= max_d and batch a tuple of up to max_batch_dims axes of 1..max_batch."""
+    """(batch, d, r) with 1 <= r <= d <= max_d (r = 1 and r = d drawn often: the edge cases of
+    St(d, r)) and batch a tuple of up to max_batch_dims axes of 1..max_batch."""
     if max_d < 1:
         raise ValueError(f"max_d must be at least 1, got {max_d}")
     d = draw(st.integers(1, max_d))
-    r = draw(st.integers(1, d))
+    r = draw(st.one_of(st.just(1), st.just(d), st.integers(1, d)))
     batch = tuple(draw(st.lists(st.integers(1, max_batch), max_size=max_batch_dims)))
     return batch, d, r
 
