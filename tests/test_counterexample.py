@@ -131,3 +131,15 @@ def test_the_other_stages_are_named(spec, quantity, stage):
     found = counterexample.minimal_counterexample(adapters.resolve(spec), {"id": "P1", "provenance": {"seed": 0}, "numerical": {"checks": [check]}})
     assert found["found"] and found["stage"] == stage, found["stage_evidence"]
     assert found["parameters"]["d"] * found["parameters"]["r"] <= 8 and found["parameters"]["steps"] <= 3
+
+
+def test_verify_reproduces_the_counterexample_and_notices_a_different_one(certificates, capsys, tmp_path):
+    from certify import certificate as certificate_format
+
+    code, out, _ = run_main(capsys, "verify", str(certificates["cap"]))
+    assert code == 1 and "reproduced" in out and "minimal counterexample" not in out
+    doctored = json.loads(certificates["cap"].read_text())
+    doctored["extra"]["counterexample"]["stage"] = "retraction"
+    path = certificate_format.write(certificate_format.seal(doctored), tmp_path / "P1.json")
+    code, out, _ = run_main(capsys, "verify", str(path))
+    assert code == 1 and "minimal counterexample: stage 'retraction' recorded, 'cap' reproduced" in out
