@@ -36,7 +36,8 @@ import reference_impl as ri
 from propositions._common import rng_for
 from propositions.kit import observability
 from propositions.kit.model import model_step
-from propositions.kit.trajectories import CLAIM_SETTINGS, MIN_STEPS, TINY, _checked_step, _gradient, _warm_state, one_step_bound
+from propositions.kit.trajectories import (CLAIM_SETTINGS, MIN_STEPS, TINY, _checked_step, _gradient, _state_shapes_fit, _warm_state,
+                                          one_step_bound)
 
 QUANTITIES = ("W", "m", "v", "bookkeeping")
 CHECK_PREFIX = "trajectory_model_"
@@ -139,6 +140,8 @@ def replay_inputs(variant, quantity: str, W, warm, gradients, config, steps: int
         G = gradients[k] if isinstance(gradients, (list, tuple)) else gradients(k, W)
         inputs["gradients"].append(np.array(G))
         W_new, state_new, error = _checked_step(variant, W, G, state, config, k, watched=_watched(white, W, G, state))
+        if error is None and white and not _state_shapes_fit(state_new, W):
+            error = f"step {k + 1} returned a state of the wrong shape"
         before = {"W": W, "G": G, "state": state, "reference_state": _reference_state(white, state, model_state), "carried": carried}
         if error is not None:
             return Outcome(k + 1, math.inf, 1.0, error, inputs, before)
