@@ -28,6 +28,13 @@ DIR/compare/<impl>/<claim>.json and the implementation x claim matrix into DIR/R
 property probes of certify.probes naming how each implementation differs (docs/adapters.md). Its exit
 code is 0 only when every pair passes.
 
+A failing certificate of an outside implementation (--implementation, --torch-optimizer, compare)
+records its minimal counterexample (certify.counterexample: the smallest case of the claim's own
+parameters that still fails the same check, its first diverging step and the first stage of
+docs/algorithm.md that differs), printed in one block under the certificate's line and in
+REPORT.md. `regression` writes a pytest file that replays the counterexamples of the certificates
+named (certify.regression; docs/ci.md).
+
 `verify` first re-checks each file's digest, then re-runs the claim from the recorded seed,
 profile, optimizer and options and compares (certify.verification): the verdict, the pass/fail
 of every check, the detection of every control, counts, shapes and the reproduce command must
@@ -35,7 +42,8 @@ agree on any machine; residuals must be bit-identical only where the re-run's ro
 fingerprint is the recorded one, and are reported, never required, elsewhere. It prints, per
 certificate, a verdict line, the fingerprint line and a table of every check and control
 (recorded residual, re-run residual, bound, ratio, pass, bit-identical); --report FILE also writes
-that as markdown. `cite` prints a citation (text: one line; markdown; bibtex) with the id,
+that as markdown; a certificate whose implementation cannot be used here (its module does not
+import) is not re-run, and says so in one line. `cite` prints a citation (text: one line; markdown; bibtex) with the id,
 statement, verdict, digest, project version and commit and the reproduce command.
 
 Exit codes:
