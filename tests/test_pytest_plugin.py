@@ -4,6 +4,7 @@ passes, an unusable one fails in one line, and hypothesis' settings come from th
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -17,6 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def _plugin_arguments(request) -> list[str]:
     """-p certify.pytest_plugin unless the installed entry point loaded it already."""
     return [] if request.config.pluginmanager.has_plugin("certify") else ["-p", "certify.pytest_plugin"]
+
+
+def in_subprocess(pytester, monkeypatch, request, *arguments):
+    """A pytest run in its own interpreter. Runs that drive torch go there: an in-process run's
+    imports are undone afterwards (pytester restores sys.modules), and torch's native extensions
+    cannot be imported twice into one process."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    return pytester.runpytest_subprocess(*_plugin_arguments(request), "-p", "no:cacheprovider", *arguments)
 
 
 def test_the_plugin_is_declared_as_a_pytest11_entry_point():
@@ -40,7 +49,7 @@ def test_fixture_fails_with_the_minimal_counterexample_and_passes_the_fixed_code
     ])
 
 
-def test_marker_runs_the_claim_before_the_body(pytester, request):
+def test_marker_runs_the_claim_before_the_body(pytester, request, monkeypatch):
     pytest.importorskip("torch")
     pytester.makepyfile(test_marked="""
         import pytest
@@ -53,7 +62,7 @@ def test_marker_runs_the_claim_before_the_body(pytester, request):
         def test_fixed():
             pass
     """)
-    result = pytester.runpytest_inprocess(*_plugin_arguments(request), "-p", "no:cacheprovider")
+    result = in_subprocess(pytester, monkeypatch, request)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*first stage that differs: moments (stages 3-4)*"])
 
