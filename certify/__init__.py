@@ -7,7 +7,11 @@ the human-readable `REPORT.md` with its figures, and re-checks certificates (`ce
 
 Modules: `cli` (the console script), `claims` (which claims exist and how one is run),
 `certificate` (format, digest, schema validation), `environment` (software and hardware record),
-`report` (REPORT.md and figures).
+`report` (REPORT.md and figures), `adapters` and `probes` (outside implementations),
+`counterexample` and `stages` (the minimal counterexample of a failing outside implementation and
+the stage of docs/algorithm.md it gets wrong), `regression` (pytest files replaying them),
+`pytest_plugin` (the pytest11 plugin: `certify_claim`, `@pytest.mark.certify`) and `strategies`
+(public hypothesis strategies); docs/ci.md.
 """
 
 # 1.1: statement.docs and environment.rounding_fingerprint (docs/certificates.md)

@@ -57,6 +57,8 @@ import importlib
 import inspect
 import json
 import math
+import os
+import sys
 
 import numpy as np
 
@@ -143,9 +145,18 @@ def describe(variant) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def _current_directory_importable() -> None:
+    """A user's module in the current directory imports, as under `python -m` and pytest: the console
+    script's sys.path starts at its own bin directory, not at the directory it was run from."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.insert(0, here)
+
+
 def _import(module_name: str, spec: str):
     if not module_name:
         raise AdapterError(f"{spec}: no module named (expected MODULE:CALLABLE)")
+    _current_directory_importable()
     try:
         return importlib.import_module(module_name)
     except Exception as error:  # any import failure is the user's input, reported in one line

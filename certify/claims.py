@@ -509,7 +509,22 @@ def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options
     if ignored:
         notes.append(f"the implementation takes no {', '.join(ignored)}: the claim's setting of it does not reach the implementation")
     data["notes"] = notes + _warning_notes(caught)
+    if data.get("verdict") == "fail":
+        data["extra"]["counterexample"] = _counterexample(claim_id, seed, variant, data)
     return data
+
+
+def _counterexample(claim_id: str, seed: int, variant, data: dict) -> dict | None:
+    """The minimal counterexample of a failing result (certify.counterexample), JSON-able; its search
+    time goes to the run record (extra's "timings" members do)."""
+    from certify import counterexample
+    from propositions._common import to_jsonable
+
+    try:
+        found = counterexample.minimal_counterexample(variant, {"id": claim_id, "provenance": {"seed": seed}, **data})
+    except Exception as error:  # the search must not lose the certificate: say why there is none
+        found = {"found": False, "reason": f"the search raised: {describe_error(error)}"}
+    return None if found is None else to_jsonable(found)
 
 
 def apply_observability(data: dict, hidden: list[dict]) -> dict:

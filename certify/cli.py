@@ -7,6 +7,7 @@
     certify compare IMPL... [--implementation MODULE:CALLABLE]... [--torch-optimizer MODULE:CLASS[:JSON]]... [--out DIR] [--seed S] [--profile P]
     certify verify FILE... [--report FILE] [--workers N | --scheduler ADDRESS]
     certify cite FILE [--format text|markdown|bibtex]
+    certify regression CERT.json... -o FILE.py
     certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
 
 Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
@@ -27,6 +28,13 @@ DIR/compare/<impl>/<claim>.json and the implementation x claim matrix into DIR/R
 property probes of certify.probes naming how each implementation differs (docs/adapters.md). Its exit
 code is 0 only when every pair passes.
 
+A failing certificate of an outside implementation (--implementation, --torch-optimizer, compare)
+records its minimal counterexample (certify.counterexample: the smallest case of the claim's own
+parameters that still fails the same check, its first diverging step and the first stage of
+docs/algorithm.md that differs), printed in one block under the certificate's line and in
+REPORT.md. `regression` writes a pytest file that replays the counterexamples of the certificates
+named (certify.regression; docs/ci.md).
+
 `verify` first re-checks each file's digest, then re-runs the claim from the recorded seed,
 profile, optimizer and options and compares (certify.verification): the verdict, the pass/fail
 of every check, the detection of every control, counts, shapes and the reproduce command must
@@ -34,7 +42,8 @@ agree on any machine; residuals must be bit-identical only where the re-run's ro
 fingerprint is the recorded one, and are reported, never required, elsewhere. It prints, per
 certificate, a verdict line, the fingerprint line and a table of every check and control
 (recorded residual, re-run residual, bound, ratio, pass, bit-identical); --report FILE also writes
-that as markdown. `cite` prints a citation (text: one line; markdown; bibtex) with the id,
+that as markdown; a certificate whose implementation cannot be used here (its module does not
+import) is not re-run, and says so in one line. `cite` prints a citation (text: one line; markdown; bibtex) with the id,
 statement, verdict, digest, project version and commit and the reproduce command.
 
 Exit codes:
@@ -146,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("implementations", nargs="*", metavar="IMPL", help="names (reference_impl, torch_impl, torch_impl-float32, geoopt-euclidean, geoopt-canonical, stiefel_adam, the controls) or numpy:/torch: specs")
     compare.add_argument("--implementation", action="append", default=[], metavar="MODULE:CALLABLE", help="add a NumPy step (numpy:MODULE:CALLABLE)")
     compare.add_argument("--torch-optimizer", action="append", default=[], metavar="MODULE:CLASS[:JSON]", help="add a torch optimizer (torch:MODULE:CLASS[:JSON])")
-    compare.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"certificates go to DIR/compare/<impl>/<claim>.json, the matrix into DIR/REPORT.md (default {DEFAULT_OUT})")
+    compare.add_argument("--out", default=None, metavar="DIR", help="certificates go to DIR/compare/<impl>/<claim>.json, the matrix into DIR/REPORT.md (default: a fresh folder compare-<UTC time> here, so that no report is overwritten)")
     compare.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
     compare.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help="how much evidence to collect (default quick)")
 
@@ -159,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("files", nargs="+", metavar="FILE")
     verify.add_argument("--report", metavar="FILE", help="also write the tolerance report as markdown to FILE")
     _add_execution_options(verify)
+
+    regression = commands.add_parser("regression", help="write a pytest file replaying the minimal counterexamples of failing certificates")
+    regression.add_argument("files", nargs="+", metavar="FILE")
+    regression.add_argument("-o", "--output", required=True, metavar="FILE.py", help="the pytest file to write")
 
     cite = commands.add_parser("cite", help="citation of a certificate: id, statement, verdict, digest, version, reproduce command")
     cite.add_argument("file", metavar="FILE")
@@ -240,6 +253,16 @@ def _out_dir(text: str) -> Path:
     except OSError as error:
         raise UsageError(f"--out {text}: cannot be created ({error.strerror or error})") from None
     return out
+
+
+def _fresh_folder(prefix: str) -> Path:
+    """PREFIX-<UTC time> in the current directory, with -2, -3, ... where that name is taken."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    candidate, index = Path(f"{prefix}-{stamp}"), 1
+    while candidate.exists():
+        index += 1
+        candidate = Path(f"{prefix}-{stamp}-{index}")
+    return candidate
 
 
 def _check_optimizer(name: str) -> None:
@@ -414,6 +437,13 @@ class _Recorder:
         self.out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
         for reason in sealed["failures"] + sealed["inconclusive"]:
             self.out.line(f"    {reason}")
+        found = sealed["extra"].get("counterexample")
+        if found:
+            from certify.counterexample import block
+
+            self.out.line("    minimal counterexample:")
+            for line in block(found):
+                self.out.line(f"      {line}")
         self.by_id[claim_id] = sealed
 
 
@@ -642,6 +672,21 @@ def _is_mutation_report(path: Path) -> bool:
         return False
 
 
+def _unusable_implementation(recorded: dict) -> str | None:
+    """Why the outside implementation a certificate ran cannot be re-run here (it does not import,
+    say), or None; a re-run would only end inconclusive and read as an irreproducible certificate."""
+    from certify import adapters
+
+    spec = recorded["provenance"]["optimizer"]
+    if not claims.is_adapter_spec(spec):
+        return None
+    try:
+        adapters.resolve(spec)
+    except adapters.AdapterError as error:
+        return f"the implementation cannot be used here: {error}"
+    return None
+
+
 def command_verify(args, out: _Output, command: str) -> int:
     report_path = _report_path(args.report)
     loaded = []
@@ -661,6 +706,11 @@ def command_verify(args, out: _Output, command: str) -> int:
     exit_code = 0
     entries = []
     for index, (name, recorded) in enumerate(loaded, start=1):
+        unusable = _unusable_implementation(recorded)
+        if unusable:
+            out.line(f"[{index}/{len(loaded)}] {name}: digest ok; not re-run: {unusable}")
+            exit_code = 1
+            continue
         what = f"re-running {recorded['id']} ({recorded['provenance']['reproduce']})"
         if out.rich:
             with out.console.status(f"[{index}/{len(loaded)}] {name}: digest ok; {what}", spinner="dots"):
@@ -773,6 +823,19 @@ def command_mutate(args, out: _Output, command: str) -> int:
     return 0 if not mutation.unexplained(summary) else 1
 
 
+def _print_counterexamples(out: _Output, results: dict) -> None:
+    """The minimal counterexample of each failing pair, one block each."""
+    from certify.counterexample import block
+
+    for spec, row in results.items():
+        for claim_id, certificate in row.items():
+            found = certificate.get("extra", {}).get("counterexample")
+            if found and found.get("found"):
+                out.line(f"{spec} {claim_id}: minimal counterexample:")
+                for line in block(found):
+                    out.line(f"    {line}")
+
+
 def command_compare(args, out: _Output, command: str) -> int:
     from certify import compare, probes
 
@@ -781,7 +844,7 @@ def command_compare(args, out: _Output, command: str) -> int:
         raise UsageError("name at least one implementation to compare (e.g. certify compare reference_impl torch_impl)")
     specs = list(dict.fromkeys(specs))
     variants = {spec: _resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
-    out_dir = _out_dir(args.out)
+    out_dir = _out_dir(args.out if args.out is not None else str(_fresh_folder("compare")))
     results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
     found = {}
     for spec, variant in variants.items():
@@ -793,6 +856,7 @@ def command_compare(args, out: _Output, command: str) -> int:
     except OSError as error:
         raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
     out.table(["implementation", *claims.COMPARE_CLAIMS], compare.matrix_rows(results), title="implementations x claims")
+    _print_counterexamples(out, results)
     for spec, listed in found.items():
         differing = [f"{p['property']}: {p['finding']}" for p in listed if p["differs"]]
         if differing:
@@ -802,7 +866,24 @@ def command_compare(args, out: _Output, command: str) -> int:
     return 0 if all(c["verdict"] == expected[spec] for spec in specs for c in results[spec].values()) else 1
 
 
+def command_regression(args, out: _Output, command: str) -> int:
+    from certify import regression
+
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise UsageError(f"-o {args.output}: " + ("is a directory" if target.is_dir() else f"directory {target.parent} does not exist"))
+    try:
+        count = regression.write(args.files, target)
+    except regression.RegressionError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
+    out.line(f"{target}: {count} counterexample(s); run it with: python -m pytest {target}")
+    return 0
+
+
 COMMANDS = {
+    "regression": command_regression,
     "compare": command_compare,
     "all": command_all,
     "list": command_list,

@@ -124,6 +124,9 @@ def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_secon
             hidden = certificate.get("extra", {}).get("not_observable", [])
             if failures:
                 lines.append(f"- {claim_id} failures: " + "; ".join(_escape(f) for f in failures[:4]) + (" ..." if len(failures) > 4 else ""))
+                found = certificate.get("extra", {}).get("counterexample")
+                if found and found.get("found"):
+                    lines.append(f"- {claim_id} minimal counterexample: {_escape(found['summary'])}")
             if certificate["verdict"] == "inconclusive":
                 lines.append(f"- {claim_id}: " + "; ".join(_escape(r) for r in certificate.get("inconclusive", [])[:2]))
             if hidden:

@@ -342,7 +342,17 @@ def _opening_lines(certificate: dict) -> list[str]:
     for heading, items in (("Failures", certificate["failures"]), ("Inconclusive", certificate["inconclusive"])):
         if items:
             lines += [f"**{heading}:**", ""] + [f"- {item}" for item in items] + [""]
-    return lines
+    return lines + counterexample_lines(certificate)
+
+
+def counterexample_lines(certificate: dict) -> list[str]:
+    """The minimal counterexample of a failing certificate (certify.counterexample) as one block."""
+    found = certificate.get("extra", {}).get("counterexample")
+    if not found:
+        return []
+    from certify.counterexample import block
+
+    return ["**Minimal counterexample:**", "", "```", *block(found), "```", ""]
 
 
 def _symbolic_lines(symbolic: dict) -> list[str]:

@@ -120,7 +120,19 @@ def _outcome_differences(recorded: dict, reproduced: dict) -> list[str]:
     for name in sorted(old_controls.keys() & new_controls.keys(), key=str):
         if old_controls[name].get("check") != new_controls[name].get("check"):
             differences.append(f"control {name}: caught by {old_controls[name].get('check')!r} recorded, {new_controls[name].get('check')!r} reproduced")
-    return differences
+    return differences + _counterexample_differences(recorded, reproduced)
+
+
+# The decisions of the counterexample search (certify.counterexample): deterministic for a seed, and
+# taken on residual/bound comparisons, so they agree on every machine as the checks' pass/fail do.
+COUNTEREXAMPLE_DECISIONS = ("found", "replayed_check", "parameters", "first_diverging_step", "stage")
+
+
+def _counterexample_differences(recorded: dict, reproduced: dict) -> list[str]:
+    old = recorded.get("extra", {}).get("counterexample") or {}
+    new = reproduced.get("extra", {}).get("counterexample") or {}
+    return [f"minimal counterexample: {member} {old.get(member)!r} recorded, {new.get(member)!r} reproduced"
+            for member in COUNTEREXAMPLE_DECISIONS if _canonical(old.get(member)) != _canonical(new.get(member))]
 
 
 def _self_contradictions(recorded: dict) -> list[str]:

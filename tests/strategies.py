@@ -1,51 +1,31 @@
-"""Hypothesis strategies that compose: shapes, Stiefel points, tangent vectors, orthogonal matrices,
-gradients of wide scale. Points are drawn from a numpy Generator seeded by hypothesis, so every
-example is reproducible from hypothesis' own record."""
+"""The strategies the project's own tests draw from: the public ones of certify.strategies, with
+the tests' defaults (frames up to d = 12 with up to two leading axes). Points are drawn from a
+numpy Generator seeded by hypothesis, so every example is reproducible from hypothesis' own record."""
 
 from __future__ import annotations
 
-import numpy as np
-from hypothesis import strategies as st
+from certify import strategies as public
 
-import reference_impl as ri
-
-seeds = st.integers(min_value=0, max_value=2**32 - 1)
+seeds = public.seeds()
+gradient_scales = public.gradient_scales()
 
 
-@st.composite
-def frame_shapes(draw, max_d: int = 12, max_batch_dims: int = 2):
-    """(batch, d, r) with 1 <= r <= d, r = 1 and r = d included, batch of up to max_batch_dims axes."""
-    d = draw(st.integers(1, max_d))
-    r = draw(st.one_of(st.just(1), st.just(d), st.integers(1, d)))
-    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=max_batch_dims)))
-    return batch, d, r
+def frame_shapes(max_d: int = 12, max_batch_dims: int = 2):
+    return public.frame_shapes(max_d=max_d, max_batch_dims=max_batch_dims)
 
 
-@st.composite
-def stiefel_points(draw, shapes=frame_shapes()):
-    batch, d, r = draw(shapes)
-    rng = np.random.default_rng(draw(seeds))
-    return ri.random_point(d, r, rng, batch)
+def stiefel_points(shapes=None):
+    return public.stiefel_points(shapes if shapes is not None else frame_shapes())
 
 
-@st.composite
-def points_and_tangents(draw, shapes=frame_shapes()):
-    W = draw(stiefel_points(shapes))
-    rng = np.random.default_rng(draw(seeds))
-    return W, ri.random_tangent(W, rng)
+def points_and_tangents(shapes=None):
+    return public.points_and_tangents(shapes if shapes is not None else frame_shapes())
 
 
-@st.composite
-def orthogonal_matrices(draw, n: int, batch=()):
-    rng = np.random.default_rng(draw(seeds))
-    return ri.random_orthogonal(n, rng, batch)
+def orthogonal_matrices(n: int, batch=()):
+    return public.orthogonal_matrices(n, batch=batch)
 
 
-gradient_scales = st.integers(min_value=-200, max_value=200).map(lambda k: 2.0**k)
-
-
-@st.composite
-def gradients_for(draw, W: np.ndarray):
-    """Gaussian gradient shaped like W, times a power of two in [2^-200, 2^200]."""
-    rng = np.random.default_rng(draw(seeds))
-    return draw(gradient_scales) * rng.standard_normal(W.shape)
+def gradients_for(W):
+    """A Gaussian gradient shaped like W, times a power of two in [2^-200, 2^200]."""
+    return public.gradients(W, scale=gradient_scales)

@@ -1,0 +1,263 @@
+"""Which stage of docs/algorithm.md an implementation gets wrong, at its first diverging step.
+
+A counterexample (certify.counterexample) ends at the first step whose output leaves the model's
+trajectory. That step is replayed here stage by stage against the reference, from the
+implementation's own input (its W_k, G_k and the state it held before the step), and the first stage
+whose output differs beyond its bound is named:
+
+  projection       (stages 1-2) g = P_W(G + lambda W)
+  moments          (stages 3-4) m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) ||g||^2 / (d r)
+  bias correction  (stage 5)    t + 1, m^ = m / (1 - beta1^t), v^ = v / (1 - beta2^t)
+  direction        (stage 6)    xi = -lr m^ / (sqrt(v^) + eps)
+  cap              (stage 7)    ||xi|| <= Delta
+  retraction       (stage 8)    W+ = polar(W + xi)
+  transport        (stage 8)    m+ = P_{W+}(m)
+
+Where the state is observable (a white box), the stored m+, v+ and t+ of the failing step are
+compared with the reference's at the same input, with the one-step bounds of
+propositions/kit/trajectories.py: v+ is stage 4's output; m+ is stage 3's output carried by the
+transport, compared both with P_{W+}(m) (W+ the implementation's own, so that a retraction error is
+not blamed on m) and with the untransported m. A wrong m or v is the moments (unless the direction
+of a tiny first step, below, already shows a wrong g: the projection); m that matches only
+untransported is the transport; t+ != t + 1 is the bias correction's counter.
+
+Stages 5-8, and all of them for a black box, are told apart by stage probes: steps of the
+implementation from the same W and state with the hyper-parameters chosen so that one stage decides
+the observed W+ (certify/probes.py, whose tolerances and their derivation are used unchanged):
+
+  * a tiny step (length TINY_STEP, no cap, eps = 0) from a fresh state: any retraction is W + xi +
+    O(||xi||^2), so the direction recovered by the inverse polar retraction is xi's to 1e-7 relative;
+    it must be -P_W(G + lambda W) (projection); its length lr sqrt(d r) with betas (0, 0), where the
+    bias correction is 1, tests the moments, and with the step's betas, the bias correction at t = 1;
+  * a tiny step from the state the implementation held before the failing step: its direction must be
+    the reference's -m^ and its length lr ||m^|| / (sqrt(v^) + eps) (the reference's state: the
+    implementation's own for a white box, the model's run for a black box, whose hidden moments differ
+    by rounding only). A white box's m, v and t were compared above, so a length that differs with
+    eps = 0 is the bias correction and one that differs only with eps is the direction; for a black
+    box a differing tiny step from a history state is named "moments or bias correction";
+  * a step of length 0.3 without cap along the tiny step's own direction u must be polar(W + a u) for
+    some a (retraction);
+  * the failing step itself from the held state, replayed with eps = 0 and no cap, then with its eps
+    and no cap, then as it was, against the model within the trajectory check's own one-step bound
+    (the retraction having fitted polar): the first to leave the model is the bias correction (for
+    a black box: the moments or the bias correction), the direction (eps) or the cap.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import reference_impl as ri
+from certify.probes import DIRECTION_TOLERANCE, FIT_TOLERANCE, LENGTH_TOLERANCE, RETRACTIONS, TINY_STEP, _fit
+from propositions._common import rng_for
+from propositions.kit import observability
+from propositions.kit.directions import inverse_polar_retraction
+from propositions.kit.model import model_step
+from propositions.kit.trajectories import one_step_bound
+from reference_impl.adam import moments_and_direction
+
+STAGE_NUMBERS = {"projection": "stages 1-2", "moments": "stages 3-4", "bias correction": "stage 5", "direction": "stage 6",
+                 "cap": "stage 7", "retraction": "stage 8", "transport": "stage 8", "moments or bias correction": "stages 3-5"}
+MODERATE_STEP = 0.3
+
+
+def _frobenius(X):
+    return np.sqrt(np.sum(X * X, axis=(-2, -1)))
+
+
+def _finding(stage: str, test: str, measured: str, differs: bool) -> dict:
+    return {"stage": stage, "test": test, "measured": measured, "differs": bool(differs)}
+
+
+def _ratio_text(residual, bound) -> str:
+    return f"{float(np.max(residual)):.3g} vs bound {float(np.min(bound)):.3g}"
+
+
+def state_findings(W, G, state, W_new, state_new, config) -> list[dict]:
+    """A white box's stored m+, v+, t+ at the failing step against the reference (module docstring)."""
+    m, v, t = state.m, np.asarray(state.v, dtype=np.float64), int(state.t)
+    with np.errstate(all="ignore"):
+        model = model_step(W, G, m, v, t, config)
+        bound = one_step_bound(W, G, m, v, t, config, model)
+        g = ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+        m3 = config.betas[0] * m + (1 - config.betas[0]) * g
+        m_new = np.asarray(state_new.m)
+        transported = _frobenius(m_new - ri.project_tangent(np.asarray(W_new), m3, validate=False))
+        untransported = _frobenius(m_new - m3)
+        v_residual = np.abs(np.asarray(state_new.v, dtype=np.float64) - model.v)
+    m_ok, v_ok = bool(np.all(transported <= 2 * bound.m)), bool(np.all(v_residual <= 2 * bound.v))
+    findings = [
+        _finding("moments", "stored m+ (as P_{W+}(m)) and v+ against the reference's stages 3-4",
+                 f"m+: {_ratio_text(transported, 2 * bound.m)}; v+: {_ratio_text(v_residual, 2 * bound.v)}",
+                 (not m_ok and not bool(np.all(untransported <= 2 * bound.m))) or not v_ok),
+        _finding("bias correction", "the stored step count t+ = t + 1", f"t = {t}, t+ = {state_new.t}", int(state_new.t) != t + 1),
+    ]
+    transport = not m_ok and bool(np.all(untransported <= 2 * bound.m))
+    return findings, _finding("transport", "stored m+ is P_{W+}(m), not m", f"||m+ - m|| {_ratio_text(untransported, 2 * bound.m)}", transport)
+
+
+def _probe_gradient(W, G, weight_decay, seed):
+    """The step's own G where its tangent part is not rounding noise, else a Gaussian one."""
+    tangent = _frobenius(ri.project_tangent(W, G + weight_decay * W, validate=False))
+    if np.all(tangent > 1e-3 * np.maximum(_frobenius(G), np.finfo(float).tiny)):
+        return G
+    return rng_for(seed, "stage probe", *W.shape).standard_normal(W.shape)
+
+
+def _recovered(W, W1):
+    return inverse_polar_retraction(W, np.asarray(W1)).xi
+
+
+def _cos(x, y):
+    return np.sum(x * y, axis=(-2, -1)) / (_frobenius(x) * _frobenius(y))
+
+
+def _config(config, **change):
+    values = dict(lr=config.lr, betas=config.betas, eps=config.eps, trust_radius=config.trust_radius, weight_decay=config.weight_decay)
+    return ri.StiefelAdamConfig(**{**values, **change})
+
+
+def fresh_findings(variant, W, G, config, seed) -> list[dict]:
+    """Tiny steps from a fresh state at the failing step's W (module docstring)."""
+    d, r = W.shape[-2:]
+    G = _probe_gradient(W, G, config.weight_decay, seed)
+    lr = TINY_STEP / math.sqrt(d * r)
+    expected = -ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+    findings = []
+    for stage, betas in (("projection", config.betas), ("moments", (0.0, 0.0)), ("bias correction", config.betas)):
+        probe = _config(config, lr=lr, betas=betas, eps=0.0, trust_radius=math.inf)
+        W1 = variant.step(W, G, variant.init(W), probe)[0]
+        xi = _recovered(W, W1)
+        if stage == "projection":
+            worst = float(np.min(_cos(xi, expected)))
+            findings.append(_finding(stage, "direction of a tiny first step: -P_W(G + lambda W)", f"min cos = {worst:.12f}",
+                                     1 - worst > DIRECTION_TOLERANCE))
+            continue
+        ratio = _frobenius(xi) / TINY_STEP
+        what = "betas (0, 0), where 1 - beta^t = 1" if stage == "moments" else f"betas {tuple(betas)} at t = 1"
+        findings.append(_finding(stage, f"length of a tiny first step, {what}: lr sqrt(d r)",
+                                 f"||xi|| / (lr sqrt(d r)) in [{float(np.min(ratio)):.9g}, {float(np.max(ratio)):.9g}]",
+                                 float(np.max(np.abs(ratio - 1))) > LENGTH_TOLERANCE))
+    return findings
+
+
+def _reference_xi(W, G, reference_state, config):
+    m, v, t = reference_state
+    g = ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+    return moments_and_direction(g, ri.StiefelAdamState(m=m, v=np.asarray(v), t=t), config)[3]
+
+
+def history_findings(variant, W, G, state, reference_state, config, white: bool) -> list[dict]:
+    """Tiny steps from the state held before the failing step; eps = 0 then the step's own eps."""
+    findings = []
+    for eps in (0.0, config.eps):
+        unit = _config(config, lr=1.0, eps=eps, trust_radius=math.inf)
+        length = float(np.min(_frobenius(_reference_xi(W, G, reference_state, unit))))
+        if not length > 0:
+            return findings
+        probe = _config(unit, lr=TINY_STEP / length)
+        expected = _reference_xi(W, G, reference_state, probe)
+        xi = _recovered(W, variant.step(W, G, state, probe)[0])
+        worst = float(np.min(_cos(xi, expected)))
+        ratio = _frobenius(xi) / _frobenius(expected)
+        findings.append(_finding("direction" if white else "moments", f"direction of a tiny step from the held state (eps = {eps:g}): -m^",
+                                 f"min cos = {worst:.12f}", 1 - worst > DIRECTION_TOLERANCE))
+        stage = ("bias correction" if eps == 0 else "direction") if white else "moments or bias correction"
+        findings.append(_finding(stage, f"length of a tiny step from the held state (eps = {eps:g}): lr ||m^|| / (sqrt(v^) + eps)",
+                                 f"ratio in [{float(np.min(ratio)):.9g}, {float(np.max(ratio)):.9g}]",
+                                 float(np.max(np.abs(ratio - 1))) > LENGTH_TOLERANCE))
+    return findings
+
+
+def retraction_finding(variant, W, G, state, reference_state, config) -> dict:
+    """A step of length MODERATE_STEP without cap, fitted by polar(W + a u) along its tiny direction u."""
+    unit = _config(config, lr=1.0, trust_radius=math.inf)
+    length = float(np.min(_frobenius(_reference_xi(W, G, reference_state, unit))))
+    tiny = _recovered(W, variant.step(W, G, state, _config(unit, lr=TINY_STEP / length))[0])
+    direction = tiny / _frobenius(tiny)[..., None, None]
+    W1 = np.asarray(variant.step(W, G, state, _config(unit, lr=MODERATE_STEP / length))[0])
+    frames = [(W, direction, W1)] if W.ndim == 2 else list(zip(W.reshape(-1, *W.shape[-2:]), direction.reshape(-1, *W.shape[-2:]),
+                                                                   W1.reshape(-1, *W.shape[-2:])))
+    misfit = max(_fit(RETRACTIONS["polar"], w, u, w1) for w, u, w1 in frames)
+    return _finding("retraction", f"a step of length {MODERATE_STEP} without cap: polar(W + a u) along its own direction",
+                    f"relative misfit {misfit:.3g}", misfit > FIT_TOLERANCE)
+
+
+def _step_residual(variant, at: dict, config, white: bool) -> tuple[float, float]:
+    """(worst residual, its bound) of the failing step replayed at `config` against the model, within
+    the trajectory check's own bound (twice the one-step bound; the carried bound for a black box)."""
+    W, G = np.asarray(at["W"]), np.asarray(at["G"])
+    m, v, t = at["reference_state"]
+    W1 = np.asarray(variant.step(W, G, at["state"], config)[0])
+    with np.errstate(all="ignore"):
+        model = model_step(W, G, m, v, t, config)
+        own = one_step_bound(W, G, m, v, t, config, model)
+        held = own if white else one_step_bound(W, G, m, v, t, config, model, *at["carried"])
+        residual = np.ravel(np.where(held.well_posed & own.well_posed, _frobenius(W1 - model.W), 0.0))
+        bound = np.ravel(np.broadcast_to(own.W + held.W, np.shape(model.W)[:-2]))
+    index = int(np.argmax(residual / bound))
+    return float(residual[index]), float(bound[index])
+
+
+def full_step_findings(variant, at: dict, config, white: bool) -> list[dict]:
+    """The failing step itself, from the held state, with eps = 0 and no cap, then the step's eps and
+    no cap, then the step's own config: the first of these to leave the model names stage 5, 6 or 7
+    (stages 1-4 and 8 having passed their probes)."""
+    ladder = (("bias correction" if white else "moments or bias correction", dict(eps=0.0, trust_radius=math.inf), "eps = 0, no cap"),
+              ("direction", dict(trust_radius=math.inf), f"eps = {config.eps:g}, no cap"),
+              ("cap", {}, f"eps = {config.eps:g}, Delta = {config.trust_radius:g}"))
+    findings = []
+    for stage, change, what in ladder:
+        residual, bound = _step_residual(variant, at, _config(config, **change), white)
+        findings.append(_finding(stage, f"the failing step from the held state ({what}) against the model within its one-step bound",
+                                 f"||W+ - W+_model|| = {residual:.3g} vs bound {bound:.3g}", residual > bound))
+    return findings
+
+
+def _guarded(run) -> list[dict]:
+    """A probe whose step raises is itself a finding (not a stage)."""
+    try:
+        found = run()
+        return found if isinstance(found, list) else [found]
+    except Exception as error:  # the implementation's own error is the measurement
+        return [{"stage": None, "test": getattr(run, "__name__", "probe"), "measured": f"the step raised: {error}", "differs": False}]
+
+
+def _probes(variant, case, at: dict) -> list:
+    """The findings in the order of the stages they decide (module docstring)."""
+    W, G, state, reference = np.asarray(at["W"]), np.asarray(at["G"]), at["state"], at["reference_state"]
+    config = case.config()
+    white = observability.state_observable(variant)
+    stored, transport = [], None
+    if white and "state_new" in at:
+        stored, transport = state_findings(W, G, state, at["W_new"], at["state_new"], config)
+    if W.shape[-2] * W.shape[-1] == 1:  # St(1, 1) = {-1, 1}: no tangent direction to probe
+        return stored + ([transport] if transport is not None else [])
+    fresh = _guarded(lambda: fresh_findings(variant, W, G, config, case.seed))
+    # the fresh direction decides stages 1-2 before the stored moments, which a wrong g also moves
+    ordered = fresh[:1] + stored + fresh[1:]
+    if reference[2] > 0:
+        ordered += _guarded(lambda: history_findings(variant, W, G, state, reference, config, white))
+    retraction = _guarded(lambda: retraction_finding(variant, W, G, state, reference, config))
+    if not any(finding["differs"] for finding in retraction):  # the full steps below take the retraction as polar
+        ordered += _guarded(lambda: full_step_findings(variant, at, config, white))
+    return ordered + retraction + ([transport] if transport is not None else [])
+
+
+def locate(variant, case, outcome) -> dict:
+    """{"stage": the first stage that differs (None: none found), "stage_number", "finding", "evidence"}
+    at the outcome's first failing step (module docstring)."""
+    at = outcome.at_failure
+    if at is None:
+        return {"stage": None, "stage_number": None, "finding": "no step failed", "evidence": []}
+    if outcome.error is not None:
+        return {"stage": None, "stage_number": None, "finding": outcome.error, "evidence": []}
+    evidence = _probes(variant, case, at)
+    first = next((f for f in evidence if f["differs"] and f["stage"]), None)
+    if first is None:
+        return {"stage": None, "stage_number": None, "evidence": evidence,
+                "finding": "no stage probe differs at this step: the step differs only in combination"}
+    return {"stage": first["stage"], "stage_number": STAGE_NUMBERS[first["stage"]], "evidence": evidence,
+            "finding": f"{first['test']}: {first['measured']}"}
