@@ -328,7 +328,10 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
         qd = root + eps
         E_q = denominator(u_c=u_c, q=qd, sqrt_err=square_root(u_c=u_c, x=v_hat, x_err=E_vh))
         margin = qd - E_q
-        exactly_still = (v_hat == 0) & (E_vh == 0)
+        # xi = 0 exactly on both sides: where the computed v^ is 0 and its error is 0 (g = 0, v_in = 0
+        # exactly), or where T_W = {0} (d = r = 1): the exact step is 0 at every input, and the computed
+        # one is 0 wherever the computed v^ is (xi = 0 where v^ = 0, stage 6)
+        exactly_still = (v_hat == 0) & ((E_vh == 0) | (d * r - r * (r + 1) // 2 == 0))
         possibly_still = (E_vh >= v_hat) & ~exactly_still
         E_xi0 = direction(u_c=u_c, lr=lr, xi=q.xi_raw, q=qd, q_err=E_q, m_hat_err=E_mh)
         undetermined = direction_undetermined(lr=lr, m_hat=q.m / b1, m_hat_err=E_mh, q=qd, q_err=E_q)
