@@ -213,6 +213,12 @@ def frame_drift_bound(d: int, r: int, u_s: float, u_c: float, trust_radius: floa
 # The step
 # --------------------------------------------------------------------------------------------
 
+# Unit roundoffs of the storage dtypes (IEEE 754 binary64 and binary32: 2^-53, 2^-24; bfloat16's
+# 8-bit significand: 2^-8), and the dtype each computes in (docs/algorithm.md, the PyTorch kernel:
+# float64 computes in float64, float32 and bfloat16 in float32 and keep m and v in float32).
+UNIT_ROUNDOFFS = {"float64": U64, "float32": U32, "bfloat16": U_BF16}
+COMPUTE_DTYPES = {"float64": "float64", "float32": "float32", "bfloat16": "float32"}
+
 
 @dataclass(frozen=True)
 class Rounding:
@@ -282,6 +288,20 @@ class StepError:
     W: np.ndarray
     m_plus: np.ndarray
     well_posed: np.ndarray
+
+
+def kernel_rounding(dtype: str, trust_radius: float, d: int, r: int) -> "Rounding":
+    """The Rounding of the PyTorch kernel with storage `dtype` (a name of UNIT_ROUNDOFFS): u_c of its
+    compute dtype, u_W of the storage, u_state of the compute dtype; the Gram route with Newton-Schulz
+    for Delta <= 1 (docs/algorithm.md), its iteration count derived here from Delta, u_c and the
+    drift of the kernel's own frames (frame_drift_bound), else eigh."""
+    u_c = UNIT_ROUNDOFFS[COMPUTE_DTYPES[dtype]]
+    u_W = UNIT_ROUNDOFFS[dtype]
+    if 0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS:
+        drift = frame_drift_bound(d, r, u_W, u_c, trust_radius)
+        k = newton_schulz_iterations(trust_radius, u_c, drift)
+        return Rounding(u_c=u_c, u_W=u_W, u_state=u_c, route="newton_schulz", iterations=k)
+    return Rounding(u_c=u_c, u_W=u_W, u_state=u_c, route="eigh")
 
 
 def retraction_error(d: int, r: int, rounding: Rounding, kappa, trust_radius: float):
@@ -389,4 +409,4 @@ def step_error_text(output: str = "W") -> str:
 STEP_ERROR_TEXT = step_error_text("W")
 
 __all__ = ["InputErrors", "Rounding", "StepError", "StepNorms", "Stage", "STEP_STAGES", "STEP_ERROR_TEXT", "step_error_text",
-           "frame_drift_bound", "newton_schulz_iterations", "retraction_error", "stage_texts", "step_error"]
+           "frame_drift_bound", "kernel_rounding", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error"]
