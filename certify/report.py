@@ -254,21 +254,48 @@ def _stairs(axes, histogram: dict, label: str | None) -> None:
     axes.stairs([count / total for count in counts], extended, label=label, baseline=None)
 
 
+def _occupied_range(histograms: list[tuple[str | None, dict]]) -> tuple[float, float] | None:
+    """The log10 range of the bins that hold samples (0, the bound, always included), or None."""
+    low, high = 0.0, 0.0
+    found = False
+    for _, histogram in histograms:
+        edges = [as_float(edge) for edge in histogram["log10_edges"]]
+        if len(edges) < 2:
+            continue
+        width = edges[1] - edges[0]
+        lower = [edges[0] - width] + edges
+        for count, left in zip(histogram["counts"], lower):
+            if int(count) > 0:
+                found = True
+                low, high = min(low, left), max(high, left + width)
+    return (low - 0.5, high + 0.5) if found else None
+
+
 def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: str, xlabel: str, path: Path) -> None:
-    figure = Figure(figsize=(6.4, 4.0))
-    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.9)
+    labelled = sum(1 for label, _ in histograms if label)
+    figure = Figure(figsize=(7.0, 4.0))
     axes = figure.subplots()
-    for label, histogram in histograms:
+    styles = ("-", "--", ":", "-.")
+    for index, (label, histogram) in enumerate(histograms):
         _stairs(axes, histogram, label)
+        if axes.patches:
+            axes.patches[-1].set_linestyle(styles[(index // 10) % len(styles)])
     axes.axvline(0.0, color="black", linestyle="--", linewidth=1, label="bound")
+    span = _occupied_range(histograms)
+    if span is not None:
+        axes.set_xlim(*span)
     axes.set_xlabel(xlabel)
     # log scale: a single sample over the bound must be as visible as the bulk
     axes.set_yscale("log")
     axes.set_ylabel("fraction of samples")
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize="xx-small" if len(histograms) > 8 else "x-small", loc="upper left")
-    figure.savefig(path, dpi=110)
+    if labelled > 1:
+        # below the axes, one line per check, so that the legend never hides a histogram
+        axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=1, frameon=False)
+    else:
+        axes.legend(fontsize="x-small")
+    figure.savefig(path, dpi=110, bbox_inches="tight")
 
 
 def _legend_label(check: dict) -> str:
