@@ -282,11 +282,14 @@ def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: s
             axes.patches[-1].set_linestyle(styles[(index // 10) % len(styles)])
     axes.axvline(0.0, color="black", linestyle="--", linewidth=1, label="bound")
     span = _occupied_range(histograms)
+    axes.set_xlabel(xlabel)
     if span is not None:
         axes.set_xlim(*span)
-    axes.set_xlabel(xlabel)
-    # log scale: a single sample over the bound must be as visible as the bulk
-    axes.set_yscale("log")
+        # log scale: a single sample over the bound must be as visible as the bulk
+        axes.set_yscale("log")
+    else:  # every residual is exactly 0: nothing to draw on a log axis, the legend counts them
+        axes.set_xlim(-1.0, 1.0)
+        axes.text(0.5, 0.5, "every residual is exactly 0", transform=axes.transAxes, ha="center")
     axes.set_ylabel("fraction of samples")
     axes.set_title(title)
     axes.grid(True, alpha=0.3)

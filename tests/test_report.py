@@ -155,3 +155,14 @@ def test_exact_zeros_are_counted_apart_and_every_check_has_its_median():
     lines = "\n".join(report._distribution_lines({"checks": [entry]}))
     assert "### Distribution of residual/bound" in lines and "| all checks | 3 |" in lines
     assert report._pooled_median([entry["ratio_histogram"]]) == "0 (exact zeros)"
+
+
+def test_a_claim_whose_residuals_are_all_exact_zeros_still_gets_its_figure(tmp_path):
+    Figure = report.load_figure_class()
+    if Figure is None:
+        pytest.skip("matplotlib is not installed")
+    check = NumericalCheck("zero", "d", "b")
+    check.add(np.zeros(4), 1.0)
+    certificate = {"id": "Z", "numerical": {"checks": [check.to_dict()]}, "figures": {}}
+    drawn, _ = report.draw_figures(certificate, tmp_path, Figure)
+    assert (tmp_path / drawn[0][1]).stat().st_size > 0
