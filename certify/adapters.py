@@ -47,7 +47,6 @@ import copy
 import importlib
 import inspect
 import json
-import math
 
 import numpy as np
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bounds import STAGES, Stage, gram, polar_perturbation, polar_svd, projection, square_root, stage
+from .bounds import STAGES, Stage, polar_perturbation, polar_svd, projection, square_root, stage
 
 TINY = np.finfo(np.float64).tiny
 U64 = 2.0**-53
