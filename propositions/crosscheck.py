@@ -213,6 +213,7 @@ def step_error_bound(d, r, config, quantities, rounding: Rounding, inputs: Input
         "m": np.maximum(np.where(kernel.well_posed, total["m"], np.inf), tiny),
         "v": np.maximum(total["v"], tiny),
         "e_ret": step_analysis.retraction_error(d, r, rounding, kappa, config.trust_radius),
+        "well_posed": kernel.well_posed,
     }
 
 
@@ -298,9 +299,13 @@ def _storage_inputs(rounding: Rounding, r: int, q: dict, moment_error) -> InputE
     return InputErrors(W=u_W * math.sqrt(r), G_rel=u_W, m=u_state * q["m_old"] + moment_error, v=u_state * q["v_old"])
 
 
-def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
+def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, undefined=None):
     """Multi-step reference trajectories with the torch kernel compared at every step (see module
-    doc). Fills checks["W"], checks["m"], checks["v"]; returns the number of frames."""
+    doc). Fills checks["W"], checks["m"], checks["v"]; returns the number of frames. undefined: a
+    one-element list to which the count of frame-steps where step_error is undefined is added
+    (q = sqrt(v^) + eps not above its error: G = 0 with weight decay in float32 or bfloat16, where
+    the rounding of P_W(lambda W) is comparable to eps; those W and m are not compared)."""
+    undefined = [0] if undefined is None else undefined
     import torch
     from torch_impl import functional
 
@@ -338,9 +343,15 @@ def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks):
                 transport = _transport_roundoff(d, r, rounding.u_c, moment_in)
                 bound = step_error_bound(d, r, config, q, rounding, _storage_inputs(rounding, r, q, transport))
                 extra = {"step": t + 1, "config": config_name, "dtype": str(dtype).replace("torch.", "")}
-                checks["W"].add(ref.frobenius(_to_numpy(W_t) - W_ref), bound["W"], shape=(d, r), key=key, seed=seed, extra=extra)
+                # where step_error is undefined (the noise-driven step, docs/algorithm.md#pitfalls) nothing is
+                # compared: residual 0 against bound 1, and the frame-step is counted in `undefined`
+                posed = bound["well_posed"]
+                undefined[0] += int(np.count_nonzero(~posed))
+                checks["W"].add(np.where(posed, ref.frobenius(_to_numpy(W_t) - W_ref), 0.0), np.where(posed, bound["W"], 1.0),
+                                shape=(d, r), key=key, seed=seed, extra=extra)
                 m_transported = functional.transported_moment(W_t.to(m_t.dtype), m_t)
-                checks["m"].add(ref.frobenius(_to_numpy(m_transported) - state_ref.m), bound["m"], shape=(d, r), key=key, seed=seed, extra=extra)
+                checks["m"].add(np.where(posed, ref.frobenius(_to_numpy(m_transported) - state_ref.m), 0.0), np.where(posed, bound["m"], 1.0),
+                                shape=(d, r), key=key, seed=seed, extra=extra)
                 if not elementwise:
                     checks["v"].add(np.abs(_to_numpy(v_t) - state_ref.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
                 if not math.isinf(drift_bound):
@@ -438,15 +449,22 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
                     rounding = _kernel_rounding(config, "float64", d, r)
                     # each run is within step_error of the exact step from its own inputs; the
                     # scaled inputs carry relative rounding u (c G, c m) and 2u (c^2 v)
-                    bound = step_error_bound(d, r, config, reference_quantities(W_np, G, state, config), rounding,
-                                             InputErrors(m=transport), reference=False)["W"]
-                    bound = bound + step_error_bound(
+                    plain = step_error_bound(d, r, config, reference_quantities(W_np, G, state, config), rounding,
+                                             InputErrors(m=transport), reference=False)
+                    scaled = step_error_bound(
                         d, r, config, reference_quantities(W_np, c * G, state_c, config), rounding,
                         InputErrors(G_rel=U64, m=c * (U64 * ref.frobenius(state.m) + transport), v=2 * U64 * c * c * state.v),
-                        reference=False)["W"]
+                        reference=False)
+                    bound = _defined(plain["W"] + scaled["W"], plain["well_posed"] & scaled["well_posed"])
                     residual = ref.frobenius(_to_numpy(W_c) - _to_numpy(unscaled_run[t + 1][0]))
                     checks["P2_bounded"].add(residual, bound, shape=(d, r), key=key, seed=seed,
                                              extra={"c": c, "step": t + 1, "config": config_name})
+
+
+def _defined(bound, well_posed):
+    """The bound where step_error is defined; elsewhere the smallest normal number, so that a sample
+    whose bound is undefined fails its check instead of passing against an infinite bound."""
+    return np.where(well_posed, bound, np.finfo(np.float64).tiny)
 
 
 def _torch_trajectory(W0, gradients, c, config, device, variant):
@@ -493,12 +511,13 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
                 # each side's kernel also projects the incoming moment (its deferred transport)
                 transport = _transport_roundoff(d, r, U64, state.m)
                 rounding = _kernel_rounding(config, "float64", d, r)
-                bound = step_error_bound(d, r, config, q, rounding, InputErrors(m=transport), reference=False)["W"]
-                bound = bound + step_error_bound(
+                plain = step_error_bound(d, r, config, q, rounding, InputErrors(m=transport), reference=False)
+                moved_bound = step_error_bound(
                     d, r, config, q, rounding,
                     InputErrors(W=u_transform * math.sqrt(r), G_rel=u_transform, m=u_transform * q["m_old"] + transport),
-                    reference=False)["W"]
-                bound = bound + u_transform * math.sqrt(r)
+                    reference=False)
+                bound = _defined(plain["W"] + moved_bound["W"] + u_transform * math.sqrt(r),
+                                 plain["well_posed"] & moved_bound["well_posed"])
                 residual = ref.frobenius(_to_numpy(W_moved) - transform(_to_numpy(W_plain)))
                 checks[f"P4_{side}"].add(residual, bound, shape=(d, r), key=key, seed=seed, extra={"step": t + 1})
             W, state = ref.step(W, G, state, config)
@@ -739,13 +758,18 @@ def lockstep_part(ctx: Context) -> Evidence:
     # default run within a few seconds on two cores; the count is reported as `frames`.
     lockstep_frames = max(ctx.profile.frames // 10, 60)
     checks = _new_checks(dtype)
-    frames = lockstep_crosscheck(ctx.seed, ctx.profile, lockstep_frames, device, _torch_dtype(dtype), ctx.optimizer, checks)
+    undefined = [0]
+    frames = lockstep_crosscheck(ctx.seed, ctx.profile, lockstep_frames, device, _torch_dtype(dtype), ctx.optimizer, checks,
+                                 undefined)
     return Evidence(
         checks=_sampled(list(checks.values())),
         frames=frames,
-        extra={"lockstep_frames": frames, "steps_per_trajectory": ctx.profile.steps},
+        extra={"lockstep_frames": frames, "steps_per_trajectory": ctx.profile.steps, "undefined_frame_steps": undefined[0]},
         notes=[f"lock-step: {frames} frames x {ctx.profile.steps} steps on {device} in {dtype}; the torch kernel gets "
-               "the reference's input rounded to the storage dtype at every step and its output is compared with the reference's"],
+               "the reference's input rounded to the storage dtype at every step and its output is compared with the reference's",
+               f"undefined: {undefined[0]} frame-steps where the step is not determined at {dtype}'s rounding level (q = sqrt(v^) + eps "
+               "not above its error: a zero gradient with weight decay, whose projection P_W(lambda W) is rounding noise comparable "
+               "to eps; docs/algorithm.md#pitfalls, the noise-driven step): their W and m are not compared, v is"],
     )
 
 

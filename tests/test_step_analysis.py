@@ -103,3 +103,23 @@ def test_a_step_off_by_more_than_rounding_is_rejected(exponent, caught):
              + one_step_bound(W, G, state.m, state.v, state.t, config, model, route=MODEL_ROUTE).W)
     ratio = np.linalg.norm(W_off - model.W, axis=(-2, -1)) / bound
     assert bool(np.any(ratio > 1)) == caught
+
+
+def test_lockstep_has_no_undefined_step_in_float64_and_counts_them_in_float32():
+    """The cross-check's frame-steps where step_error is undefined (the noise-driven step at G = 0
+    with weight decay) do not occur in float64, where the projection's rounding of lambda W is far
+    below eps; in float32 they can, and are counted, never compared against an infinite bound."""
+    torch = pytest.importorskip("torch")
+    from propositions import crosscheck
+    from propositions._common import Profile
+
+    profile = Profile("t", frames=60, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0, control_frames=60)
+    counts = {}
+    for dtype in (torch.float64, torch.float32):
+        undefined = [0]
+        checks = crosscheck._new_checks(str(dtype).replace("torch.", ""))
+        crosscheck.lockstep_crosscheck(0, profile, 60, "cpu", dtype, "stiefel_adam", checks, undefined)
+        assert checks["W"].passed and checks["m"].passed
+        counts[dtype] = undefined[0]
+    assert counts[torch.float64] == 0
+    assert counts[torch.float32] <= checks["W"].samples // 10

@@ -357,6 +357,9 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
         undetermined = direction_undetermined(lr=lr, m_hat=q.m / b1, m_hat_err=E_mh, q=qd, q_err=E_q)
         E_xi0 = np.where(possibly_still, np.fmax(E_xi0, undetermined), E_xi0)
         E_xi0 = np.where(exactly_still, 0.0, E_xi0)
+        # q not above its error: the direction is not determined at this rounding level (no bound on
+        # xi); E_W is then the 2 sqrt(r) of polar_perturbation's sigma_lo <= 0 and well_posed is False
+        E_xi0 = np.where(exactly_still | (margin > 0), E_xi0, np.inf)
         cap = 0.0 if math.isinf(delta) else np.minimum(q.xi_raw, delta)
         E_xi = trust_region(n=n, u_c=u_c, xi_err=E_xi0, cap=cap)
         E_A = step_sum(u_c=u_c, A=q.A, W_err=inputs.W, xi_err=E_xi)
