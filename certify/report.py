@@ -14,9 +14,12 @@ controls (margin, detected), failures, notes and figures.
 Figures
 -------
 Every claim gets a *residual-over-bound histogram*, drawn from each check's
-`"ratio_histogram": {"log10_edges": [e_0, ..., e_n], "counts": [c_0, ..., c_{n+1}]}` (c_0 counts
-log10(residual/bound) below e_0, exact zeros included; c_k for 1 <= k <= n counts [e_{k-1}, e_k);
-c_{n+1} counts above e_n). Everything right of 0 is over its bound.
+`"ratio_histogram": {"log10_edges": [e_0, ..., e_n], "counts": [c_0, ..., c_{n+1}], "zeros": z}`
+(c_0 counts log10(residual/bound) below e_0; c_k for 1 <= k <= n counts [e_{k-1}, e_k); c_{n+1}
+counts above e_n; z the residuals that are exactly 0, which have no logarithm and are counted apart).
+Everything right of 0 is over its bound. Each check is one legend entry with its median
+residual/bound and its exact zeros; the claim's section also tabulates the distribution per decade
+with the medians (`_distribution_lines`).
 
 A claim may add figures of its own in `ClaimResult.figures`, a dict from a figure name (used in the
 file name) to a JSON-able entry. The report recognises two kinds of entry:
@@ -226,37 +229,83 @@ def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def _zeros(histogram: dict) -> int:
+    """Exact zeros counted apart from the histogram (certificates before they were kept apart: 0)."""
+    return max(int(histogram.get("zeros", 0) or 0), 0)
+
+
 def _stairs(axes, histogram: dict, label: str | None) -> None:
     edges = [as_float(edge) for edge in histogram["log10_edges"]]
     counts = [max(int(count), 0) for count in histogram["counts"]]
-    total = sum(counts)
+    zeros = _zeros(histogram)
+    total = sum(counts) + zeros
     if total == 0 or len(edges) < 2:
         return
     width = edges[1] - edges[0]
-    # the two outer bins (below the first edge: exact zeros too; above the last) drawn one bin wide
+    # the two outer bins (below the first edge, above the last) drawn one bin wide; exact zeros are
+    # not drawn (log10 0 has no place on the axis): the legend counts them
     extended = [edges[0] - width] + edges + [edges[-1] + width]
     over = sum(count for count, left in zip(counts, extended) if left >= 0.0)
     if label is not None:
         label = f"{label} ({over} of {total} over the bound)" if over else label
+    if sum(counts) == 0:
+        axes.plot([], [], label=label)  # all exact zeros: a legend entry, nothing to draw
+        return
     axes.stairs([count / total for count in counts], extended, label=label, baseline=None)
 
 
+def _occupied_range(histograms: list[tuple[str | None, dict]]) -> tuple[float, float] | None:
+    """The log10 range of the bins that hold samples (0, the bound, always included), or None."""
+    low, high = 0.0, 0.0
+    found = False
+    for _, histogram in histograms:
+        edges = [as_float(edge) for edge in histogram["log10_edges"]]
+        if len(edges) < 2:
+            continue
+        width = edges[1] - edges[0]
+        lower = [edges[0] - width] + edges
+        for count, left in zip(histogram["counts"], lower):
+            if int(count) > 0:
+                found = True
+                low, high = min(low, left), max(high, left + width)
+    return (low - 0.5, high + 0.5) if found else None
+
+
 def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: str, xlabel: str, path: Path) -> None:
-    figure = Figure(figsize=(6.4, 4.0))
-    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.9)
+    labelled = sum(1 for label, _ in histograms if label)
+    figure = Figure(figsize=(7.0, 4.0))
     axes = figure.subplots()
-    for label, histogram in histograms:
+    styles = ("-", "--", ":", "-.")
+    for index, (label, histogram) in enumerate(histograms):
         _stairs(axes, histogram, label)
+        if axes.patches:
+            axes.patches[-1].set_linestyle(styles[(index // 10) % len(styles)])
     axes.axvline(0.0, color="black", linestyle="--", linewidth=1, label="bound")
+    span = _occupied_range(histograms)
     axes.set_xlabel(xlabel)
-    # log scale: a single sample over the bound must be as visible as the bulk
-    axes.set_yscale("log")
+    if span is not None:
+        axes.set_xlim(*span)
+        # log scale: a single sample over the bound must be as visible as the bulk
+        axes.set_yscale("log")
+    else:  # every residual is exactly 0: nothing to draw on a log axis, the legend counts them
+        axes.set_xlim(-1.0, 1.0)
+        axes.text(0.5, 0.5, "every residual is exactly 0", transform=axes.transAxes, ha="center")
     axes.set_ylabel("fraction of samples")
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
-    if len(histograms) <= 12:
+    if labelled > 1:
+        # below the axes, one line per check, so that the legend never hides a histogram
+        axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=1, frameon=False)
+    else:
         axes.legend(fontsize="x-small")
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def _legend_label(check: dict) -> str:
+    """A check's legend entry: its name, median residual/bound and exact zeros."""
+    zeros = _zeros(check.get("ratio_histogram") or {})
+    median = format_number((check.get("ratio") or {}).get("median"))
+    return f"{check.get('name')}: median {median}" + (f", {zeros} exact zeros" if zeros else "")
 
 
 def draw_figures(certificate: dict, figures_dir: Path, Figure) -> tuple[list[tuple[str, str]], list[tuple[str, object]]]:
@@ -268,13 +317,13 @@ def draw_figures(certificate: dict, figures_dir: Path, Figure) -> tuple[list[tup
     claim_id = certificate["id"]
     drawn: list[tuple[str, str]] = []
     as_data: list[tuple[str, object]] = []
-    histograms = [(check.get("name"), check["ratio_histogram"]) for check in certificate["numerical"]["checks"] if _is_histogram(check.get("ratio_histogram"))]
+    histograms = [(_legend_label(check), check["ratio_histogram"]) for check in certificate["numerical"]["checks"] if _is_histogram(check.get("ratio_histogram"))]
     if Figure is not None and (histograms or any(figure_kind(entry) != "data" for entry in certificate.get("figures", {}).values())):
         figures_dir.mkdir(parents=True, exist_ok=True)
     if Figure is not None and histograms:
         file_name = f"{claim_id}_residual_over_bound.png"
         _draw_histograms(Figure, histograms, f"{claim_id}: residual / bound per check", "log10(residual / bound)", figures_dir / file_name)
-        drawn.append((f"{claim_id}: log10(residual/bound) of every sample, per check; right of the dashed line is over the bound, the leftmost bin holds ratios below its edge (exact zeros included)", file_name))
+        drawn.append((f"{claim_id}: log10(residual/bound) of every sample, per check, with its median in the legend; right of the dashed line is over the bound, the leftmost bin holds ratios below its edge; exact zeros (residual 0) are not drawn, the legend counts them", file_name))
     for name, entry in certificate.get("figures", {}).items():
         kind = figure_kind(entry)
         if kind == "data":
@@ -419,6 +468,60 @@ def _numerical_lines(numerical: dict) -> list[str]:
     return lines + _worst_case_lines(numerical.get("worst_case"))
 
 
+# Decades of residual/bound for the distribution table: (label, lower log10 edge, upper log10 edge).
+DISTRIBUTION_DECADES = (("< 1e-12", -math.inf, -12.0), ("1e-12..1e-9", -12.0, -9.0), ("1e-9..1e-6", -9.0, -6.0),
+                        ("1e-6..1e-4", -6.0, -4.0), ("1e-4..1e-3", -4.0, -3.0), ("1e-3..1e-2", -3.0, -2.0),
+                        ("1e-2..0.1", -2.0, -1.0), ("0.1..1", -1.0, 0.0), ("> 1", 0.0, math.inf))
+
+
+def _decade_counts(histogram: dict) -> list[int]:
+    """The histogram's counts gathered into DISTRIBUTION_DECADES (bins lie inside one decade each)."""
+    edges = [as_float(edge) for edge in histogram["log10_edges"]]
+    lower = [-math.inf] + edges
+    totals = [0] * len(DISTRIBUTION_DECADES)
+    for count, left in zip(histogram["counts"], lower):
+        for k, (_, low, high) in enumerate(DISTRIBUTION_DECADES):
+            if low <= left < high or (left == -math.inf and k == 0):
+                totals[k] += max(int(count), 0)
+                break
+    return totals
+
+
+def _pooled_median(histograms: list[dict]) -> str:
+    """The decade that holds the median of all samples of the claim's checks (zeros first)."""
+    zeros = sum(_zeros(h) for h in histograms)
+    decades = [sum(column) for column in zip(*(_decade_counts(h) for h in histograms))]
+    total = zeros + sum(decades)
+    if total == 0:
+        return "-"
+    half, running = total / 2, zeros
+    if running >= half:
+        return "0 (exact zeros)"
+    for (label, _, _), count in zip(DISTRIBUTION_DECADES, decades):
+        running += count
+        if running >= half:
+            return label
+    return DISTRIBUTION_DECADES[-1][0]
+
+
+def _distribution_lines(numerical: dict) -> list[str]:
+    """### Distribution of residual/bound: per check (and all checks pooled) the exact zeros, the
+    samples in each decade of residual/bound, and the median."""
+    checks = [c for c in numerical["checks"] if _is_histogram(c.get("ratio_histogram"))]
+    if not checks:
+        return []
+    header = ["check", "exact zeros"] + [label for label, _, _ in DISTRIBUTION_DECADES] + ["median"]
+    rows = [[c.get("name"), _zeros(c["ratio_histogram"])] + _decade_counts(c["ratio_histogram"]) + [_median_ratio_cell(c)]
+            for c in checks]
+    histograms = [c["ratio_histogram"] for c in checks]
+    pooled = [sum(column) for column in zip(*(_decade_counts(h) for h in histograms))]
+    rows.append(["all checks", sum(_zeros(h) for h in histograms)] + pooled + [f"in {_pooled_median(histograms)}"])
+    return (["### Distribution of residual/bound", "",
+             "Samples per decade of residual/bound (exact zeros apart); the median of each check, and the decade that "
+             "holds the median of all the claim's samples.", ""]
+            + _table(header, rows) + [""])
+
+
 def _control_lines(controls: list[dict]) -> list[str]:
     """### Controls: one row per broken variant and whether a check caught it."""
     if not controls:
@@ -467,6 +570,7 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
         + _symbolic_lines(certificate["symbolic"])
         + _exact_lines(certificate["exact"])
         + _numerical_lines(certificate["numerical"])
+        + _distribution_lines(certificate["numerical"])
         + _control_lines(certificate["controls"])
         + _notes_lines(certificate["notes"])
         + _figure_lines(certificate["id"], drawn, as_data, plots_available)

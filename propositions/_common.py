@@ -214,6 +214,8 @@ class NumericalCheck:
     _max_bound: float = 0.0
     _min_bound: float = math.inf
     _ratio_hist: np.ndarray = field(default_factory=lambda: np.zeros(len(RATIO_BINS) + 1, dtype=np.int64))
+    # residuals that are exactly 0 are counted here, not in the histogram of log10(residual/bound)
+    _zeros: int = 0
     _quantile_pool: list = field(default_factory=list)
     _ratio_pool: list = field(default_factory=list)
     worst: dict | None = None
@@ -242,8 +244,9 @@ class NumericalCheck:
         self._sum_terms.append(term)
         self._max_bound = max(self._max_bound, float(np.max(bound)))
         self._min_bound = min(self._min_bound, float(np.min(bound)))
-        with np.errstate(divide="ignore"):
-            log_ratio = np.log10(np.where(ratio > 0, ratio, 1e-300))
+        zero = ratio == 0
+        self._zeros += int(np.count_nonzero(zero))
+        log_ratio = np.log10(ratio[~zero])
         self._ratio_hist += np.bincount(np.searchsorted(RATIO_BINS, log_ratio), minlength=len(RATIO_BINS) + 1)
         if len(self._quantile_pool) < QUANTILE_POOL_SIZE:
             self._quantile_pool.extend(residual_for_ratio[: QUANTILE_POOL_SIZE - len(self._quantile_pool)].tolist())
@@ -289,6 +292,7 @@ class NumericalCheck:
         self._max_bound = max(self._max_bound, other._max_bound)
         self._min_bound = min(self._min_bound, other._min_bound)
         self._ratio_hist = self._ratio_hist + other._ratio_hist
+        self._zeros += other._zeros
         self._quantile_pool.extend(other._quantile_pool[: max(QUANTILE_POOL_SIZE - len(self._quantile_pool), 0)])
         self._ratio_pool.extend(other._ratio_pool[: max(QUANTILE_POOL_SIZE - len(self._ratio_pool), 0)])
         if other._max_ratio > self._max_ratio:
@@ -340,7 +344,7 @@ class NumericalCheck:
             "tightness_note": self.tightness_note,
             "passed": self.passed,
             "worst_case": self.worst,
-            "ratio_histogram": {"log10_edges": RATIO_BINS.tolist(), "counts": self._ratio_hist.tolist()},
+            "ratio_histogram": {"log10_edges": RATIO_BINS.tolist(), "counts": self._ratio_hist.tolist(), "zeros": self._zeros},
         }
 
 

@@ -19,8 +19,8 @@ layout, and the frames after every step are compared with those of the reference
 group of two (d, r) parameters, one instance). The restored layouts run the same calls in the same
 order, so they must agree bit for bit (0.5 ulp). The regrouped and batched layouts may batch the
 same products differently (a batched QR or matmul rounds differently from two single ones), so
-they are held to `regrouping_allowance`: the rounding of two evaluations of one step, propagated
-over the steps taken.
+they are held to `regrouping_allowance` (the stage `regrouping`, from the one analysis of the step):
+the rounding of two evaluations of one step, propagated over the steps taken.
 
 What would make it fail. The controls are subclasses of torch_impl.StiefelAdam with one such bug
 each: the lr divided by the number of parameters of the group, a second moment averaged over the
@@ -36,6 +36,8 @@ import numpy as np
 
 import reference_impl as ref
 from propositions._common import NumericalCheck, get_profile, rng_for, Profile
+from propositions.kit import step_analysis
+from propositions.kit.bounds import projection, stage
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 CLAIM_ID = "bookkeeping"
@@ -47,25 +49,33 @@ LAYOUTS = ("two_groups", "two_optimizers", "batched", "checkpoint", "rebuilt")
 EXACT_LAYOUTS = ("checkpoint", "rebuilt")
 
 
-def regrouping_allowance(d: int, r: int, u: float, steps: int) -> float:
-    """Largest ||W_a - W_b||_F per frame after `steps` steps between two layouts whose only
-    difference is how products are batched.
+@stage("E_regroup", "4*(2**t - 1)*(E_P + E_polar)")
+def regrouping(t, E_P, E_polar):
+    """Largest ||W_a - W_b||_F per frame after t steps between two layouts whose only difference is
+    how the same products are batched. One step's output is within E_P + E_polar of the exact step
+    from its inputs: the projection of a unit-norm gradient (the projection stage at X = 1: the
+    direction is normalised by its second moment) and the polar factor's evaluation on the slowest
+    of its routes (step_analysis.retraction_error with route "any", kappa = sqrt(1 + Delta^2)); two
+    evaluations differ by twice that per step, and a difference in W carries into the next step at
+    most doubled (the polar factor is 1/sigma_min <= 1-Lipschitz here, and the direction moves by
+    at most its own length, capped at Delta = 0.5): after t steps sum_{s < t} 2^s 2 (2 e) = 4 e (2^t - 1)."""
 
-    One step's output is within e = ((d + r + 2) + 4 (d + 14 r)) sqrt(r) u of the exact step from
-    its inputs (the cross-check's analysis: the projection (d + r + 2) sqrt(r) u and a Gram / polar
-    retraction 4 (d + (4 k + 2) r) sqrt(r) u kappa^3 with k = 3 iterations and kappa <= 1.12 at
-    trust radius 0.5, whose kappa^3 <= 1.4 is charged as the factor 2 below), so two evaluations
-    differ by at most 2 e per step. A difference in W carries into the next step at most doubled
-    (the polar factor is 1/sigma_min <= 1-Lipschitz here and the step's direction moves by at
-    most its length, lr sqrt(d r)-capped at 0.5, relative): after t steps at most
-    sum_{s < t} 2^s * 2 e * 2 = 4 e (2^t - 1)."""
-    e = ((d + r + 2) + 4 * (d + 14 * r)) * math.sqrt(r) * u
-    return 4.0 * e * (2.0**steps - 1.0)
+
+def regrouping_allowance(d: int, r: int, u: float, steps: int) -> float:
+    """regrouping's bound for (d, r) frames in a dtype of unit roundoff u, after `steps` steps."""
+    kappa = math.sqrt(1.0 + CONFIG["trust_radius"] ** 2)
+    E_P = float(projection(d=d, r=r, u_c=u, X=1.0, X_err=0.0, W_err=0.0))
+    E_polar = float(step_analysis.retraction_error(d, r, step_analysis.Rounding(u_c=u, route="any"), kappa, CONFIG["trust_radius"]))
+    return float(regrouping(t=steps, E_P=E_P, E_polar=E_polar))
+
+
+REGROUPING_TEXT = ("regrouping_allowance, at the implementation's unit roundoff u_c: "
+                   + step_analysis.stage_texts(("regrouping", "projection", "polar_svd", "polar_eigh", "polar_newton_schulz")))
 
 
 def _layout_checks() -> dict:
     exact = "exact: the same calls in the same order, so 0.5 ulp (bit for bit)"
-    allowance = "regrouping_allowance: 4 e (2^t - 1), e = ((d + r + 2) + 4 (d + 14 r)) sqrt(r) u, the rounding of one step doubled per step"
+    allowance = REGROUPING_TEXT
     descriptions = {
         "two_groups": "two param groups with equal settings against one group of two",
         "two_optimizers": "two optimizers, one frame each, against one optimizer",

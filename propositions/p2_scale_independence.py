@@ -73,8 +73,10 @@ from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.running_bounds import MEDIUM_SHAPES, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold
-from .kit.running_bounds import plan_chunks, record_trajectory, run_trajectory, step_polar_error
+from .kit.running_bounds import exact_step_norms, plan_chunks, record_trajectory, run_trajectory
 from .kit.running_bounds import trajectory_rounding_bound, worst_over_steps
+from .kit.bounds import polar_error_bound
+from .kit.step_analysis import InputErrors, Rounding, step_error, step_error_text
 from .kit.symbolic import is_zero, scale_steps
 from .kit.trajectories import trajectory_part
 from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, rng_for, shape_plan, u, ulps_apart
@@ -208,7 +210,7 @@ def _trajectory_checks(label: str, steps: int, weight_decay: float, log10_c_rang
         f"log10 c ~ U{tuple(log10_c_range)}",
         bound_derivation="sum of the running first-order rounding bounds of the two float64 trajectories "
         "against the common exact one (" + TRAJECTORY_BOUND_TEXT + "); "
-        "the unscaled decay enters as lambda sqrt(r) / c in ||G~||",
+        "the scaled run's exact quantities are c ||G||, c ||g||, c ||m||, c^2 v with the unscaled decay lambda ||W||",
         tightness_note=tightness.RUNNING_BOUND,
     )
     moment_derivation = ("each run's moment is within its running bound of the exact one (trajectory_rounding_bound: "
@@ -217,12 +219,12 @@ def _trajectory_checks(label: str, steps: int, weight_decay: float, log10_c_rang
     m_check = NumericalCheck(
         name=label + "_first_moment",
         description=f"||m_t(c) - c m_t(1)||_F, max over t <= {steps} (the stored first moment scales by c)",
-        bound_derivation=moment_derivation + ": bound c (b_m(1) + b_m(c)) + u c ||m_t(1)||",
+        bound_derivation=moment_derivation + ": bound c (b_m(1) + b_m(c)) + u c ||m_t(1)||; b_m by " + step_error_text("m"),
         tightness_note=tightness.RUNNING_BOUND)
     v_check = NumericalCheck(
         name=label + "_second_moment",
         description=f"|v_t(c) - c^2 v_t(1)|, max over t <= {steps} (the stored second moment scales by c^2)",
-        bound_derivation=moment_derivation + ": bound c^2 (b_v(1) + b_v(c)) + 3u c^2 v_t(1)",
+        bound_derivation=moment_derivation + ": bound c^2 (b_v(1) + b_v(c)) + 3u c^2 v_t(1); b_v by " + step_error_text("v"),
         tightness_note=tightness.RUNNING_BOUND)
     return check, m_check, v_check
 
@@ -453,12 +455,12 @@ def _eps_deviation_check() -> NumericalCheck:
         f"log10 c ~ U{LOG10_C_RANGE_EPS}",
         bound_derivation="exactly W_1(c, eps) = R_W(phi xi_0) (same direction, rescaled). The eps run is within "
         "its rounding bound a_eps of the exact step (trajectory_rounding_bound, T = 1); the prediction errs by "
-        "(a0 + phi b_0 + phi min(L, Delta) (rel(x) + 5u)) / (1 - a0) + polar_error_bound(d, r, cond) at "
-        "cond <= sqrt(1 + Delta^2) (1 + a0) / (1 - a0), with b_0 the eps = 0 "
-        "step's rounding bound (>= its direction's error), rel(x) = ((d r + 6) u + 2 (d + r + 5) u ||G|| / ||g||) / 2 "
-        "+ 3u the relative error of x (sqrt(v^) read from the float run) and a0 the start's distance to "
+        "(a0 + phi b_0 + phi min(L, Delta) (rel(x) + 5u)) / (1 - a0) + E_svd at "
+        "kappa <= sqrt(1 + Delta^2) (1 + a0) / (1 - a0), with b_0 the eps = 0 "
+        "step's rounding bound (>= its direction's error), rel(x) = E_q / sqrt(v^) + 2u the relative error of "
+        "x (sqrt(v^) read from the float run, E_q its error by step_error at the first step) and a0 the start's distance to "
         "St(d, r); a direction recovered by the inverse retraction adds its error bound plus its sensitivity "
-        "times b_0. Bound a_eps + prediction error.",
+        "times b_0. Bound a_eps + prediction error. " + step_error_text("W"),
         tightness_note=tightness.SAME_ROUNDING,
     )
 
@@ -474,16 +476,24 @@ def _eps_ratio(norms: dict, c: np.ndarray):
     return x, moving, G_over_g
 
 
-def _eps_prediction_error(d: int, r: int, zero, bound_zero, phi, moving, G_over_g, a0) -> np.ndarray:
-    """How far fl(R_W(fl(phi xi_0))) may be from the exact eps step (bound_derivation of eps_deviation)."""
+def _eps_prediction_error(d: int, r: int, zero, bound_zero, phi, moving, norms, a0) -> np.ndarray:
+    """How far fl(R_W(fl(phi xi_0))) may be from the exact eps step (bound_derivation of eps_deviation).
+
+    rel(x): x = eps / (c s) with s = sqrt(v^) read from the float run, whose error is step_error's E_q
+    (eps = 0: q = s) at the first step; c s and the division round by u each."""
     L = CONFIG.lr * math.sqrt(d * r)
-    relative_x = ((d * r + 6) * u + 2 * (d + r + 5) * u * G_over_g) / 2 + 3 * u
+    first = step_error(d, r, CONFIG, exact_step_norms(norms, 0, r, CONFIG.trust_radius), Rounding(u_c=u),
+                       InputErrors(W=a0))
+    s = np.sqrt(norms["v_hat"][0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        relative_x = np.where(s > 0, first.q / np.where(s > 0, s, 1.0), 0.0) + 2 * u
     direction_error = bound_zero + zero.error_bound
     if zero.inverse is not None:
         direction_error = direction_error + zero.inverse.sensitivity * bound_zero
     step_length = np.where(moving, min(L, CONFIG.trust_radius), 0.0)
+    cond = math.sqrt(1 + CONFIG.trust_radius**2) * (1 + a0) / (1 - a0)
     return ((a0 + phi * direction_error + phi * step_length * (relative_x + 5 * u)) / (1 - a0)
-            + step_polar_error(d, r, CONFIG.trust_radius, a0))
+            + polar_error_bound(d, r, cond))
 
 
 def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None, chunks: Chunks | None = None):
@@ -520,7 +530,7 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None, 
         phi = eps_prediction_factor(CONFIG.lr * math.sqrt(d * r), CONFIG.trust_radius, x)
         predicted = polar_retract(W0, phi[:, None, None] * zero.xi, "svd", validate=False)
         residual = frame_distance(eps_W, predicted)
-        bound = bound_eps + _eps_prediction_error(d, r, zero, bound_zero, phi, moving, G_over_g, a0)
+        bound = bound_eps + _eps_prediction_error(d, r, zero, bound_zero, phi, moving, norms, a0)
         index = int(np.argmax(np.where(np.isnan(residual), np.inf, residual) / bound))
         check.add(residual, bound, shape=(d, r), key=(CLAIM_ID, "eps", d, r, chunk), seed=seed,
                   extra={"c": float(c[index]), "x": float(x[index])})

@@ -47,7 +47,8 @@ def test_a_numpy_step_is_not_applicable_not_passed():
 def test_the_allowance_grows_with_the_steps_and_the_unit_roundoff():
     one, three = regrouping_allowance(16, 4, 2.0**-53, 1), regrouping_allowance(16, 4, 2.0**-53, 3)
     assert math.isclose(three / one, 7.0)
-    assert math.isclose(regrouping_allowance(16, 4, 2.0**-24, 1) / one, 2.0**29)
+    # first order in u: the float32 allowance is 2^29 times the float64 one, to the gamma_n terms
+    assert math.isclose(regrouping_allowance(16, 4, 2.0**-24, 1) / one, 2.0**29, rel_tol=1e-4)
 
 
 def test_torch_impl_declares_its_state_and_the_claims_read_it():

@@ -140,3 +140,29 @@ def test_summary_numbers(certificates):
     assert report.worst_ratio(passing) < 1 < report.worst_ratio(failing)
     assert report.smallest_margin(passing) == pytest.approx(1e12)
     assert report.format_number("inf") == "inf" and report.format_number(None) == "-" and report.format_number(12345) == "12345"
+
+
+def test_exact_zeros_are_counted_apart_and_every_check_has_its_median():
+    from propositions._common import NumericalCheck
+
+    check = NumericalCheck("c", "d", "b")
+    check.add(np.array([0.0, 0.0, 0.0, 1e-3, 1e-2]), 1.0)
+    entry = check.to_dict()
+    assert entry["ratio_histogram"]["zeros"] == 3
+    assert sum(entry["ratio_histogram"]["counts"]) == 2  # the zeros are not piled into the first bin
+    label = report._legend_label(entry)
+    assert "c: median 0" in label and "3 exact zeros" in label
+    lines = "\n".join(report._distribution_lines({"checks": [entry]}))
+    assert "### Distribution of residual/bound" in lines and "| all checks | 3 |" in lines
+    assert report._pooled_median([entry["ratio_histogram"]]) == "0 (exact zeros)"
+
+
+def test_a_claim_whose_residuals_are_all_exact_zeros_still_gets_its_figure(tmp_path):
+    Figure = report.load_figure_class()
+    if Figure is None:
+        pytest.skip("matplotlib is not installed")
+    check = NumericalCheck("zero", "d", "b")
+    check.add(np.zeros(4), 1.0)
+    certificate = {"id": "Z", "numerical": {"checks": [check.to_dict()]}, "figures": {}}
+    drawn, _ = report.draw_figures(certificate, tmp_path, Figure)
+    assert (tmp_path / drawn[0][1]).stat().st_size > 0

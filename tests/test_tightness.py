@@ -91,8 +91,9 @@ def test_general_notes_state_no_measured_figure_and_point_to_the_recorded_worst_
 
 def test_bound_texts_name_where_the_bound_lives():
     from propositions import p4_equivariance as p4
-    from propositions.kit import bounds
+    from propositions.kit import step_analysis
 
     texts = [check.bound_derivation for check in p4._checks("left_haar", "left").values()]
     assert all("p2_scale_independence" not in text and "propositions/kit/running_bounds.py" in text for text in texts)
-    assert all(bounds.POLAR_ERROR_TEXT in text for text in texts)  # taken from the function's module, not retyped
+    # rendered from the one analysis of the step, not retyped
+    assert all(step_analysis.step_error_text("W") in text for text in texts)

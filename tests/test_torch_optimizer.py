@@ -13,12 +13,15 @@ torch = pytest.importorskip("torch")
 import reference_impl as ref  # noqa: E402
 from propositions._common import rng_for  # noqa: E402
 from torch_impl import StiefelAdam, feasibility, functional, manifold_tolerance, stiefel_init_  # noqa: E402
+from propositions.kit.bounds import polar_svd  # noqa: E402
+from propositions.kit.step_analysis import polar_eigh, polar_newton_schulz  # noqa: E402
 from propositions.crosscheck import (  # noqa: E402
     CONFIGS,
     _iterations,
+    _kernel_rounding,
     _reference_moment,
+    _storage_inputs,
     _transport_roundoff,
-    _unit_roundoffs,
     feasibility_bound,
     reference_quantities,
     step_error_bound,
@@ -59,7 +62,7 @@ def test_float64_step_agrees_with_reference(batch, d, r, config_name):
     W = W_t.numpy()
     state = ref.init(W)
     moment_in = state.m  # the kernel's state: the moment before its transport
-    roundoffs = _unit_roundoffs(torch.float64)
+    rounding = _kernel_rounding(config, "float64", d, r)
     for t in range(5):
         G = rng.standard_normal(W.shape)
         if t == 0:
@@ -67,8 +70,8 @@ def test_float64_step_agrees_with_reference(batch, d, r, config_name):
         q = reference_quantities(W, G, state, config)
         W_ref, state_ref = ref.step(W, G, state, config)
         W_new, m_new, v_new = _step(*(torch.from_numpy(x) for x in (W, G, moment_in, state.v)), state.t, config)
-        u_m = _transport_roundoff(d, r, roundoffs["u_c"], moment_in, state.m)
-        bound = step_error_bound(d, r, config, q, iterations=_iterations(config, torch.float64), **{**roundoffs, "u_m": u_m})
+        transport = _transport_roundoff(d, r, rounding.u_c, moment_in)
+        bound = step_error_bound(d, r, config, q, rounding, _storage_inputs(rounding, r, q, transport))
         assert np.all(ref.frobenius(W_new.numpy() - W_ref) <= bound["W"])
         m_transported = functional.transported_moment(W_new, m_new).numpy()
         assert np.all(ref.frobenius(m_transported - state_ref.m) <= bound["m"])
@@ -89,17 +92,20 @@ def test_zero_gradient_gives_zero_step_not_nan():
 
 
 def test_newton_schulz_and_eigh_retractions_agree():
-    """Both evaluate polar(W + xi) from the Gram matrix; each is within e_ret of the exact polar
-    factor (step_error_bound's retraction term), so they differ by at most twice that."""
+    """Both evaluate polar(W + xi) from the Gram matrix; each is within its route's evaluation bound
+    (step_analysis.polar_newton_schulz, polar_eigh) of the exact polar factor, and the reference's SVD
+    within polar_svd, so each differs from the SVD by at most the sum."""
     W, rng = _frames((4,), 32, 8, "retractions")
     xi = torch.from_numpy(ref.random_tangent(W.numpy(), rng))
     xi = xi * (0.5 / torch.linalg.matrix_norm(xi, keepdim=True))
     newton_schulz = functional.polar_retract(W, xi, 0.5, "newton_schulz")
     eigh = functional.polar_retract(W, xi, 0.5, "eigh")
     svd = torch.from_numpy(ref.polar_retract(W.numpy(), xi.numpy()))
-    e_ret = 4 * (32 + (4 * 3 + 2) * 8) * math.sqrt(8) * 2 * ref.UNIT_ROUNDOFF * math.sqrt(1.25) ** 3
-    assert float(torch.linalg.matrix_norm(newton_schulz - svd).max()) <= e_ret
-    assert float(torch.linalg.matrix_norm(eigh - svd).max()) <= e_ret
+    kappa, u = math.sqrt(1.25), ref.UNIT_ROUNDOFF
+    svd_bound = float(polar_svd(d=32, r=8, u_c=u, kappa=kappa))
+    k = _iterations(CONFIGS["defaults"], torch.float64, 32, 8)
+    assert float(torch.linalg.matrix_norm(newton_schulz - svd).max()) <= svd_bound + float(polar_newton_schulz(d=32, r=8, u_c=u, kappa=kappa, k=k))
+    assert float(torch.linalg.matrix_norm(eigh - svd).max()) <= svd_bound + float(polar_eigh(d=32, r=8, u_c=u, kappa=kappa))
 
 
 def test_newton_schulz_iteration_counts_come_from_the_scalar_map():

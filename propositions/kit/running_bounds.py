@@ -3,8 +3,8 @@ that the claims comparing two trajectories share (P2 scales the gradients, P4 ro
 
 `record_trajectory` runs the reference and records the norms that `trajectory_rounding_bound`
 needs; `run_trajectory` runs the optimizer under test; the bound is a first-order recursion over
-the steps (derivation in its docstring), so two trajectories that agree in exact arithmetic are
-compared against the sum of their two bounds.
+the steps, each step bounded by the one analysis of the step (kit/step_analysis.step_error), so
+two trajectories that agree in exact arithmetic are compared against the sum of their two bounds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
 from .._common import chunk_sizes, u
-from .bounds import POLAR_ERROR_TEXT, POLAR_PERTURBATION_TEXT, polar_error_bound, polar_perturbation_bound
+from .bounds import gram
+from .step_analysis import InputErrors, Rounding, StepNorms, step_error, step_error_text
 
 # The largest frames (up to (1024, 128)) run in the main trajectory check; the other checks use
 # frames up to (128, 16), which keeps one run inside its time budget.
@@ -33,25 +34,28 @@ CHUNK_ENTRIES = 2**18
 # --------------------------------------------------------------------------------------------
 
 
-def step_polar_error(d: int, r: int, step_norm, distance=0.0):
-    """polar_error_bound of the retraction W + xi of a step of norm step_norm (scalar or per frame).
-
-    For tangent xi at a frame within `distance` (< 1) of St(d, r), the singular values of W + xi
-    lie in [1 - distance, sqrt(1 + ||xi||^2) (1 + distance)] (P3(b)), so cond(W + xi) <= sqrt(1 +
-    ||xi||^2) (1 + distance) / (1 - distance).
-    """
-    step_norm = np.asarray(step_norm, dtype=np.float64)
-    distance = np.asarray(distance, dtype=np.float64)
-    cond = np.sqrt(1.0 + step_norm**2) * (1.0 + distance) / (1.0 - distance)
-    return polar_error_bound(d, r, cond)
-
-
 TRAJECTORY_BOUND_TEXT = (
-    "trajectory_rounding_bound (propositions/kit/running_bounds.py), the running first-order bound on a "
-    "float64 trajectory's distance to the exact one: projection (d + r + 5) u ||G~||, mean square (d r + 3) u, "
-    "the polar factor's rounding at cond(W + xi) <= sqrt(1 + ||xi||^2) [" + POLAR_ERROR_TEXT + "], propagated "
-    "through the polar factor [" + POLAR_PERTURBATION_TEXT + "] and the quadratic dependence of P_W on W"
+    "trajectory_rounding_bound (propositions/kit/running_bounds.py), the running bound on a float64 trajectory's "
+    "distance to the exact one: each step's bound from the one analysis of the step, its input errors (W_err, "
+    "the moments') the previous step's bounds, u_c = 2^-53, the SVD route, sigma_min = 1 and sigma_max = "
+    "sqrt(1 + ||xi||^2) for the exact W + xi (P3(b)); " + step_error_text("W")
 )
+
+
+def exact_step_norms(norms: dict, t: int, r: int, trust_radius: float, scale=1.0) -> StepNorms:
+    """The StepNorms of step t (0-based) of a recorded float64 run (`record_trajectory`), for the run
+    whose gradients are scaled by `scale` (its exact m scales by c, v by c^2, W and xi do not).
+
+    The incoming moments are bounded by the previous step's: ||P_W(m)|| <= ||m|| (a projector) and
+    v_in = v_{t-1}; both 0 at the first step of a fresh run. The exact W + xi has sigma_min = 1 and
+    sigma_max = sqrt(1 + ||xi||^2), ||W + xi||_F^2 = r + ||xi||^2 (xi tangent at an exact frame, P3(b))."""
+    G, g, m, v, xi_raw = (norms[key][t] for key in ("G_norm", "g_norm", "m_norm", "v", "xi_norm"))
+    m_in = norms["m_norm"][t - 1] if t > 0 else np.zeros_like(m)
+    v_in = norms["v"][t - 1] if t > 0 else np.zeros_like(v)
+    xi = np.minimum(xi_raw, trust_radius)
+    c = np.asarray(scale, dtype=np.float64)
+    return StepNorms(G=c * G, W=math.sqrt(r), g=c * g, m_in=c * m_in, v_in=c * c * v_in, m=c * m, v=c * c * v,
+                     xi_raw=xi_raw, xi=xi, A=np.sqrt(r + xi**2), sigma_min=1.0, sigma_max=np.sqrt(1.0 + xi**2), t=t + 1)
 
 
 def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamConfig, *, scale=1.0,
@@ -63,73 +67,40 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
     before the trust region. scale: the c > 0 multiplying the gradients of the run bounded here (its
     exact trajectory has the same W_t, m_t scaled by c, v_t by c^2; norms scale alike, except the
     unscaled decay term lambda W); a scalar or one per frame (n,). input_relative_error (scalar or
-    (n,)): entrywise relative error of the gradient
-    as handed to the step (u for fl(c G); gamma_d sqrt(d) for a matmul Q G). initial_distance:
-    ||W_0 - W_0*|| (n,) or scalar, the distance of the float64 start to the exact frame.
+    (n,)): relative error of the gradient as handed to the step (u for fl(c G); gamma_d sqrt(d) for
+    a matmul Q G). initial_distance: ||W_0 - W_0*|| (n,) or scalar, the distance of the float64
+    start to the exact frame.
 
     Returns {"W": (T, n) bound on ||W_t - W_t*||_F, "m": (T, n) bound on ||m_t - m_t*|| / scale,
     "v": (T, n) bound on |v_t - v_t*| / scale^2}.
 
-    Derivation (Higham's standard model, first order in u; ||W||_2 = 1 + O(u)). Write a for the
-    bound on ||dW|| before the step, b_m for ||dm|| after the previous transport, b_v for |dv|,
-    G~ = G + (lambda / c) W in units of the scaled run, Gc = ||G|| + lambda sqrt(r) / c >= ||G~||:
-      g   = P_W(G~): W^T G~ (length d), W sym(.) (length r), sym, subtraction and the decay sum:
-            (d + r + 5) u Gc, the input error input_relative_error ||G||, and the dependence of P_W
-            on W (P_W is quadratic in W: ||P_W' G - P_W G|| <= 2 ||W' - W|| ||G||): 2 Gc a. This is
-            where the rounding of P_W(lambda W) enters: lambda W is not scaled by c.
-      m   = beta1 m + (1 - beta1) g: beta1 b_m + (1 - beta1) dg + 3 u ||m||.
-      v   = beta2 v + (1 - beta2) ||g||^2 / (d r): the sum of d r squares carries (d r + 3) u
-            ||g||^2, its dependence on g is 2 ||g|| dg, and the update 3 u v.
-      xi  = -lr m^ / (sqrt(v^) + eps): relative error rho = dm / ||m|| + dv / (2 v) + 6 u (bias
-            corrections, square root, division, lr); the trust region is 1-Lipschitz radially and
-            Delta / ||xi|| transversally, so ||dxi|| <= min(||xi||, Delta) (rho + 2 u).
-      W+  = polar(W + xi): the polar factor is 1 / sigma_min-Lipschitz along segments of W + tangent
-            (kit/bounds.polar_perturbation_bound), with sigma_min(W + xi) >= 1 - a for tangent xi at a
-            frame within a of St(d, r): a+ = polar_perturbation_bound(a + ||dxi||, 1 - a) + step_polar_error(d, r, min(||xi||, Delta), a), the
-            rounding of the computed polar factor (kit/bounds.polar_error_bound at the condition
-            number that P3(b) gives for W + xi).
-      m+  = P_{W+}(m): b_m+ = dm + (d + r + 4) u ||m|| + 2 ||m|| a+.
-    Frames with v = 0 take xi = 0 exactly (g = 0 exactly, the (1, 1) frames), rho = 0 there.
-    The amplification per step is about 1 + 4 min(||xi||, Delta) ||G|| / ||m^|| (how much a tilt of
-    W tilts the next direction): modest for the step lengths used, but it compounds over T steps,
-    and the bound says so.
+    Each step is bounded by step_analysis.step_error (the one analysis of the step) with u_c = 2^-53,
+    the SVD route, the exact step's quantities (`exact_step_norms`) and as input errors the previous
+    step's bounds: a on W, b_m on m, b_v on v (and the gradient's input_relative_error):
+    a+ = E_W, b_m+ = E_m+, b_v+ = E_v. The amplification per step is about 1 + 4 min(||xi||, Delta)
+    ||G|| / ||m^|| (how much a tilt of W tilts the next direction): modest for the step lengths
+    used, but it compounds over T steps, and the bound says so. Once a reaches 1/2, or a step is not
+    well posed at its input errors (q or sigma_min not above its error), the bound is infinite
+    (vacuous) from there on, never a finite number that could be mistaken for a certificate.
     """
-    beta1, beta2 = config.betas
-    trust_radius = config.trust_radius
-    weight_decay = config.weight_decay
-    G_norm, g_norm, m_norm = norms["G_norm"], norms["g_norm"], norms["m_norm"]
-    v, xi_norm = norms["v"], norms["xi_norm"]
-    steps, count = G_norm.shape
+    steps, count = norms["G_norm"].shape
     a = np.broadcast_to(np.asarray(initial_distance, dtype=np.float64), (count,)).copy()
     b_m = np.zeros(count)
     b_v = np.zeros(count)
+    scale = np.asarray(scale, dtype=np.float64)
     bounds = {"W": np.zeros((steps, count)), "m": np.zeros((steps, count)), "v": np.zeros((steps, count))}
-    # Once a reaches 1/2 the first-order analysis no longer applies; the bound is then infinite
-    # (vacuous), never a finite number that could be mistaken for a certificate.
+    rounding = Rounding(u_c=u, route="svd")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return _rounding_recursion(G_norm, g_norm, m_norm, v, xi_norm, d, r, beta1, beta2, trust_radius,
-                                   weight_decay, scale, input_relative_error, a, b_m, b_v, bounds)
-
-
-def _rounding_recursion(G_norm, g_norm, m_norm, v, xi_norm, d, r, beta1, beta2, trust_radius, weight_decay,
-                        scale, input_relative_error, a, b_m, b_v, bounds):
-    projection_rounding = (d + r + 4) * u
-    for t in range(G_norm.shape[0]):
-        Gc = G_norm[t] + weight_decay * math.sqrt(r) / scale
-        dg = (projection_rounding + u) * Gc + input_relative_error * G_norm[t] + 2.0 * Gc * a
-        dm = beta1 * b_m + (1 - beta1) * dg + 3 * u * m_norm[t]
-        dv = beta2 * b_v + (1 - beta2) * (2 * g_norm[t] * dg + (d * r + 3) * u * g_norm[t] ** 2) / (d * r) + 3 * u * v[t]
-        moving = (v[t] > 0) & (m_norm[t] > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rho = np.where(moving, dm / np.where(moving, m_norm[t], 1.0) + dv / (2 * np.where(moving, v[t], 1.0)) + 6 * u, 0.0)
-        step_norm = np.minimum(xi_norm[t], trust_radius)
-        dxi = step_norm * (rho + 2 * u)
-        inside = a < 0.5
-        e_polar = step_polar_error(d, r, step_norm, np.where(inside, a, 0.0))
-        a = np.where(inside, polar_perturbation_bound(a + dxi, 1.0 - a) + e_polar, np.inf)
-        b_m = dm + projection_rounding * m_norm[t] + 2 * m_norm[t] * a
-        b_v = dv
-        bounds["W"][t], bounds["m"][t], bounds["v"][t] = a, b_m, b_v
+        for t in range(steps):
+            q = exact_step_norms(norms, t, r, config.trust_radius, scale)
+            inside = a < 0.5
+            error = step_error(d, r, config, q, rounding,
+                               InputErrors(W=np.where(inside, a, 0.0), G_rel=input_relative_error, m=b_m, v=b_v))
+            valid = inside & error.well_posed
+            a = np.where(valid, error.W, np.inf)
+            b_m = np.where(valid, error.m_plus, np.inf)
+            b_v = np.where(valid, error.v, np.inf)
+            bounds["W"][t], bounds["m"][t], bounds["v"][t] = a, b_m / scale, b_v / scale**2
     return bounds
 
 
@@ -207,7 +178,10 @@ def plan_chunks(plan):
 
 
 def initial_distance_to_manifold(W0):
-    r = W0.shape[-1]
-    gram = np.swapaxes(W0, -1, -2) @ W0
-    # ||W - polar(W)|| = ||S - I|| <= ||S^2 - I|| = ||W^T W - I||, plus the rounding of the Gram.
-    return np.linalg.norm(gram - np.eye(r), axis=(-2, -1)) + (W0.shape[-2] + 2) * math.sqrt(r) * u
+    """Bound on ||W0 - polar(W0)||_F: ||S - I|| <= ||S^2 - I|| = ||W^T W - I|| (S the symmetric polar
+    factor), from the computed defect plus the rounding of the Gram matrix (the gram stage) and of the
+    subtraction and norm (2u relative)."""
+    d, r = W0.shape[-2], W0.shape[-1]
+    gram_matrix = np.swapaxes(W0, -1, -2) @ W0
+    defect = np.linalg.norm(gram_matrix - np.eye(r), axis=(-2, -1))
+    return defect * (1 + 2 * u) + gram(d=d, u_c=u, A=frobenius(W0))

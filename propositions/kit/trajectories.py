@@ -22,48 +22,21 @@ Why one step at a time
     optimizer's own earlier steps.
 
 The one-step bound (first order in u = 2^-53; every quantity evaluated at the model's values)
-    Let n = d r, a = ||G|| + lambda ||W||, e_P = projection_error_bound(d, r) (propositions._common).
-    One float64 evaluation of the step differs from the exact step at the same float64 input by:
-      1-2  g:      E_g = (e_P + 2u) a   (G + lambda W rounds by 2u a; the projection by e_P a)
-      3    m:      E_m = (1 - beta1) E_g + 3u (beta1 ||m_in|| + (1 - beta1) ||g||)
-      4    v:      E_s = (2 ||g|| E_g + E_g^2) / n + (n + 2) u ||g||^2 / n   for ||g||^2 / n;
-                   E_v = (1 - beta2) E_s + 3u (beta2 v_in + (1 - beta2) ||g||^2 / n)
-      5    bias:   b = 1 - beta^t has relative error rho = (2 t max(1, |log beta|) beta^t / b + 2) u
-                   (beta^t to t u relative by the reference's power, or t log beta to 2 t |log beta| u
-                   by the model's expm1 route, amplified by beta^t / b); then
-                   E_m^ = (E_m + (rho1 + u) ||m||) / b1,  E_v^ = (E_v + (rho2 + u) v) / b2
-      6    xi:     q = sqrt(v^) + eps with E_q = min(E_v^ / (2 sqrt(v^)), sqrt(E_v^)) + 2u q;
-                   ||d(-lr m^ / q)|| <= (lr E_m^ + ||xi|| E_q) / (q - E_q) + 3u ||xi||.
-                   Where the exact v^ may be 0 (E_v^ >= v^) the exact xi may be 0 and the bound is
-                   lr (||m^|| + E_m^) / (q - E_q); where v^ = 0 and E_v^ = 0 the input is g = 0,
-                   v_in = 0 exactly and both steps are exactly 0. q <= E_q makes the step undefined
-                   at this rounding level (docs/algorithm.md#pitfalls: the noise-driven step): the sample is
-                   counted by the well-posed check instead of being compared.
-      7    cap:    x -> x min(1, Delta / ||x||) is the projection onto the ball, 1-Lipschitz; the
-                   computed cap rounds by (n + 4) u min(||xi||, Delta). E_xi = E_xi0 + that.
-      8    W+:     A = W + xi rounds by u ||A|| (||A|| <= ||W|| + ||xi||); the polar factor moves
-                   by at most 3 ||dA|| / sigma_lo, sigma_lo = sigma_min(A) - ||dA|| (perturbation of
-                   the polar factor, Higham, Functions of Matrices, ch. 8: 2 / sigma_min, rounded up
-                   to cover the rectangular case and the second order); the evaluation rounds by
-                   R, kappa = sigma_max / sigma_lo: for the SVD route polar_error_bound(d, r, kappa)
-                   (propositions/kit/bounds.py, its derivation there); for the Gram route
-                   fl(A^T A) errs by gamma_d r sigma_max^2, syevd by sqrt(r) n u sigma_max^2, the
-                   inverse square root's derivative is at most lambda_min^(-3/2) / 2, and V's loss of
-                   orthogonality and the product A X add 3 sqrt(r) n u kappa + r^2 u kappa: in all
-                   <= 5 kappa^3 sqrt(r) (n + 1) u; R is the larger of the two routes.
-                   E_W = 3 (E_xi + u ||A||) / sigma_lo + R.
-           m+:     P_{W+}(m) moves by 2 ||m|| E_W with W+ and rounds by e_P ||m||:
-                   E_m+ = E_m + 2 ||m|| E_W + e_P ||m||.
-    The optimizer and the model are each within these of the exact step at the shared input, so
-    their difference is within twice them: ||W_opt - W_model|| <= 2 E_W, ||m_opt - m_model|| <=
-    2 E_m+, |v_opt - v_model| <= 2 E_v, and t must agree exactly. The constants are the ones above
-    (at most 5 times a standard rounding term), not fitted; typical residuals are far below, since
-    the bound adds worst cases. The derivatives above are evaluated at the model's values, which
-    differ from the exact ones by a relative O(n u): a second-order change, covered by rounding the
-    constants up (3 for 2 in the polar perturbation, 2u for u in q).
+    One float64 evaluation of the step differs from the exact step at the same float64 input by at
+    most propositions/kit/step_analysis.step_error, the one rounding analysis of the step (its
+    stages, each a formula with its derivation, are cited by the checks' texts): `one_step_bound`
+    evaluates it with the optimizer's retraction route unknown ("any": the largest of the SVD, the
+    Gram-by-eigh and the Gram-by-Newton-Schulz evaluation bounds) and with the model's (eigh). The
+    optimizer and the model are each within their bound of the exact step at the shared input, so
+    ||W_opt - W_model|| <= E_W(any) + E_W(eigh), likewise m+ and v, and t must agree exactly.
+    Where q = sqrt(v^) + eps is not above its error, or sigma_min(W + xi) not above the error of
+    W + xi, the step is undefined at this rounding level (docs/algorithm.md#pitfalls: the
+    noise-driven step): the sample is counted by the well-posed check instead of being compared.
+    The derivatives are evaluated at the model's values, which differ from the exact ones by a
+    relative O(n u): a second-order change.
     The mpmath twin (reference_impl.highprec.step_mp, exact to about 10^-dps) is compared with the
-    optimizer and with the model on bare frames of a few small shapes: each is within E of the exact
-    step, plus (u + 10^(2 - dps)) times the norm for rounding the twin to float64 and its own error.
+    optimizer and with the model on bare frames of a few small shapes: each is within its E of the
+    exact step, plus (u + 10^(2 - dps)) times the norm for rounding the twin to float64 and its own error.
 
 What would make it fail
     Any stage computed differently from docs/algorithm.md: the bookkeeping mistakes above; a retraction that
@@ -92,13 +65,11 @@ from reference_impl import StiefelAdamConfig, get_variant
 
 from . import observability, tightness
 from .._common import NumericalCheck, Profile, rng_for, u
-from .bounds import polar_error_bound, projection_error_bound
+from .step_analysis import InputErrors, Rounding, StepNorms, step_error, step_error_text
 from .model import ModelStep, model_step, tangent_part
 from .protocol import Context, Evidence, Part
 
 MIN_STEPS = 8
-GRAM_RETRACTION_CONSTANT = 5.0  # the Gram route's 5 kappa^3 sqrt(r) (n + 1) u, see the module docstring
-POLAR_PERTURBATION = 3.0  # ||d polar(A)|| <= 3 ||dA|| / sigma_min
 TINY = np.finfo(np.float64).tiny
 
 
@@ -193,14 +164,6 @@ def _frobenius(X: np.ndarray) -> np.ndarray:
     return np.sqrt(np.sum(X * X, axis=(-2, -1)))
 
 
-def bias_rounding(beta: float, t: int) -> float:
-    """Relative rounding bound of a float64 1 - beta^t (module docstring, stage 5)."""
-    if beta == 0.0:
-        return u
-    power = beta**t
-    return (2 * t * max(1.0, abs(math.log(beta))) * power / (1 - power) + 2) * u
-
-
 @dataclass
 class OneStepBound:
     """Per-frame bounds (shape lead) on one evaluation's distance from the exact step."""
@@ -211,61 +174,32 @@ class OneStepBound:
     well_posed: np.ndarray
 
 
+# The retraction's route: the optimizer under test may take any (the reference the SVD, torch_impl the
+# Gram matrix with Newton-Schulz, others eigh); the model takes the Gram matrix by eigh (kit.model).
+OPTIMIZER_ROUTE = "any"
+MODEL_ROUTE = "eigh"
+
+
 def one_step_bound(W, G, m_in, v_in, t_in: int, config: StiefelAdamConfig, model: ModelStep,
-                   m_in_error=0.0, v_in_error=0.0) -> OneStepBound:
-    """The module docstring's bound for one float64 evaluation of the step at (W, G, m_in, v_in, t_in).
+                   m_in_error=0.0, v_in_error=0.0, route: str = OPTIMIZER_ROUTE) -> OneStepBound:
+    """step_analysis.step_error of one float64 evaluation of the step at (W, G, m_in, v_in, t_in), with
+    the retraction's `route`, its quantities taken from the model's evaluation (module docstring).
 
     m_in_error, v_in_error (per frame, default 0): bounds on how far the state the step actually
-    holds may be from (m_in, v_in) (a black box's hidden state, see `_run_black_box`). They enter
-    stages 3 and 4 as beta1 m_in_error and beta2 v_in_error, the exact change of m and v, and are then
-    propagated like rounding: the result bounds the distance of the step at the hidden state from the
-    exact step at (m_in, v_in).
+    holds may be from (m_in, v_in) (a black box's hidden state, see `_run_black_box`): the input
+    errors of the moments in step_error. The result bounds the distance of the step at the hidden
+    state from the exact step at (m_in, v_in).
     """
     d, r = W.shape[-2:]
-    n = d * r
-    beta1, beta2 = config.betas
-    lr, eps, delta = config.lr, config.eps, config.trust_radius
-    e_P = projection_error_bound(d, r)
-    a = _frobenius(G) + config.weight_decay * _frobenius(W)
-    E_g = (e_P + 2 * u) * a
-    g = model.g_norm
-    m_norm = model.m_norm
-    E_m = (1 - beta1) * E_g + 3 * u * (beta1 * _frobenius(m_in) + (1 - beta1) * g) + beta1 * np.asarray(m_in_error)
-    s = g**2 / n
-    E_s = (2 * g * E_g + E_g**2) / n + (n + 2) * u * s
-    E_v = (1 - beta2) * E_s + 3 * u * (beta2 * np.asarray(v_in) + (1 - beta2) * s) + beta2 * np.asarray(v_in_error)
-    t = t_in + 1
-    b1, b2 = model.bias1, model.bias2
-    E_m_hat = (E_m + (bias_rounding(beta1, t) + u) * m_norm) / b1
-    E_v_hat = (E_v + (bias_rounding(beta2, t) + u) * model.v) / b2
-    v_hat = model.v_hat
-    sqrt_v_hat = np.sqrt(v_hat)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        E_sqrt = np.where(v_hat > 0, np.minimum(E_v_hat / (2 * sqrt_v_hat), np.sqrt(E_v_hat)), np.sqrt(E_v_hat))
-    q = sqrt_v_hat + eps
-    E_q = E_sqrt + 2 * u * q
-    margin = q - E_q
-    exactly_still = (v_hat == 0) & (E_v_hat == 0)
-    possibly_still = (E_v_hat >= v_hat) & ~exactly_still
-    xi_raw = model.xi_raw_norm
-    with np.errstate(divide="ignore", invalid="ignore"):
-        E_xi0 = (lr * E_m_hat + xi_raw * E_q) / margin + 3 * u * xi_raw
-        E_xi0 = np.where(possibly_still, np.maximum(E_xi0, lr * (m_norm / b1 + E_m_hat) / margin), E_xi0)
-    E_xi0 = np.where(exactly_still, 0.0, E_xi0)
-    well_posed = exactly_still | (margin > 0)
-    E_xi = E_xi0 + (0.0 if math.isinf(delta) else (n + 4) * u * np.minimum(xi_raw, delta))
-    dA = E_xi + u * (_frobenius(W) + model.xi_norm)
-    sigma_lo = model.sigma_min - dA
-    well_posed = well_posed & (sigma_lo > 0) & np.isfinite(E_xi)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        kappa = model.sigma_max / sigma_lo
-        retraction = np.maximum(polar_error_bound(d, r, kappa), GRAM_RETRACTION_CONSTANT * kappa**3 * math.sqrt(r) * (n + 1) * u)
-        E_W = POLAR_PERTURBATION * dA / sigma_lo + retraction
-    E_m_plus = E_m + 2 * m_norm * E_W + e_P * m_norm
+    W_norm = _frobenius(W)
+    norms = StepNorms(G=_frobenius(G), W=W_norm, g=model.g_norm, m_in=_frobenius(m_in), v_in=np.asarray(v_in, dtype=np.float64),
+                      m=model.m_norm, v=model.v, xi_raw=model.xi_raw_norm, xi=model.xi_norm, A=W_norm + model.xi_norm,
+                      sigma_min=model.sigma_min, sigma_max=model.sigma_max, t=t_in + 1)
+    error = step_error(d, r, config, norms, Rounding(u_c=u, route=route), InputErrors(m=m_in_error, v=v_in_error))
     # Where a bound is 0 its derivation says the step is exact (g = 0, v_in = 0 or m = 0 exactly):
     # the smallest normal float64 keeps the bound > 0 and still asks for exact agreement.
-    return OneStepBound(W=np.maximum(E_W, TINY), m=np.maximum(E_m_plus, TINY), v=np.maximum(E_v, TINY),
-                        well_posed=well_posed)
+    return OneStepBound(W=np.maximum(error.W, TINY), m=np.maximum(error.m_plus, TINY), v=np.maximum(error.v, TINY),
+                        well_posed=error.well_posed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,24 +217,20 @@ class _Checks:
         self.W = NumericalCheck(
             f"trajectory_model_W[{label}]",
             "||W_opt - W_model|| after each step of the optimizer's own trajectories, the model fed the optimizer's input",
-            "Twice the one-step bound E_W of propositions/kit/trajectories.py (each float64 evaluation is within "
-            "E_W of the exact step): 3 (E_xi + u||W + xi||) / sigma_lo + R, R the larger of the SVD route's "
-            "polar_error_bound(d, r, kappa) (propositions/kit/bounds.py) and the Gram route's 5 kappa^3 sqrt(r)(d r + 1) u, "
-            "with E_xi the rounding of g, m, v, the bias corrections, xi and the cap propagated through -lr m^/(sqrt(v^)+eps).",
+            "E_W(route any, the optimizer) + E_W(route eigh, the model), u_c = 2^-53: each float64 evaluation is within "
+            "its E_W of the exact step; " + step_error_text("W"),
             tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.m = NumericalCheck(
             f"trajectory_model_m[{label}]",
             "||m_opt - m_model|| for the stored (transported) first moment after each step",
-            "Twice E_m+ = E_m + 2 ||m|| E_W + e_P ||m||: the rounding of beta1 m + (1 - beta1) P_W(G~), the move of "
-            "the projector P_{W+} with W+, and the projection's own rounding.",
+            "E_m+(any) + E_m+(eigh), u_c = 2^-53; " + step_error_text("m"),
             tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.v = NumericalCheck(
             f"trajectory_model_v[{label}]",
             "|v_opt - v_model| for the stored second moment (one scalar per frame) after each step",
-            "Twice E_v = (1 - beta2) E_s + 3u (beta2 v + (1 - beta2) ||g||^2/(d r)), E_s = (2||g|| E_g + E_g^2)/(d r) "
-            "+ (d r + 2) u ||g||^2/(d r): the rounding of ||g||^2 and of g itself.",
+            "E_v(any) + E_v(eigh), u_c = 2^-53; " + step_error_text("v"),
             tightness_note=tightness.SAME_ROUNDING,
         )
         self.bookkeeping = NumericalCheck(
@@ -321,14 +251,14 @@ class _Checks:
         self.twin = NumericalCheck(
             f"trajectory_highprec[{label}]",
             "W, m and v of the optimizer's step against the mpmath twin (reference_impl.highprec) at its input",
-            "One evaluation's one-step bound E_W, E_m+, E_v, plus (u + 10^(2 - dps)) ||.|| for rounding the twin "
-            "to float64 and for the twin's own error at dps digits.",
+            "One evaluation's bound E_W, E_m+, E_v (route any) of step_error (propositions/kit/step_analysis.py), plus "
+            "(u + 10^(2 - dps)) ||.|| for rounding the twin to float64 and for the twin's own error at dps digits.",
             tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.model_twin = NumericalCheck(
             "model_highprec",
             "W, m and v of the model's step against the mpmath twin at the same input (the model itself)",
-            "As trajectory_highprec: the model is one float64 evaluation, within E of the exact step.",
+            "As trajectory_highprec with the model's route (eigh): the model is one float64 evaluation, within its E of the exact step.",
             tightness_note=tightness.WORST_CASE_SUMS,
         )
         self.steps = 0
@@ -396,17 +326,18 @@ def _fresh_state_residual(state, W) -> float:
     return 0.0 if fresh else math.inf
 
 
-def _compare_with_twin(checks: _Checks, W, G, state, config, out, model, bound, dps, key, shape):
+def _compare_with_twin(checks: _Checks, W, G, state, config, out, model, bounds, dps, key, shape):
+    """The optimizer's step (bounds[0], its route) and the model's (bounds[1], eigh) against the mpmath twin."""
     from reference_impl import highprec
 
     W_mp, state_mp = highprec.step_mp(W, G, ri.StiefelAdamState(m=state.m, v=np.asarray(state.v), t=state.t), config, dps)
     W_twin, m_twin = highprec.to_float64(W_mp), highprec.to_float64(state_mp.m)
     v_twin = float(state_mp.v)
     rounding = u + 10.0 ** (2 - dps)  # the twin rounded to float64, and its own error at dps digits
-    W_bound = float(bound.W) + rounding * float(_frobenius(W_twin))
-    m_bound = float(bound.m) + rounding * float(_frobenius(m_twin))
-    v_bound = float(bound.v) + rounding * abs(v_twin)
-    for check, (W_x, m_x, v_x) in ((checks.twin, out), (checks.model_twin, (model.W, model.m, model.v))):
+    for check, (W_x, m_x, v_x), bound in ((checks.twin, out, bounds[0]), (checks.model_twin, (model.W, model.m, model.v), bounds[1])):
+        W_bound = float(bound.W) + rounding * float(_frobenius(W_twin))
+        m_bound = float(bound.m) + rounding * float(_frobenius(m_twin))
+        v_bound = float(bound.v) + rounding * abs(v_twin)
         residuals = [float(_frobenius(W_x - W_twin)), float(_frobenius(m_x - m_twin)), abs(float(v_x) - v_twin)]
         check.add(residuals, [W_bound, m_bound, v_bound], shape=shape, key=key, seed=checks.seed,
                   extra={"quantities": ["W", "m", "v"]})
@@ -458,7 +389,8 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
         with np.errstate(all="ignore"):
             model = model_step(W, G, state.m, state.v, state.t, config)
             bound = one_step_bound(W, G, state.m, state.v, state.t, config, model)
-            posed = np.broadcast_to(bound.well_posed, lead).ravel()
+            model_bound = one_step_bound(W, G, state.m, state.v, state.t, config, model, route=MODEL_ROUTE)
+            posed = np.broadcast_to(bound.well_posed & model_bound.well_posed, lead).ravel()
             residuals = {
                 "W": _frobenius(np.asarray(W_new) - model.W),
                 "m": _frobenius(np.asarray(state_new.m) - model.m),
@@ -467,14 +399,14 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
         for name, residual in residuals.items():
             # steps whose bound is undefined are counted by _well_posed, not compared
             collected[name][0].append(np.where(posed, np.ravel(residual), 0.0))
-            collected[name][1].append(np.where(posed, np.ravel(2 * getattr(bound, name)), 1.0))
+            collected[name][1].append(np.where(posed, np.ravel(getattr(bound, name) + getattr(model_bound, name)), 1.0))
         collected["bookkeeping"][0].append(np.full(frames, float(abs(int(state_new.t) - model.t))))
         collected["well_posed"][0].append(np.where(posed, 0.0, 1.0))
         checks.steps += frames
         checks.clipped += int(np.count_nonzero(model.clipped))
         if twin_dps is not None and bool(np.all(posed)):
-            _compare_with_twin(checks, W, G, state, config, (W_new, state_new.m, state_new.v), model, bound,
-                               twin_dps, key + (k,), shape)
+            _compare_with_twin(checks, W, G, state, config, (W_new, state_new.m, state_new.v), model,
+                               (bound, model_bound), twin_dps, key + (k,), shape)
         W, state = np.asarray(W_new), state_new
     for name, (residuals, bounds) in collected.items():
         if residuals:
@@ -546,7 +478,7 @@ def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int,
         with np.errstate(all="ignore"):
             model = model_step(W, G, m_model, v_model, t_model, config)
             held = one_step_bound(W, G, m_model, v_model, t_model, config, model, m_error, v_error)
-            own = one_step_bound(W, G, m_model, v_model, t_model, config, model)
+            own = one_step_bound(W, G, m_model, v_model, t_model, config, model, route=MODEL_ROUTE)
             posed = np.broadcast_to(held.well_posed & own.well_posed, lead).ravel()
             residual = np.ravel(_frobenius(np.asarray(W_new) - model.W))
         residuals.append(np.where(posed, residual, 0.0))

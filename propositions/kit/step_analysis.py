@@ -1,0 +1,415 @@
+"""One rounding analysis of the StiefelAdam step, stage by stage as in docs/algorithm.md.
+
+`step_error` bounds the distance of one evaluation of the step from the exact step at the exact
+input, for any precision: `Rounding` holds the unit roundoffs (u_c of the computation, u_W of W's
+storage, u_state of m and v) and the retraction's route; `InputErrors` how far the input the
+evaluation received is from the exact one (a frame off the manifold or rounded to storage, a
+gradient rounded, a moment that differs from the model's). Every stage is a `Stage` of
+propositions/kit/bounds.py (the primitives: projection, gram, square_root, polar_perturbation,
+polar_svd) or of this module (the rest), one function each with its derivation as docstring; the
+composition below adds nothing of its own. Its callers:
+
+  * kit/running_bounds.trajectory_rounding_bound: float64 trajectories, the errors of one step fed
+    as the input errors of the next (P2, P4);
+  * kit/trajectories.one_step_bound: the optimizer under test (any implementation, through the
+    adapters) against the independent model, one step at a time (P1..P5);
+  * propositions/crosscheck.step_error_bound: the torch kernel in float64, float32 and bfloat16
+    against the reference.
+
+Nothing here is taken from the implementations it bounds: the Newton-Schulz iteration count and the
+drift of the kernel's frames are derived below from the hyper-parameters and the dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bounds import STAGES, Stage, polar_perturbation, polar_svd, projection, square_root, stage
+
+TINY = np.finfo(np.float64).tiny
+U64 = 2.0**-53
+U32 = 2.0**-24
+U_BF16 = 2.0**-8
+
+
+# --------------------------------------------------------------------------------------------
+# Stages 1-7
+# --------------------------------------------------------------------------------------------
+
+
+@stage("E_Gd", "2*u_c*(G + lam*W) + G_rel*G + lam*W_err")
+def decay(u_c, G, lam, W, G_rel, W_err):
+    """Stage 1, G~ = G + lambda W, with ||G|| <= G, ||W||_F <= W: the product lambda W and the sum
+    round by u_c each, 2 u_c (G + lambda W); the gradient as received errs by G_rel ||G|| (its
+    storage rounding); a frame W' = W + dW gives lambda ||dW|| <= lambda W_err."""
+
+
+@stage("E_m", "beta1*m_in_err + (1 - beta1)*g_err + 3*u_c*(beta1*m_in + (1 - beta1)*g)")
+def first_moment(u_c, beta1, m_in, m_in_err, g, g_err):
+    """Stage 3, m = beta1 m_in + (1 - beta1) g: the exact change of m is beta1 dm_in + (1 - beta1) dg;
+    each product rounds by u_c, the sum by u_c, and 1 - beta1 formed (or stored) in the compute
+    dtype by u_c: at most 3 u_c on each term."""
+
+
+@stage("E_s", "(2*g*g_err + g_err**2)/n + (n + 2)*u_c*g**2/n")
+def mean_square(n, u_c, g, g_err):
+    """Stage 4's ||g||^2 / n, n = d r: ||g + dg||^2 - ||g||^2 <= 2 ||g|| ||dg|| + ||dg||^2; the sum of
+    n squares errs by gamma_n ||g||^2, the squares and the division by n add 2 u_c."""
+
+
+@stage("E_v", "beta2*v_in_err + (1 - beta2)*s_err + 3*u_c*(beta2*v_in + (1 - beta2)*s)")
+def second_moment(u_c, beta2, v_in, v_in_err, s, s_err):
+    """Stage 4, v = beta2 v_in + (1 - beta2) s with s the mean square: as first_moment, a scalar."""
+
+
+@stage("E_hat", "(x_err + (2*t*Max(1, Abs(log_beta))*beta_t/(1 - beta_t) + 3)*u_c*x)/(1 - beta_t)")
+def bias_correction(u_c, t, beta_t, log_beta, x, x_err):
+    """Stage 5, x^ = x / (1 - beta^t), beta_t = beta^t: 1 - beta^t has relative error
+    (2 t max(1, |log beta|) beta^t / (1 - beta^t) + 2) u_c (beta^t to t u relative by repeated
+    products, or t log beta to 2 t |log beta| u by the -expm1(t log beta) route, amplified by
+    beta^t / (1 - beta^t) in the subtraction; then rounded to the compute dtype), and the division u_c."""
+
+
+@stage("E_q", "sqrt_err + u_c*q")
+def denominator(u_c, q, sqrt_err):
+    """Stage 6's q = sqrt(v^) + eps: the square root's error (square_root) and the sum's rounding."""
+
+
+@stage("E_xi0", "(lr*m_hat_err + xi*q_err)/(q - q_err) + 3*u_c*xi")
+def direction(u_c, lr, xi, q, q_err, m_hat_err):
+    """Stage 6, xi = -lr m^ / q with ||xi|| <= xi: d(m / q) = dm / q' - m dq / (q q') with q' >= q - dq,
+    so ||dxi|| <= (lr ||dm^|| + ||xi|| |dq|) / (q - |dq|); the scalar -lr / q (a division, a
+    product) and the product with m^ round by 3 u_c. Needs q > q_err (well posed)."""
+
+
+@stage("E_xi0", "lr*(m_hat + m_hat_err)/(q - q_err)")
+def direction_undetermined(lr, m_hat, m_hat_err, q, q_err):
+    """Stage 6 where the exact v^ may be 0 (its error reaches v^): the exact xi may be 0 and the
+    computed one has norm at most lr (||m^|| + ||dm^||) / (q - |dq|); their distance is at most that."""
+
+
+@stage("E_xi", "xi_err + (n + 4)*u_c*cap")
+def trust_region(n, u_c, xi_err, cap):
+    """Stage 7, x -> x min(1, Delta / ||x||): the projection onto the ball of radius Delta, which is
+    1-Lipschitz, so the error of xi passes with factor 1; the computed cap (a norm of n squares with
+    its square root, the ratio and the scaling) rounds by (n + 4) u_c on a step of length cap =
+    min(||xi||, Delta) (0 where there is no cap)."""
+
+
+@stage("E_A", "W_err + xi_err + u_c*A")
+def step_sum(u_c, A, W_err, xi_err):
+    """Stage 8's A = W + xi, ||A||_F <= A: the errors of W and xi add, the sum rounds by u_c ||A||."""
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 8: the retraction's evaluation by the Gram routes, and storage
+# --------------------------------------------------------------------------------------------
+
+
+@stage("E_NS", "r*kappa**2*gamma_n(d, u_c)/2 + (7*k + 1)*r*gamma_n(r, u_c)*kappa + sqrt(r)*u_c")
+def polar_newton_schulz(d, r, u_c, kappa, k):
+    """Bound on ||fl(A M) - polar(A)||_F for the Gram route with k quintic Newton-Schulz iterations
+    (torch_impl's retraction for Delta <= 1), A d x r with sigma_max / sigma_min <= kappa. With
+    S = A^T A and Q = A S^(-1/2) = polar(A), A X = Q S^(1/2) X for any r x r X:
+      * fl(S) = S + E with ||E||_F <= gamma_d ||A||_F^2 <= gamma_d r sigma_max^2 (gram). The exact
+        inverse square root of S + E moves Q S^(1/2) (.) by at most ||E||_F / (2 lambda_min(S)): in
+        S's eigenbasis the divided differences of x^(-1/2), times sqrt(lambda_i), are
+        1 / (sqrt(lambda_j) (sqrt(lambda_i) + sqrt(lambda_j))) <= 1 / (2 lambda_min). Together
+        r kappa^2 gamma_d / 2;
+      * each iteration forms X^T X = M S M (two r x r products), its square (one) and M p(X^T X) (one):
+        each length-r product errs by gamma_r ||X||_F ||Y||_F, r gamma_r relative to the spectral
+        norms (about 1 for S / c and 1 / sigma_min for M), and the polynomial's derivative (at most
+        5/4 + 3/4 |x| <= 2 on the basin) doubles the error of X^T X: at most 7 r gamma_r per
+        iteration relative to ||M||_2, all k counted (no credit taken for the iteration's
+        self-correction); the final A M adds r gamma_r; through ||A||_2 <= sigma_max these are
+        (7 k + 1) r gamma_r kappa;
+      * after k iterations (newton_schulz_iterations) every eigenvalue x of M S M is within u_c of
+        1, so S^(1/2) M has singular values within u_c / 2 of 1: sqrt(r) u_c.
+    """
+
+
+@stage("E_eigh", "r*kappa**2*(gamma_n(d, u_c) + r*(6*r + 13)*u_c + 360*r**2*u_c)/2"
+                 " + kappa*(2*sqrt(r)*r*(6*r + 13)*u_c + 510*r**2*u_c + 2*sqrt(r)*u_c + 2*r*gamma_n(r, u_c))")
+def polar_eigh(d, r, u_c, kappa):
+    """Bound on ||fl(A V diag(lambda^-1/2) V^T) - polar(A)||_F for the Gram route by the symmetric
+    eigensolver (LAPACK syevd, as numpy.linalg.eigh and torch.linalg.eigh call it), kappa as above.
+      * fl(S) as in polar_newton_schulz: r kappa^2 gamma_d / 2;
+      * syevd's backward error: the tridiagonalisation applies r reflectors of length <= r (r
+        householder(r) relative to ||S||_F <= r sigma_max^2), and the implicit QL/QR iteration of
+        dsteqr (dstedc's solver for r <= 25, the leaves above) stops after 30 r sweeps of at most r
+        rotations, 30 r^2 rotations applied on both sides, each gamma_6: 360 r^2 u relative; an
+        error F of S moves Q by at most ||F||_F / (2 lambda_min) as above: r kappa^2 (r householder(r) +
+        360 r^2 u_c) / 2;
+      * V's loss of orthonormality: the reflectors accumulated (sqrt(r) r householder(r)) and 30 r^2
+        rotations of unit columns (30 6 sqrt(2) r^2 u <= 255 r^2 u), which enter M = V D V^T twice,
+        each through ||A D||_2 <= kappa: 2 (sqrt(r) r householder(r) + 255 r^2 u) kappa;
+      * lambda^(-1/2) (a square root and a division, 2 u_c relative): 2 sqrt(r) u_c kappa; the products
+        V D V^T and A M, length r: 2 r gamma_r kappa.
+    """
+
+
+@stage("E_cast", "u_s*sqrt(r)")
+def storage_cast(r, u_s):
+    """W+ (||W+||_F = sqrt(r)) rounded to a storage dtype of unit roundoff u_s coarser than the one it
+    was computed in: u_s ||W+||_F (0 where the storage is the compute dtype: u_s = 0)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Derived on the certifier's side: iteration count and frame drift
+# --------------------------------------------------------------------------------------------
+
+NEWTON_SCHULZ_MAX_TRUST_RADIUS = 1.0
+
+
+def newton_schulz_iterations(trust_radius: float, u_c: float, drift: float = 0.0) -> int:
+    """Quintic Newton-Schulz iterations X <- X (15/8 - 5/4 X^T X + 3/8 (X^T X)^2) that bring every
+    eigenvalue of X^T X within u_c of 1, started at X_0 = A / sqrt(c), c = 1 + Delta^2 / 2, for
+    A = W + xi with ||xi|| <= Delta and ||W^T W - I|| <= drift.
+
+    The eigenvalues of S = A^T A lie in [1 - drift, 1 + Delta^2 + drift] (P3(b), Weyl), those of S / c
+    within delta_0 of 1; one iteration maps 1 - x to 5/8 e^3 + 15/64 e^4 + 9/64 e^5 (e = 1 - x, the
+    polynomial expanded exactly). Iterated from both ends of the interval until below u_c."""
+    if not (0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS):
+        raise ValueError(f"the Newton-Schulz route needs 0 < trust_radius <= 1, got {trust_radius!r}")
+    scale = 1.0 + trust_radius**2 / 2.0
+    deviations = [1.0 - (1.0 - drift) / scale, (1.0 + trust_radius**2 + drift) / scale - 1.0]
+    for iterations in range(1, 32):
+        deviations = [5 / 8 * e**3 + 15 / 64 * e**4 + 9 / 64 * e**5 for e in deviations]
+        if max(abs(e) for e in deviations) <= u_c:
+            return iterations
+    raise ValueError(f"the quintic iteration does not converge from trust_radius {trust_radius} and drift {drift}")
+
+
+def newton_schulz_distance(d: int, r: int, u_c: float, trust_radius: float, drift: float) -> float:
+    """Distance of a frame the Gram route returns (Newton-Schulz, computed in u_c) to an orthonormal
+    matrix: polar_newton_schulz at kappa = sqrt(1 + Delta^2) (1 + drift) / (1 - drift)."""
+    kappa = math.sqrt(1.0 + trust_radius**2) * (1.0 + drift) / (1.0 - drift)
+    k = newton_schulz_iterations(trust_radius, u_c, drift)
+    return float(polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=k))
+
+
+def frame_drift_bound(d: int, r: int, u_s: float, u_c: float, trust_radius: float) -> float:
+    """Bound on ||W^T W - I||_F (evaluated in float64) of a frame computed by the Gram route with
+    Newton-Schulz in u_c and stored in u_s: gram_defect at the distance newton_schulz_distance plus the
+    storage cast. The drift of the kernel's input enters the iteration count and kappa; the bound is
+    a fixed point (the output's drift is the next input's), reached from drift = 0 in two rounds
+    because the distance depends on the drift only through kappa and k. inf outside Delta <= 1."""
+    from .bounds import gram_defect_bound
+
+    if not (0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS):
+        return math.inf
+    cast = float(storage_cast(r=r, u_s=u_s if u_s > u_c else 0.0))
+    drift = 0.0
+    for _ in range(3):
+        distance = newton_schulz_distance(d, r, u_c, trust_radius, drift) + cast
+        drift = float(gram_defect_bound(distance, d, r, U64))
+    return drift
+
+
+# --------------------------------------------------------------------------------------------
+# The step
+# --------------------------------------------------------------------------------------------
+
+# Unit roundoffs of the storage dtypes (IEEE 754 binary64 and binary32: 2^-53, 2^-24; bfloat16's
+# 8-bit significand: 2^-8), and the dtype each computes in (docs/algorithm.md, the PyTorch kernel:
+# float64 computes in float64, float32 and bfloat16 in float32 and keep m and v in float32).
+UNIT_ROUNDOFFS = {"float64": U64, "float32": U32, "bfloat16": U_BF16}
+COMPUTE_DTYPES = {"float64": "float64", "float32": "float32", "bfloat16": "float32"}
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """Unit roundoffs of one evaluation of the step: u_c of the computation, u_W of W's storage (W+
+    is rounded to it where it is coarser than u_c), u_state of m and v; route of the retraction:
+    "svd" (the reference), "newton_schulz" (k iterations: newton_schulz_iterations), "eigh" (the
+    Gram route by the eigensolver, the model's), or "any" (the largest of them: an implementation whose
+    route is not known)."""
+
+    u_c: float = U64
+    u_W: float = 0.0
+    u_state: float = 0.0
+    route: str = "svd"
+    iterations: int = 0
+
+    @property
+    def cast(self) -> float:
+        return self.u_W if self.u_W > self.u_c else 0.0
+
+
+@dataclass(frozen=True)
+class InputErrors:
+    """How far the input of the evaluation is from the exact input (per frame or scalars): W (Frobenius,
+    a frame off the exact one), G_rel (relative, the gradient's rounding), m (Frobenius), v (absolute)."""
+
+    W: object = 0.0
+    G_rel: object = 0.0
+    m: object = 0.0
+    v: object = 0.0
+
+
+@dataclass
+class StepNorms:
+    """Per-frame quantities of the step (from a float64 evaluation, or bounds on the exact ones):
+    G = ||G||, W = ||W||_F, g = ||g||, m_in, v_in the incoming state, m = ||m|| and v after stages 3-4,
+    xi_raw = ||xi|| before the cap, xi after it, A = ||W + xi||_F, sigma_min / sigma_max of W + xi,
+    t the step count after stage 5."""
+
+    G: np.ndarray
+    W: np.ndarray
+    g: np.ndarray
+    m_in: np.ndarray
+    v_in: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    xi_raw: np.ndarray
+    xi: np.ndarray
+    A: np.ndarray
+    sigma_min: np.ndarray
+    sigma_max: np.ndarray
+    t: int
+
+
+@dataclass
+class StepError:
+    """Bounds per frame: g, m (stage 3), v, m_hat, v_hat, q, xi (after the cap), A, W (W+), m_plus
+    (transported), and well_posed (False where q or sigma_min is not above its error: no bound)."""
+
+    g: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    m_hat: np.ndarray
+    v_hat: np.ndarray
+    q: np.ndarray
+    xi: np.ndarray
+    A: np.ndarray
+    W: np.ndarray
+    m_plus: np.ndarray
+    well_posed: np.ndarray
+
+
+def kernel_rounding(dtype: str, trust_radius: float, d: int, r: int) -> "Rounding":
+    """The Rounding of the PyTorch kernel with storage `dtype` (a name of UNIT_ROUNDOFFS): u_c of its
+    compute dtype, u_W of the storage, u_state of the compute dtype; the Gram route with Newton-Schulz
+    for Delta <= 1 (docs/algorithm.md), its iteration count derived here from Delta, u_c and the
+    drift of the kernel's own frames (frame_drift_bound), else eigh."""
+    u_c = UNIT_ROUNDOFFS[COMPUTE_DTYPES[dtype]]
+    u_W = UNIT_ROUNDOFFS[dtype]
+    if 0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS:
+        drift = frame_drift_bound(d, r, u_W, u_c, trust_radius)
+        k = newton_schulz_iterations(trust_radius, u_c, drift)
+        return Rounding(u_c=u_c, u_W=u_W, u_state=u_c, route="newton_schulz", iterations=k)
+    return Rounding(u_c=u_c, u_W=u_W, u_state=u_c, route="eigh")
+
+
+def retraction_error(d: int, r: int, rounding: Rounding, kappa, trust_radius: float):
+    """The evaluation error of polar(A) on the route of `rounding` (polar_svd, polar_newton_schulz,
+    polar_eigh, or for "any" the largest of the routes an implementation may take)."""
+    u_c = rounding.u_c
+    routes = {"svd": lambda: polar_svd(d=d, r=r, u_c=u_c, kappa=kappa),
+              "eigh": lambda: polar_eigh(d=d, r=r, u_c=u_c, kappa=kappa),
+              "newton_schulz": lambda: polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=rounding.iterations)}
+    if rounding.route in routes:
+        return np.asarray(routes[rounding.route](), dtype=np.float64)
+    if rounding.route != "any":
+        raise ValueError(f"route must be one of svd, eigh, newton_schulz, any; got {rounding.route!r}")
+    values = [routes["svd"](), routes["eigh"]()]
+    if 0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS:
+        k = newton_schulz_iterations(trust_radius, u_c, drift=0.01)
+        values.append(polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=k))
+    return np.maximum.reduce([np.asarray(v, dtype=np.float64) for v in values])
+
+
+def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Rounding(), inputs: InputErrors = InputErrors()) -> StepError:
+    """Bound on the distance of one evaluation of the step (unit roundoffs and route of `rounding`,
+    at an input within `inputs` of the exact one) from the exact step at the exact input; every
+    stage bound is one Stage (module docstring), evaluated at the quantities q."""
+    beta1, beta2 = config.betas
+    lam, lr, eps, delta = config.weight_decay, config.lr, config.eps, config.trust_radius
+    u_c, n = rounding.u_c, d * r
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        E_Gd = decay(u_c=u_c, G=q.G, lam=lam, W=q.W, G_rel=inputs.G_rel, W_err=inputs.W)
+        E_g = projection(d=d, r=r, u_c=u_c, X=q.G + lam * q.W, X_err=E_Gd, W_err=inputs.W)
+        E_m = first_moment(u_c=u_c, beta1=beta1, m_in=q.m_in, m_in_err=inputs.m, g=q.g, g_err=E_g)
+        s = q.g**2 / n
+        E_s = mean_square(n=n, u_c=u_c, g=q.g, g_err=E_g)
+        E_v = second_moment(u_c=u_c, beta2=beta2, v_in=q.v_in, v_in_err=inputs.v, s=s, s_err=E_s)
+        hats = []
+        for beta, x, x_err in ((beta1, q.m, E_m), (beta2, q.v, E_v)):
+            beta_t = beta**q.t
+            log_beta = abs(math.log(beta)) if beta > 0 else 0.0
+            hats.append(bias_correction(u_c=u_c, t=q.t, beta_t=beta_t, log_beta=log_beta, x=x, x_err=x_err))
+        E_mh, E_vh = hats
+        b1, b2 = 1 - beta1**q.t, 1 - beta2**q.t
+        v_hat = q.v / b2
+        root = np.sqrt(v_hat)
+        qd = root + eps
+        E_q = denominator(u_c=u_c, q=qd, sqrt_err=square_root(u_c=u_c, x=v_hat, x_err=E_vh))
+        margin = qd - E_q
+        # xi = 0 exactly on both sides: where the computed v^ is 0 and its error is 0 (g = 0, v_in = 0
+        # exactly), or where T_W = {0} (d = r = 1): the exact step is 0 at every input, and the computed
+        # one is 0 wherever the computed v^ is (xi = 0 where v^ = 0, stage 6)
+        exactly_still = (v_hat == 0) & ((E_vh == 0) | (d * r - r * (r + 1) // 2 == 0))
+        possibly_still = (E_vh >= v_hat) & ~exactly_still
+        E_xi0 = direction(u_c=u_c, lr=lr, xi=q.xi_raw, q=qd, q_err=E_q, m_hat_err=E_mh)
+        undetermined = direction_undetermined(lr=lr, m_hat=q.m / b1, m_hat_err=E_mh, q=qd, q_err=E_q)
+        E_xi0 = np.where(possibly_still, np.fmax(E_xi0, undetermined), E_xi0)
+        E_xi0 = np.where(exactly_still, 0.0, E_xi0)
+        # q not above its error: the direction is not determined at this rounding level (no bound on
+        # xi); E_W is then the 2 sqrt(r) of polar_perturbation's sigma_lo <= 0 and well_posed is False
+        E_xi0 = np.where(exactly_still | (margin > 0), E_xi0, np.inf)
+        cap = 0.0 if math.isinf(delta) else np.minimum(q.xi_raw, delta)
+        E_xi = trust_region(n=n, u_c=u_c, xi_err=E_xi0, cap=cap)
+        E_A = step_sum(u_c=u_c, A=q.A, W_err=inputs.W, xi_err=E_xi)
+        sigma_lo = q.sigma_min - E_A
+        well_posed = (exactly_still | (margin > 0)) & (sigma_lo > 0) & np.isfinite(E_xi)
+        kappa = q.sigma_max / np.where(sigma_lo > 0, sigma_lo, np.nan)
+        E_W = (polar_perturbation(r=r, dA=E_A, sigma_lo=np.where(sigma_lo > 0, sigma_lo, 0.0))
+               + retraction_error(d, r, rounding, kappa, delta) + storage_cast(r=r, u_s=rounding.cast))
+        E_W = np.where(sigma_lo > 0, E_W, 2 * math.sqrt(r))
+        E_m_plus = projection(d=d, r=r, u_c=u_c, X=q.m, X_err=E_m, W_err=E_W)
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (E_W, E_m_plus, E_v, well_posed)))
+    b = lambda x: np.broadcast_to(np.asarray(x, dtype=np.float64), shape)  # noqa: E731
+    return StepError(g=b(E_g), m=b(E_m), v=b(E_v), m_hat=b(E_mh), v_hat=b(E_vh), q=b(E_q), xi=b(E_xi), A=b(E_A),
+                     W=b(E_W), m_plus=b(E_m_plus), well_posed=np.broadcast_to(well_posed, shape))
+
+
+# The stages step_error composes, in the order of docs/algorithm.md (the texts cite them all).
+STEP_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_correction",
+               "square_root", "denominator", "direction", "direction_undetermined", "trust_region", "step_sum",
+               "polar_perturbation", "polar_svd", "polar_newton_schulz", "polar_eigh", "storage_cast")
+
+
+def stage_texts(names=STEP_STAGES) -> str:
+    """The rendered formulas of the named stages, '; '-separated: what a certificate cites."""
+    return "; ".join(STAGES[name].text() for name in names)
+
+
+# The stages each output's bound passes through: W+ all of them, the transported m+ those of g and m
+# and then the projection again (X = ||m||, X_err = E_m, W_err = E_W), v those of g and v.
+MOMENT_STAGES = ("decay", "projection", "first_moment")
+SECOND_MOMENT_STAGES = ("decay", "projection", "mean_square", "second_moment")
+
+_PREAMBLE = ("step_error (propositions/kit/step_analysis.py), one stage bound per stage of docs/algorithm.md, each "
+             "propagating the errors of its inputs (u_c the compute dtype's unit roundoff, u_s the storage's, "
+             "W_err the input frame's error)")
+
+
+def step_error_text(output: str = "W") -> str:
+    """The citation of step_error's bound on one output ("W", "m" or "v"), its stages rendered."""
+    if output == "W":
+        return f"{_PREAMBLE}: {stage_texts()}"
+    if output == "m":
+        return (f"{_PREAMBLE}, for m+ = P_W+(m): {stage_texts(MOMENT_STAGES)}; then the projection again at X = ||m||, "
+                "X_err = E_m, W_err = E_W (the bound on W+)")
+    if output == "v":
+        return f"{_PREAMBLE}, for v: {stage_texts(SECOND_MOMENT_STAGES)}"
+    raise ValueError(f"output must be W, m or v, got {output!r}")
+
+
+STEP_ERROR_TEXT = step_error_text("W")
+
+__all__ = ["InputErrors", "Rounding", "StepError", "StepNorms", "Stage", "STEP_STAGES", "STEP_ERROR_TEXT", "step_error_text",
+           "frame_drift_bound", "kernel_rounding", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error"]
