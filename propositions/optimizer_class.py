@@ -65,6 +65,8 @@ ORDINARY = {"shape": (5, 7), "lr": 0.01, "betas": (0.85, 0.995), "eps": 1e-7, "w
 ADD_AFTER = 0  # "late" joins after the first step
 NO_GRADIENT = (1, "first", 1)  # (step, group, parameter index): .grad is None at that step
 NONFINITE = (2, "second", 0, 1)  # (step, group, parameter index, frame): a NaN in that frame's gradient
+ORDINARY_NONFINITE = 2  # the ordinary tensor's gradient is NaN at this step (its group skips it)
+REFUSED = (3, "first", 0)  # before this step, a step with a NaN in the last frame of that parameter must be refused
 SAVE_AFTER = 1  # the state_dict is saved after this step and resumed in a fresh instance
 MIN_STEPS = 4
 
@@ -94,6 +96,9 @@ def _new_checks(dtype_name: str) -> dict:
         "resume": check("resume_bit_for_bit", "parameters and states of a fresh instance loaded from the mid-run state_dict against the original, after the same steps (ulps)", exact),
         "closure": check("closure_loss", "the loss step(closure) returns against the closure's own (ulps; inf if not returned)", exact),
         "ordinary": check("euclidean_is_adamw", "the manifold='euclidean' tensor and its state against torch.optim.AdamW with the group's settings (ulps)", exact),
+        "refused": check("refused_step_untouched", "a step with a NaN in the last frame of a parameter whose group does not skip: ValueError, and every parameter and state as before (ulps; inf if not refused)", exact),
+        "skipped_count": check("skipped_count", "|skipped_steps - 2| after one NaN frame and one NaN ordinary tensor under skip_nonfinite", exact),
+        "refusals": check("bad_groups_refused", "a second param group with lr < 0, a non-frame in a frame group or an unknown manifold, at construction and by add_param_group: ValueError (0; inf if accepted)", exact),
         "undefined": [],  # frame-steps where the analysis has no bound (not a check: dropped by dtype_part)
     }
 
@@ -123,7 +128,8 @@ def _to_numpy(x) -> np.ndarray:
 def _build(optimizer_class, params: dict, dtype_name: str, with_late: bool):
     """A StiefelAdam (or a control's subclass) over the scenario's groups."""
     groups = [{"params": params[name], **settings, "skip_nonfinite": skip} for name, _, settings, skip in GROUPS if name != "late"]
-    groups.append({"params": params["ordinary"], "manifold": "euclidean", **{k: v for k, v in ORDINARY.items() if k != "shape"}})
+    groups.append({"params": params["ordinary"], "manifold": "euclidean", "skip_nonfinite": True,
+                   **{k: v for k, v in ORDINARY.items() if k != "shape"}})
     optimizer = optimizer_class(groups, lr=0.001)
     if with_late:  # in the order the original run has its groups: "late" last
         optimizer.add_param_group(_late_group(params))
@@ -142,6 +148,7 @@ def _draw(seed: int, run: int, dtype_name: str, steps: int):
     gradients = [{name: [rng.standard_normal(W.shape) for W in frames[name]] for name in frames} for _ in range(steps)]
     ordinary = rng.standard_normal(ORDINARY["shape"])
     ordinary_gradients = [rng.standard_normal(ORDINARY["shape"]) for _ in range(steps)]
+    ordinary_gradients[ORDINARY_NONFINITE][0, 0] = np.nan
     step, group, index, frame = NONFINITE
     G = gradients[step][group][index]
     G.reshape((-1,) + G.shape[-2:])[frame, 0, 0] = np.nan
@@ -190,12 +197,18 @@ def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_cla
     for step in range(steps):
         active = [name for name in settings if name != "late" or step > ADD_AFTER]
         _set_inputs(optimizer, params, model, active, dtype, state_dtype, device)
-        before = {id(p): (p.detach().clone(), copy.deepcopy(dict(optimizer.state[p]))) for name in active for p in params[name]}
-        closure = _closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype, device)
+        before = {id(p): (p.detach().clone(), copy.deepcopy(dict(optimizer.state[p]))) for name in active + ["ordinary"] for p in params[name]}
+        live = {n: params[n] for n in active + ["ordinary"]}
+        if step == REFUSED[0]:
+            refused = _refused_step(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device)
+            unchanged = max(float(_tensors_ulps([p], [before[id(p)][0]], optimizer.state[p], before[id(p)][1])[0]) for ps in live.values() for p in ps)
+            checks["refused"].add(np.array([unchanged if refused else math.inf]), 0.5, key=key, seed=seed, extra={"step": step + 1})
+        closure = _closure(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device)
         loss = optimizer.step(closure)
         checks["closure"].add(_ulps_or_inf(loss, closure.loss), 0.5, key=key, seed=seed, extra={"step": step + 1})
-        twin.grad = params["ordinary"][0].grad.clone()
-        adamw.step()
+        if step != ORDINARY_NONFINITE:  # AdamW itself would write the NaN: the twin skips that step
+            twin.grad = params["ordinary"][0].grad.clone()
+            adamw.step()
         _compare_ordinary(optimizer, params["ordinary"][0], twin, adamw, checks["ordinary"], key, seed, step)
         for name in active:
             for index, p in enumerate(params[name]):
@@ -205,8 +218,49 @@ def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_cla
                 )
         if step == ADD_AFTER:
             optimizer.add_param_group(_late_group(params))
+    # one NaN frame and one NaN ordinary tensor were skipped
+    checks["skipped_count"].add(np.array([abs(optimizer.skipped_steps - 2.0)]), 0.5, key=key, seed=seed, extra={"what": "skipped_steps"})
+    _refusals(optimizer_class, params, checks["refusals"], key, seed)
     _resume(seed, run, dtype_name, steps, optimizer_class, checks["resume"], key, device)
     return stepped
+
+
+def _refused_step(optimizer, params, gradients, ordinary_gradient, step, dtype, device) -> bool:
+    """Whether a step with a NaN in the last frame of REFUSED's parameter (a group without
+    skip_nonfinite) raises ValueError (the caller checks that nothing was written)."""
+    _, group, index = REFUSED
+    poisoned = {name: [np.array(G, copy=True) for G in Gs] for name, Gs in gradients.items()}
+    G = poisoned[group][index]
+    G.reshape((-1,) + G.shape[-2:])[-1, -1, -1] = np.nan
+    try:
+        optimizer.step(_closure(optimizer, params, poisoned, ordinary_gradient, step, dtype, device))
+    except ValueError:
+        return True
+    return False
+
+
+def _refusals(optimizer_class, params, check, key, seed) -> None:
+    """Bad param groups are refused, whatever their place: a second group with lr < 0, a frame
+    group holding a tensor that is not a frame, an unknown manifold, at construction and through
+    add_param_group. Residual 0 per refusal, inf where the group was accepted."""
+    import torch
+
+    frame = params["first"][1].detach().clone()
+    bad_groups = ({"params": [torch.nn.Parameter(frame.clone())], "lr": -1.0},
+                  {"params": [torch.nn.Parameter(2.0 * frame)]},
+                  {"params": [torch.nn.Parameter(frame.clone())], "manifold": "sphere"})
+    for position, bad in enumerate(bad_groups):
+        for how in ("constructor", "add_param_group"):
+            first = {"params": [torch.nn.Parameter(frame.clone())]}
+            try:
+                if how == "constructor":
+                    optimizer_class([first, dict(bad)])
+                else:
+                    optimizer_class([first]).add_param_group(dict(bad))
+                residual = math.inf
+            except ValueError:
+                residual = 0.0
+            check.add(np.array([residual]), 0.5, key=key, seed=seed, extra={"bad_group": position, "through": how})
 
 
 def _ulps_or_inf(returned, expected) -> np.ndarray:
@@ -334,7 +388,10 @@ def _free_run(optimizer_class, params, dtype_name, gradients, ordinary_gradients
     saved = None
     for step in range(start, steps):
         active = [name for name, _, _, _ in GROUPS if name != "late" or step > ADD_AFTER]
-        optimizer.step(_closure(optimizer, {n: params[n] for n in active + ["ordinary"]}, gradients[step], ordinary_gradients[step], step, dtype, device))
+        live = {n: params[n] for n in active + ["ordinary"]}
+        if step == REFUSED[0]:
+            _refused_step(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device)
+        optimizer.step(_closure(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device))
         if step == ADD_AFTER and start <= ADD_AFTER:
             optimizer.add_param_group(_late_group(params))
         if step == save_after:
@@ -381,11 +438,7 @@ def runs_for(profile) -> int:
 
 def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
     """The scenario in one dtype, runs_for(profile) times, with the class under test."""
-    optimizer_class = _optimizer_class(ctx.optimizer)
-    checks = _new_checks(dtype_name)
-    steps = max(MIN_STEPS, ctx.profile.steps)
-    device = ctx.option("device", "cpu")
-    frames = sum(run_scenario(ctx.seed, run, dtype_name, steps, optimizer_class, checks, device) for run in range(runs_for(ctx.profile)))
+    checks, frames = _guarded_runs(ctx, dtype_name, range(runs_for(ctx.profile)))
     undefined = checks.pop("undefined")
     compute = step_analysis.COMPUTE_DTYPES[dtype_name]
     units = step_analysis.UNIT_ROUNDOFFS
@@ -395,6 +448,23 @@ def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
         extra={f"unit_roundoffs_{dtype_name}": {"W": units[dtype_name], "m_v": units[compute], "compute": units[compute]},
                f"undefined_frame_steps_{dtype_name}": len(undefined)},
     )
+
+
+def _guarded_runs(ctx: Context, dtype_name: str, runs) -> tuple[dict, int]:
+    """The checks of the scenario's runs, with "scenario_completes": an optimizer that raises where
+    the scenario expects no exception fails that check (inf) instead of stopping the claim."""
+    checks = _new_checks(dtype_name)
+    completes = NumericalCheck(f"{dtype_name}/scenario_completes", "the scripted run ends without an exception (0; inf if the optimizer raised)",
+                               "exact: a correct optimizer raises only where the scenario expects it", tightness_note="an exact equality: 0 by design")
+    steps, frames = max(MIN_STEPS, ctx.profile.steps), 0
+    for run in runs:
+        try:
+            frames += run_scenario(ctx.seed, run, dtype_name, steps, _optimizer_class(ctx.optimizer), checks, ctx.option("device", "cpu"))
+            completes.add(np.array([0.0]), 0.5)
+        except Exception as error:  # a broken optimizer that breaks the scenario is caught by it
+            message = str(error).splitlines()[0] if str(error) else ""
+            completes.add(np.array([math.inf]), 0.5, extra={"run": run, "raised": f"{type(error).__name__}: {message}"})
+    return {"completes": completes, **checks}, frames
 
 
 def _part(dtype_name):
@@ -494,7 +564,38 @@ def broken_optimizers() -> dict:
                         p.grad.add_(p, alpha=group["weight_decay"])
             super()._step_euclidean({**group, "weight_decay": 0.0}, group_index)
 
+    class WritesBeforeRefusing(StiefelAdam):
+        def _refuse_nonfinite(self, steps):
+            for bucket in steps:
+                self._write(bucket)
+            super()._refuse_nonfinite(steps)
+
+    class CountsSteppedFrames(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            bucket = super()._step_bucket(settings, members)
+            if settings[5]:
+                self._count_skipped(bucket.W.device, bucket.finite.sum() - 2 * (~bucket.finite).sum())
+            return bucket
+
+    class LaterGroupsUnchecked(StiefelAdam):
+        def add_param_group(self, param_group):
+            if self.param_groups:  # only the first group is checked
+                torch.optim.Optimizer.add_param_group(self, param_group)
+                return
+            super().add_param_group(param_group)
+
+    class OrdinaryCountAdvancesOnSkip(StiefelAdam):
+        def _step_euclidean(self, group, group_index):
+            nonfinite = [p for p in group["params"] if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+            super()._step_euclidean(group, group_index)
+            for p in nonfinite:
+                self.state[p]["step"].add_(1)
+
     return {
+        "writes_before_refusing": (WritesBeforeRefusing, "a refused step (NaN without skip_nonfinite) is written before the ValueError"),
+        "skipped_count_of_stepped": (CountsSteppedFrames, "skipped_steps counts the frames that stepped, not those skipped"),
+        "later_groups_unchecked": (LaterGroupsUnchecked, "only the first param group's settings and tensors are checked"),
+        "ordinary_count_advances_on_skip": (OrdinaryCountAdvancesOnSkip, "a skipped ordinary tensor's AdamW step count still advances"),
         "first_group_settings": (FirstGroupSettings, "every frame stepped with the first param group's hyper-parameters"),
         "count_advances_on_skip": (CountAdvancesOnSkip, "a frame skipped for a non-finite step still advances its step count"),
         "whole_tensor_skip": (WholeTensorSkip, "one non-finite frame skips every frame of its tensor"),
@@ -509,13 +610,13 @@ def broken_optimizers() -> dict:
 CONTROL_NAMES = (
     "first_group_settings", "count_advances_on_skip", "whole_tensor_skip", "steps_without_gradient",
     "load_drops_counts", "added_group_takes_defaults", "closure_loss_dropped", "coupled_decay_for_ordinary",
+    "writes_before_refusing", "skipped_count_of_stepped", "later_groups_unchecked", "ordinary_count_advances_on_skip",
 )
 
 
 def control_part(ctx: Context) -> Evidence:
     """A broken class through the float64 scenario (one run): it must fail a check by DETECTION_FACTOR."""
-    checks = _new_checks("float64")
-    run_scenario(ctx.seed, 0, "float64", max(MIN_STEPS, ctx.profile.steps), _optimizer_class(ctx.optimizer), checks, ctx.option("device", "cpu"))
+    checks, _ = _guarded_runs(ctx, "float64", range(1))
     checks.pop("undefined")
     return Evidence(checks=list(checks.values()))
 
@@ -584,6 +685,10 @@ CLAIM = Claim(
         ("added_group_takes_defaults", "add_param_group ignores the group's own hyper-parameters"),
         ("closure_loss_dropped", "step(closure) returns None instead of the closure's loss"),
         ("coupled_decay_for_ordinary", "ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
+        ("writes_before_refusing", "a refused step (NaN without skip_nonfinite) is written before the ValueError"),
+        ("skipped_count_of_stepped", "skipped_steps counts the frames that stepped, not those skipped"),
+        ("later_groups_unchecked", "only the first param group's settings and tensors are checked"),
+        ("ordinary_count_advances_on_skip", "a skipped ordinary tensor's AdamW step count still advances"),
     )),
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,

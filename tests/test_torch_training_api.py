@@ -187,8 +187,10 @@ def test_an_ordinary_tensor_with_a_nonfinite_gradient_is_skipped_whole_under_ski
     adamw = torch.optim.AdamW([twin], lr=0.1, weight_decay=0.0)
     grad = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     weights[0].grad, twin.grad = grad.clone(), grad.clone()
+    weights[1].grad = grad.clone()  # a finite first step: the skipped one below has a state to keep
     optimizer.step(), adamw.step()
     kept = weights[1].detach().clone(), copy.deepcopy(optimizer.state[weights[1]])
+    assert kept[1]["step"] == 1.0 and kept[1]["exp_avg"].abs().sum() > 0
     weights[0].grad, twin.grad = grad.clone(), grad.clone()
     weights[1].grad = torch.full((4, 3), math.nan, dtype=torch.float64)
     optimizer.step(), adamw.step()
@@ -208,3 +210,94 @@ def test_the_step_compiles_without_graph_breaks(with_ordinary):
     _loss(model, torch.Generator().manual_seed(0)).backward()
     explanation = torch._dynamo.explain(optimizer.step)()
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+
+
+def test_every_param_group_is_checked_not_only_the_first():
+    frame = stiefel_init_(torch.empty(6, 2, dtype=torch.float64))
+    first = {"params": [torch.nn.Parameter(frame.clone())]}
+    for bad, message in (({"lr": -1.0}, "lr"), ({"manifold": "sphere"}, "manifold"), ({"betas": (0.9, 1.5)}, "beta2")):
+        with pytest.raises(ValueError, match=message):
+            StiefelAdam([first, {"params": [torch.nn.Parameter(frame.clone())], **bad}])
+        with pytest.raises(ValueError, match=message):
+            StiefelAdam([first]).add_param_group({"params": [torch.nn.Parameter(frame.clone())], **bad})
+    with pytest.raises(ValueError, match=r"params\[0\] of param group 1 must satisfy W\^T W = I"):
+        StiefelAdam([first, {"params": [torch.nn.Parameter(2.0 * frame)]}])
+
+
+def test_frames_of_two_dtypes_are_not_stepped_in_one_call():
+    """A float32 frame next to a float64 frame of the same shape and settings is stepped in float32,
+    bit for bit as alone."""
+    frame = stiefel_init_(torch.empty(2, 9, 3, dtype=torch.float64), torch.Generator().manual_seed(4))
+    grad = torch.randn(frame.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    single = torch.nn.Parameter(frame.float())
+    pair = [torch.nn.Parameter(frame.clone()), torch.nn.Parameter(frame.float())]
+    alone, together = StiefelAdam([single], lr=0.05), StiefelAdam(pair, lr=0.05)
+    for _ in range(3):
+        single.grad, pair[0].grad, pair[1].grad = grad.float(), grad.clone(), grad.float()
+        alone.step(), together.step()
+    assert torch.equal(single.data, pair[1].data)
+    assert torch.equal(alone.state[single]["exp_avg"], together.state[pair[1]]["exp_avg"])
+
+
+def test_a_state_dict_with_one_int_count_and_a_stateless_parameter_resumes():
+    """A checkpoint of an earlier version keeps one int step per parameter; a parameter that never
+    had a gradient has no state. Both load: the count becomes one per frame, and the bfloat16 frame
+    after the stateless parameter keeps its float32 moments (resume bit for bit)."""
+    generator = torch.Generator().manual_seed(6)
+    never = torch.nn.Parameter(stiefel_init_(torch.empty(5, 2, dtype=torch.float64), generator))
+    frames = torch.nn.Parameter(stiefel_init_(torch.empty(3, 8, 2, dtype=torch.bfloat16), generator))
+    optimizer = StiefelAdam([never, frames], lr=0.05)
+    grads = [torch.randn(frames.shape, generator=generator).to(torch.bfloat16) for _ in range(4)]
+    for G in grads[:2]:
+        frames.grad = G.clone()
+        optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())
+    saved_values = (never.detach().clone(), frames.detach().clone())
+    for G in grads[2:]:
+        frames.grad = G.clone()
+        optimizer.step()
+    for old_format in (False, True):
+        state_dict = copy.deepcopy(saved)
+        if old_format:
+            state_dict["state"][1]["step"] = 2
+        resumed = [torch.nn.Parameter(v.clone()) for v in saved_values]
+        fresh = StiefelAdam(resumed, lr=0.05)
+        fresh.load_state_dict(state_dict)
+        state = fresh.state[resumed[1]]
+        assert state["exp_avg"].dtype == torch.float32 and torch.equal(state["step"], torch.full((3,), 2.0, dtype=torch.float64))
+        for G in grads[2:]:
+            resumed[1].grad = G.clone()
+            fresh.step()
+        assert torch.equal(resumed[1].data, frames.data) and torch.equal(resumed[0].data, never.data)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_frame_with_no_gradient_yet_and_eps_zero_takes_a_zero_step(skip):
+    """v^ = 0 with eps = 0 on the per-frame-count path: xi = 0, never 0/0, and no refusal."""
+    p = torch.nn.Parameter(stiefel_init_(torch.empty(2, 6, 2, dtype=torch.float64), torch.Generator().manual_seed(7)))
+    before = p.detach().clone()
+    optimizer = StiefelAdam([p], lr=0.05, eps=0.0, skip_nonfinite=skip)
+    p.grad = torch.zeros_like(p)
+    p.grad[0] = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    optimizer.step()
+    assert optimizer.skipped_steps == 0
+    assert torch.all(optimizer.state[p]["exp_avg"][1] == 0) and optimizer.state[p]["exp_avg_sq"][1] == 0
+    assert float(torch.linalg.matrix_norm(p.data[1] - before[1])) <= 1e-14
+    assert float(torch.linalg.matrix_norm(p.data[0] - before[0])) > 1e-3
+
+
+def test_gradients_set_only_by_the_closure_are_stepped_on_the_first_call():
+    p = torch.nn.Parameter(stiefel_init_(torch.empty(6, 3, dtype=torch.float64), torch.Generator().manual_seed(9)))
+    target = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    optimizer = StiefelAdam([p], lr=0.05)
+    before = p.detach().clone()
+
+    def closure():
+        optimizer.zero_grad()
+        loss = (p * target).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    assert not torch.equal(p.data, before)
+    assert torch.equal(optimizer.state[p]["step"], torch.tensor(1.0, dtype=torch.float64))
