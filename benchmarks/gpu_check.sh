@@ -3,7 +3,7 @@
 #   1. the cross-check (torch kernel against reference_impl, P2, P4, long-run feasibility, controls)
 #      on cuda in float64, float32 and bfloat16, profile "default" (quick with QUICK=1);
 #   2. the claim "optimizer" (the StiefelAdam class: groups, counts, skipping, resume, AdamW group)
-#      on cuda, its three dtypes and eight controls;
+#      on cuda, its three dtypes and its controls;
 #   3. no host synchronisation: StiefelAdam.step with skip_nonfinite=True under
 #      torch.cuda.set_sync_debug_mode("error") (a synchronising call raises);
 #   4. the step benchmark at the two large shapes, float32 and float64, and bench_optimizer.py

@@ -30,8 +30,9 @@ What would make it fail. Any bookkeeping change: the controls are subclasses of 
 each break one piece (the first group's settings for every group, a count that advances for a
 skipped frame, skipping the whole tensor, stepping a parameter without a gradient, a
 load_state_dict that drops the counts, an added group that takes the defaults, a dropped closure
-loss, coupled decay for ordinary tensors); each must fail a check with a margin of at least
-DETECTION_FACTOR.
+loss, coupled decay for ordinary tensors, a refused step written before its error, skipped_steps
+counting the stepped frames, later param groups left unchecked, a skipped ordinary tensor's count
+advancing); each must fail a check with a margin of at least DETECTION_FACTOR.
 """
 
 from __future__ import annotations
