@@ -38,6 +38,7 @@ import reference_impl as ref
 from propositions._common import NumericalCheck, get_profile, rng_for, Profile
 from propositions.kit import step_analysis
 from propositions.kit.bounds import projection, stage
+from propositions.kit.threads import one_thread
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 CLAIM_ID = "bookkeeping"
@@ -239,21 +240,6 @@ def _prepare(ctx: Context):
     return replace(ctx, profile=profile, options={**ctx.options, "under_test": name})
 
 
-class _one_thread:
-    def __enter__(self):
-        import torch
-
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        return self
-
-    def __exit__(self, *exc):
-        import torch
-
-        torch.set_num_threads(self.threads)
-        return False
-
-
 CLAIM = Claim(
     id=CLAIM_ID,
     title="A torch optimizer's frames do not depend on grouping, batching, checkpoints or rebuilding",
@@ -270,7 +256,7 @@ CLAIM = Claim(
     controls=tuple(Control(name, control_part, description) for name, description in CONTROLS.items()),
     requires=("torch",),
     prepare=_prepare,
-    environment=lambda ctx: _one_thread(),
+    environment=lambda ctx: one_thread(),
 )
 
 __all__ = ["CLAIM", "TorchFactory", "broken_classes", "regrouping_allowance"]

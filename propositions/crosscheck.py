@@ -61,6 +61,7 @@ from propositions.kit import step_analysis
 from propositions.kit.bounds import gram_defect_bound, projection
 from propositions.kit.step_analysis import InputErrors, Rounding, StepNorms, kernel_rounding, stage_texts, step_error, step_error_text
 from propositions.kit.figures import LineFigure, Series
+from propositions.kit.threads import one_thread
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
@@ -619,33 +620,6 @@ def _new_checks(dtype_name: str) -> dict:
     }
 
 
-class _one_thread:
-    """torch (intra-op) and the BLAS libraries (numpy's, via threadpoolctl) on one thread for the
-    duration of a block, restored after.
-
-    One thread pins the order of every reduction, so a certificate does not depend on how many
-    threads the machine offers (`thread_sensitivity` measures what two threads would change). It
-    is also the fast choice here: the cross-check's tensors are mostly small batches, for which a
-    thread team on a loaded two-core machine costs milliseconds per call in wake-ups.
-    """
-
-    def __enter__(self):
-        import torch
-        from threadpoolctl import threadpool_limits
-
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        self.blas = threadpool_limits(limits=1, user_api="blas")
-        return self
-
-    def __exit__(self, *exc):
-        import torch
-
-        self.blas.restore_original_limits()
-        torch.set_num_threads(self.threads)
-        return False
-
-
 THREAD_SAMPLE_SHAPES = ((8, 64, 16), (4, 256, 32))
 
 
@@ -725,10 +699,10 @@ def _prepare(ctx: Context) -> Context:
 
 
 def _environment(ctx: Context):
-    """On CPU the whole run uses one torch thread and one BLAS thread (`_one_thread`), restored after."""
+    """On CPU the whole run uses one torch thread and one BLAS thread (`kit.threads.one_thread`), restored after."""
     import torch
 
-    return _one_thread() if torch.device(ctx.option("device")).type == "cpu" else contextlib.nullcontext()
+    return one_thread() if torch.device(ctx.option("device")).type == "cpu" else contextlib.nullcontext()
 
 
 def _sampled(checks: list[NumericalCheck]) -> list[NumericalCheck]:

@@ -46,6 +46,7 @@ import reference_impl as ref
 from propositions._common import NumericalCheck, rng_for, ulps_apart
 from propositions.crosscheck import _reference_moment, _storage_inputs, _transport_roundoff, reference_quantities, step_error_bound
 from propositions.kit import step_analysis
+from propositions.kit.threads import one_thread
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 CLAIM_ID = "optimizer"
@@ -639,27 +640,6 @@ def _prepare(ctx: Context) -> None:
         raise ValueError("device cuda was requested but torch.cuda.is_available() is False")
 
 
-class _one_thread:
-    """One torch thread (and one BLAS thread) for the run: the reductions' order does not depend on
-    the machine's core count, and the scenario's small tensors run faster without a thread team."""
-
-    def __enter__(self):
-        import torch
-        from threadpoolctl import threadpool_limits
-
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        self.blas = threadpool_limits(limits=1, user_api="blas")
-        return self
-
-    def __exit__(self, *exc):
-        import torch
-
-        self.blas.restore_original_limits()
-        torch.set_num_threads(self.threads)
-        return False
-
-
 CLAIM = Claim(
     id=CLAIM_ID,
     title="The optimizer class StiefelAdam steps every frame as certified, in float64, float32 and bfloat16",
@@ -694,7 +674,7 @@ CLAIM = Claim(
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,
     prepare=_prepare,
-    environment=lambda ctx: _one_thread(),
+    environment=lambda ctx: one_thread(),
 )
 
 __all__ = ["CLAIM", "broken_optimizers", "run_scenario"]

@@ -34,3 +34,17 @@ settings.register_profile("long", max_examples=1000, deadline=None, suppress_hea
 
 _default = "ci" if os.environ.get("CI") else "dev"
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op torch thread for a test, restored after: small tensors, for which an OpenMP team
+    on a loaded two-core machine costs milliseconds per operation."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

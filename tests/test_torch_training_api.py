@@ -12,12 +12,7 @@ torch = pytest.importorskip("torch")
 from torch_impl import StiefelAdam, functional, stiefel_init_  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class TinyAttention(torch.nn.Module):
