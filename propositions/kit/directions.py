@@ -139,10 +139,6 @@ class StepDirection(NamedTuple):
     inverse: InversePolar | None
 
 
-def has_direction_hook(optimizer) -> bool:
-    return get_variant(optimizer).step_with_direction is not None
-
-
 def step_direction(variant, W: np.ndarray, G: np.ndarray, state, config) -> StepDirection:
     """Run one step of `variant` (a name or a reference_impl.Variant) and return its direction.
 
@@ -167,7 +163,6 @@ __all__ = [
     "KRONECKER_MAX_R",
     "InversePolar",
     "StepDirection",
-    "has_direction_hook",
     "inverse_polar_retraction",
     "solve_lyapunov",
     "step_direction",
