@@ -539,6 +539,28 @@ class _TorchStepper:
         if self.state_map is not None:
             self._check_declared_state(W, W_new, state)
 
+    def _tangency_tolerance(self, W_new, m):
+        """Largest ||W^T m + m^T W|| per frame for an m tangent at W = W_new up to rounding.
+
+        With D = W^T W - I (the stored frame is orthonormal only to its own rounding), an exact
+        projection m = P_W(x) has sym(W^T m) = -sym(D S), S = sym(W^T x), of norm <= ||D|| ||W||_2
+        ||x||, ||W||_2 <= sqrt(1 + ||D||). The projection's own rounding is the projection stage
+        (kit/bounds.py) at X = ||m||: in float64 where the adapter transports m ("previous"), in the
+        moment's storage where the optimizer left it tangent ("current", the storage rounding as
+        X_err); W^T carries it twice. Evaluating W^T m here adds gamma_d sqrt(r) ||m|| twice."""
+        import torch
+
+        from propositions.kit.bounds import gamma, projection
+
+        d, r = W_new.shape[-2:]
+        drift = ri.frobenius(np.swapaxes(W_new, -1, -2) @ W_new - np.eye(r))
+        norm = ri.frobenius(m)
+        transported = self.state_map["m_tangent_at"] == "previous"
+        u = 2.0**-53 if transported or self.dtype == torch.float64 else 2.0**-24
+        rounding = projection(d=d, r=r, u_c=u, X=norm, X_err=0.0 if transported else u * norm, W_err=0.0)
+        spectral = np.sqrt(1.0 + drift)
+        return 2.0 * spectral * (drift * spectral * norm + rounding) + 2.0 * gamma(d) * np.sqrt(r) * norm
+
     def _check_declared_state(self, W, W_new, state) -> None:
         """The declared m, v, t after one step from a fresh state: t = 1, v one scalar per frame
         and positive (G is random), m of W's shape and tangent at W_new (after the transport)."""
@@ -552,14 +574,7 @@ class _TorchStepper:
         else:
             normal = np.swapaxes(W_new, -1, -2) @ state.m
             defect = ri.frobenius(normal + np.swapaxes(normal, -1, -2))
-            scale = np.maximum(ri.frobenius(state.m), np.finfo(np.float64).tiny)
-            # the transport's own rounding, (d + r + 2) sqrt(r) u ||m|| (kit/bounds.py's projection),
-            # with u the moment's storage (float32 below float64): 64 d r u covers it with room
-            import torch
-
-            u = 2.0**-53 if self.dtype == torch.float64 else 2.0**-24
-            tolerance = 64 * W.shape[-2] * W.shape[-1] * u
-            if not np.all(defect <= tolerance * scale):
+            if not np.all(defect <= self._tangency_tolerance(W_new, state.m)):
                 problems.append("m is not tangent at the new frame (W^T m + m^T W != 0): m_tangent_at does not fit")
         if problems:
             raise AdapterError(f"{self.spec}: the declared state does not fit the optimizer: " + "; ".join(problems))

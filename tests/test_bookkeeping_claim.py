@@ -16,7 +16,7 @@ from propositions.bookkeeping import CLAIM, CONTROLS, regrouping_allowance  # no
 def test_stiefel_adam_passes_with_every_control_detected():
     result = CLAIM.run(seed=1, profile=get_profile("quick"))
     assert result.verdict == "pass", result.failures()
-    assert {c.name for c in result.checks} == {"two_groups", "two_optimizers", "batched", "checkpoint", "rebuilt"}
+    assert {c.name for c in result.checks} == {"layouts_complete", "two_groups", "two_optimizers", "batched", "checkpoint", "rebuilt"}
     assert all(c.samples > 0 for c in result.checks)
     assert sorted(c.name for c in result.controls) == sorted(CONTROLS) and all(c.detected for c in result.controls)
 

@@ -250,7 +250,7 @@ class StiefelAdam(torch.optim.Optimizer):
         for group_index, group in enumerate(self.param_groups):
             if group["manifold"] != "stiefel":
                 continue
-            settings = tuple(group[key] for key in ("lr", "betas", "eps", "trust_radius", "weight_decay", "skip_nonfinite", "retraction_method"))
+            settings = tuple(group[key] for key in BUCKET_SETTINGS)
             for index, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
@@ -263,7 +263,7 @@ class StiefelAdam(torch.optim.Optimizer):
 
     def _step_bucket(self, settings: tuple, members: list) -> "_BucketStep":
         """The batched step of one bucket, nothing written yet."""
-        lr, (beta1, beta2), eps, trust_radius, weight_decay, skip, method = settings[:7]
+        lr, (beta1, beta2), eps, trust_radius, weight_decay, skip, method = settings[: len(BUCKET_SETTINGS)]
         params = [p for p, _ in members]
         states = [self.state[p] if len(self.state[p]) else self._fresh_state(p) for p in params]
         W, G = _joined(params), _joined([p.grad for p in params])
@@ -289,8 +289,7 @@ class StiefelAdam(torch.optim.Optimizer):
     def _write(self, bucket: "_BucketStep") -> None:
         start = 0
         for (p, _), state in zip(bucket.members, bucket.states):
-            frames = p.numel() // (p.shape[-1] * p.shape[-2]) if p.numel() else 0
-            stop = start + frames
+            stop = start + _frame_count(p)
             if not len(self.state[p]):
                 self.state[p].update(state)
             state = self.state[p]
@@ -306,7 +305,7 @@ class StiefelAdam(torch.optim.Optimizer):
         for bucket in steps:
             start = 0
             for p, name in bucket.members:
-                frames = p.numel() // (p.shape[-1] * p.shape[-2]) if p.numel() else 0
+                frames = _frame_count(p)
                 if bool(bucket.finite[start : start + frames].all()):
                     start += frames
                     continue
@@ -376,10 +375,13 @@ class StiefelAdam(torch.optim.Optimizer):
                 loss = closure()
         buckets = self._frame_buckets()
         steps = [self._step_bucket(settings, members) for settings, members in buckets.items()]
-        checked = [bucket for bucket, settings in zip(steps, buckets) if not settings[5]]  # skip_nonfinite off
-        # the one wait for the device in a step, and only in the error mode
-        if checked and not bool(torch.stack([bucket.finite.all().cpu() for bucket in checked]).all()):
-            self._refuse_nonfinite(checked)
+        checked = [bucket for bucket, settings in zip(steps, buckets) if not settings[_SKIP]]
+        # the one wait for the device in a step, and only in the error mode: the buckets' flags are
+        # gathered on one device and read once
+        if checked:
+            flags = [bucket.finite.all() for bucket in checked]
+            if not bool(torch.stack([flag.to(flags[0].device, non_blocking=True) for flag in flags]).all()):
+                self._refuse_nonfinite(checked)
         for bucket in steps:
             self._write(bucket)
         for group_index, group in enumerate(self.param_groups):
@@ -412,6 +414,16 @@ class StiefelAdam(torch.optim.Optimizer):
                     state[key] = count.to(device=p.device, dtype=torch.float64, copy=True).expand(p.shape[:-2]).clone()
                 elif torch.is_tensor(value):
                     state[key] = value.to(device=p.device, dtype=compute_dtype(p.dtype), copy=True)
+
+
+# A bucket's key starts with these settings of its group (then (d, r), dtype and device)
+BUCKET_SETTINGS = ("lr", "betas", "eps", "trust_radius", "weight_decay", "skip_nonfinite", "retraction_method")
+_SKIP = BUCKET_SETTINGS.index("skip_nonfinite")
+
+
+def _frame_count(p: torch.Tensor) -> int:
+    """Frames in a parameter of shape (..., d, r)."""
+    return math.prod(p.shape[:-2])
 
 
 class _BucketStep:
