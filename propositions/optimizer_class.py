@@ -59,7 +59,8 @@ def _config(lr, betas, eps, trust_radius, weight_decay):
 # The scripted run. Frame groups: (name, shapes, settings, skip_nonfinite); the group "late" is
 # added with add_param_group after step ADD_AFTER; "ordinary" holds one ordinary tensor.
 GROUPS = (
-    ("first", ((3, 12, 4), (16, 3)), _config(0.05, (0.9, 0.999), 1e-8, 0.5, 0.1), False),
+    # (3, 12, 4) and (2, 12, 4): two parameters of one shape and settings, stepped in one joined call
+    ("first", ((3, 12, 4), (16, 3), (2, 12, 4)), _config(0.05, (0.9, 0.999), 1e-8, 0.5, 0.1), False),
     ("second", ((2, 6, 6), (8, 1)), _config(0.02, (0.8, 0.99), 1e-6, 0.3, 0.0), True),
     ("late", ((2, 9, 3),), _config(0.03, (0.95, 0.98), 0.0, 0.4, 0.0), False),  # eps = 0, no decay: ZERO_FIRST
 )
@@ -68,7 +69,9 @@ ADD_AFTER = 0  # "late" joins after the first step
 NO_GRADIENT = (1, "first", 1)  # (step, group, parameter index): .grad is None at that step
 NONFINITE = (2, "second", 0, 1)  # (step, group, parameter index, frame): a NaN in that frame's gradient
 ORDINARY_NONFINITE = 2  # the ordinary tensor's gradient is NaN at this step (its group skips it)
-REFUSED = (3, "first", 0)  # before this step, a step with a NaN in the last frame of that parameter must be refused
+# before this step, a step with a NaN in the last frame of that parameter (the second of its joined
+# call) must be refused
+REFUSED = (3, "first", 2)
 ZERO_FIRST = (ADD_AFTER + 1, "late", 0, 0)  # a zero first gradient in the eps = 0 group: v^ = 0, xi = 0, never 0/0
 # skipped_steps after a run: NONFINITE's frame and the ordinary tensor at ORDINARY_NONFINITE
 SKIPPED_PER_RUN = 2
