@@ -99,7 +99,12 @@ def state_findings(W, G, state, W_new, state_new, config) -> list[dict]:
 
 
 def _probe_gradient(W, G, weight_decay, seed):
-    """The step's own G where its tangent part is not rounding noise, else a Gaussian one."""
+    """The step's own G where its tangent part is not rounding noise, else a Gaussian one.
+
+    Not a tolerance: it only chooses the probe's input. A tangent part below 1e-3 ||G|| leaves the
+    probe's direction resting on a projection that cancels most of G, whose rounding (about
+    (d + r) u ||G||, the projection stage) is then 1e3 times larger relative to it; a Gaussian G
+    has a tangent part of order ||G|| and no such cancellation."""
     tangent = _frobenius(ri.project_tangent(W, G + weight_decay * W, validate=False))
     if np.all(tangent > 1e-3 * np.maximum(_frobenius(G), np.finfo(float).tiny)):
         return G
