@@ -16,7 +16,8 @@ hyper-parameters in a `StiefelAdamConfig`. An adapter builds such a Variant arou
                                when the step raises or returns the wrong shape.
   torch:MODULE:CLASS[:JSON]    a torch.optim.Optimizer driven only through a parameter, its gradient
                                and step(). JSON holds constructor keywords; four keys are the
-                               adapter's own: "dtype" ("float64" default, "float32"), "manifold"
+                               adapter's own: "dtype" ("float64" default, "float32", "bfloat16"), "route" (the
+                               retraction the claims' bounds assume: "any" default, "svd", "eigh", "gram"), "manifold"
                                ("module:Class", e.g. "geoopt:EuclideanStiefel": the parameter is then
                                a geoopt.ManifoldParameter on that manifold), "batched" (true
                                default: one parameter of shape (..., d, r); false: one parameter per
@@ -81,8 +82,10 @@ TORCH_IMPL_STATE = '{"m": "exp_avg", "v": "exp_avg_sq", "t": "step", "m_tangent_
 SHORTCUTS: dict[str, tuple[str, str]] = {
     "reference_impl": ("numpy:reference_impl:init,step", "reference_impl.init / reference_impl.step through the NumPy adapter"),
     "torch_impl": ('torch:torch_impl:StiefelAdam:{"state": ' + TORCH_IMPL_STATE + '}', "torch_impl.StiefelAdam, float64 parameters"),
-    "torch_impl-float32": ('torch:torch_impl:StiefelAdam:{"dtype": "float32", "state": ' + TORCH_IMPL_STATE + '}',
+    "torch_impl-float32": ('torch:torch_impl:StiefelAdam:{"dtype": "float32", "route": "gram", "state": ' + TORCH_IMPL_STATE + '}',
                            "torch_impl.StiefelAdam, float32 parameters"),
+    "torch_impl-bfloat16": ('torch:torch_impl:StiefelAdam:{"dtype": "bfloat16", "route": "gram", "state": ' + TORCH_IMPL_STATE + '}',
+                            "torch_impl.StiefelAdam, bfloat16 parameters (computing in float32)"),
     "geoopt-euclidean": (
         'torch:geoopt.optim:RiemannianAdam:{"manifold": "geoopt:EuclideanStiefel"}',
         "geoopt RiemannianAdam on a ManifoldParameter of geoopt.EuclideanStiefel (float64)",
@@ -93,7 +96,9 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     ),
 }
 
-TORCH_DTYPES = ("float64", "float32")
+TORCH_DTYPES = ("float64", "float32", "bfloat16")
+# the retraction an implementation may declare ("route"), as the claims' bounds take it
+ROUTES = ("any", "svd", "eigh", "gram")
 CONFIG_FIELDS = ("lr", "betas", "eps", "weight_decay", "trust_radius")
 NUMPY_FLAGS = ("per_frame", "batched", "black_box")
 
@@ -217,13 +222,13 @@ def _output_tolerance(d: int, r: int, dtype: str) -> float:
 
     For float64 it is the reference's own input tolerance (reference_impl.manifold_tolerance,
     32 (d r + 2 sqrt(r)) u): a frame beyond it could not be the next step's input of the reference.
-    For float32 storage it is the same formula at float32's unit roundoff 2^-24 (an acceptance
-    tolerance, not a bound: the claims refuse float32 implementations as not comparable, and the
-    float32 kernel is held to float32 bounds by the cross-check).
+    For float32 or bfloat16 storage it is the same formula at the storage's unit roundoff (2^-24,
+    2^-8): an acceptance tolerance for the next step's input, not a bound; the claims hold such
+    an implementation's outputs to the bounds at its unit roundoffs (propositions/kit/precision.py).
     """
     if dtype == "float64":
         return ri.manifold_tolerance(d, r)
-    return ri.manifold_tolerance(d, r) * (step_analysis.U32 / step_analysis.U64)
+    return ri.manifold_tolerance(d, r) * (step_analysis.UNIT_ROUNDOFFS[dtype] / step_analysis.U64)
 
 
 def _check_output(name: str, W: np.ndarray, W_new, dtype: str) -> np.ndarray:
@@ -319,6 +324,9 @@ class _NumpyStepper:
         if W_new.shape != W.shape:
             raise AdapterError(f"{self.spec}: step returned a frame of shape {W_new.shape} for input {W.shape}")
         self.dtype = "float64" if W_new.dtype == np.float64 else str(W_new.dtype)
+        if self.dtype not in step_analysis.UNIT_ROUNDOFFS:
+            raise AdapterError(f"{self.spec}: step returned frames of dtype {self.dtype}; the claims' bounds are derived for "
+                               f"{', '.join(step_analysis.UNIT_ROUNDOFFS)} storage")
         self.observable = not self.black_box and isinstance(state, StiefelAdamState) and isinstance(out[1], StiefelAdamState)
         if self.per_frame:
             return
@@ -416,6 +424,9 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
     dtype = options.pop("dtype", "float64")
     if dtype not in TORCH_DTYPES:
         raise AdapterError(f"{spec}: dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
+    route = options.pop("route", "any")
+    if route not in ROUTES:
+        raise AdapterError(f"{spec}: route must be one of {', '.join(ROUTES)}, got {route!r}")
     manifold_name = options.pop("manifold", None)
     batched = options.pop("batched", True)
     if not isinstance(batched, bool):
@@ -436,7 +447,7 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
     adapter.trial()
     description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({dtype})"))[1]
     return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=state_map is not None,
-                          dtype=dtype, ignored=adapter.ignored, torch_factory=adapter.factory())
+                          dtype=dtype, route=route, ignored=adapter.ignored, torch_factory=adapter.factory())
 
 
 STATE_KEYS = ("m", "v", "t", "m_tangent_at")
@@ -468,6 +479,9 @@ class _TorchStepper:
         self.optimizer_class = optimizer_class
         self.options = options
         self.dtype = dtype
+        self.dtype_name = str(dtype).replace("torch.", "")
+        # the moments in the compute dtype (float64 for float64 frames, else float32), as torch_impl keeps them
+        self.moment_dtype_name = "float64" if self.dtype_name == "float64" else "float32"
         self.manifold = manifold
         self.batched = batched
         self.ignored: tuple[str, ...] = ()
@@ -556,7 +570,7 @@ class _TorchStepper:
         drift = ri.frobenius(np.swapaxes(W_new, -1, -2) @ W_new - np.eye(r))
         norm = ri.frobenius(m)
         transported = self.state_map["m_tangent_at"] == "previous"
-        u = 2.0**-53 if transported or self.dtype == torch.float64 else 2.0**-24
+        u = 2.0**-53 if transported or self.dtype == torch.float64 else step_analysis.UNIT_ROUNDOFFS[self.moment_dtype_name]
         rounding = projection(d=d, r=r, u_c=u, X=norm, X_err=0.0 if transported else u * norm, W_err=0.0)
         spectral = np.sqrt(1.0 + drift)
         return 2.0 * spectral * (drift * spectral * norm + rounding) + 2.0 * gamma(d) * np.sqrt(r) * norm
@@ -614,7 +628,7 @@ class _TorchStepper:
         with torch.no_grad():
             values = [p.detach().to(torch.float64).cpu().numpy() for p in parameters]
         W_new = values[0].copy() if self.batched else (np.stack(values).reshape(W.shape) if values else np.array(W, copy=True))
-        W_new = _check_output(self.spec, W, W_new, "float64" if self.dtype == torch.float64 else "float32")
+        W_new = _check_output(self.spec, W, W_new, self.dtype_name)
         return W_new, OpaqueState(copy.deepcopy(optimizer.state_dict()), W.shape[:-2])
 
     def _step_declared(self, W, G, state, config):
@@ -634,8 +648,7 @@ class _TorchStepper:
             optimizer.step()
         finally:
             torch.set_num_threads(threads)
-        W_new = _check_output(self.spec, W, parameter.detach().to(torch.float64).numpy().copy(),
-                              "float64" if self.dtype == torch.float64 else "float32")
+        W_new = _check_output(self.spec, W, parameter.detach().to(torch.float64).numpy().copy(), self.dtype_name)
         return W_new, self._read_state(optimizer, parameter, W_new)
 
     def _write_state(self, optimizer, parameter, state) -> None:
@@ -643,7 +656,7 @@ class _TorchStepper:
         import torch
 
         keys, kind = self.state_map, self.count_kind
-        moment_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        moment_dtype = getattr(torch, self.moment_dtype_name)
         count = float(state.t)
         if kind is None or kind == "int":
             value = int(state.t)

@@ -453,13 +453,8 @@ def _resolve_implementation(claim_id: str, spec: str):
         variant = adapters.resolve(spec)
     except adapters.AdapterError as error:
         return None, f"the implementation cannot be used: {error}"
-    dtype = getattr(variant, "dtype", "float64")
-    if dtype != "float64" and claim_id != BOOKKEEPING_ID:
-        return None, (
-            f"not comparable: {spec} stores its frames in {dtype}, and every bound of {claim_id} is a float64 rounding bound "
-            f"(u = 2^-53); float64 bounds would fail it and a tolerance widened to fit would certify nothing "
-            f"(the float32 kernel is held to float32 bounds by 'certify crosscheck --dtype float32')"
-        )
+    # a float32 or bfloat16 implementation is held to the claims' bounds at its own unit roundoffs
+    # (propositions/kit/precision.py); the adapters accept no other dtype
     return variant, None
 
 
@@ -503,7 +498,11 @@ def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options
             data = _implementation_failure(claim_id, error.error_message)
             hidden = []
     data = apply_observability(data, hidden)
-    data["extra"] = {**data.get("extra", {}), "implementation": adapters.describe(variant)}
+    from propositions.kit import precision as precisions
+
+    # the unit roundoffs the implementation's bounds were taken at (propositions/kit/precision.py)
+    data["extra"] = {**data.get("extra", {}), "implementation": adapters.describe(variant),
+                     "precision": precisions.of(variant).describe()}
     ignored = list(getattr(variant, "ignored", ()))
     notes = list(data.get("notes", []))
     if ignored:

@@ -10,7 +10,6 @@ and leaving the rest of the file (the report of `certify all`) as it is.
 A cell reads
   pass                         every check that could run passed and every control was detected
   fail: CHECK (margin M)       the failing check with the largest worst residual/bound M
-  not comparable               the implementation stores frames in another dtype than float64
   inconclusive: REASON         the claim could not run (the reason in one line)
 and "; K not observable" when K checks needed the implementation's hidden state (listed below the
 matrix, never counted as passed). Below the matrix, per implementation: what it is, the
@@ -55,8 +54,6 @@ def cell(certificate: dict) -> str:
             return f"fail: {worst['name']} (margin {_ratio_text(worst.get('max_ratio'))}){suffix}"
         return f"fail: {certificate['failures'][0] if certificate['failures'] else 'see certificate'}{suffix}"
     reasons = certificate.get("inconclusive", [])
-    if reasons and reasons[0].startswith("not comparable"):
-        return "not comparable"
     return f"inconclusive: {reasons[0] if reasons else 'see certificate'}"
 
 

@@ -55,9 +55,11 @@ QUANTILE_POOL_SIZE = 200_000
 TIGHTNESS_THRESHOLD = 1e-3
 
 
-def wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Gaussian matrices of `shape` (..., d, r) times 10^k per frame, k uniform in [-30, 30]."""
-    scale = 10.0 ** rng.uniform(-30.0, 30.0, size=shape[:-2])
+def wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...], decades: int = 30) -> np.ndarray:
+    """Gaussian matrices of `shape` (..., d, r) times 10^k per frame, k uniform in [-decades, decades]
+    (30; an implementation storing in float32 or bfloat16 gets the decades its range holds,
+    kit/precision.Precision.scale_decades)."""
+    scale = 10.0 ** rng.uniform(-float(decades), float(decades), size=shape[:-2])
     return rng.standard_normal(shape) * scale[..., None, None]
 
 

@@ -60,6 +60,7 @@ from propositions.kit import tightness
 from propositions.kit import step_analysis
 from propositions.kit.bounds import gram_defect_bound, projection
 from propositions.kit.step_analysis import InputErrors, Rounding, StepNorms, kernel_rounding, stage_texts, step_error, step_error_text
+from propositions.kit.step_analysis import reference_quantities, step_norms_of as _step_norms
 from propositions.kit.figures import LineFigure, Series
 from propositions.kit.threads import one_thread
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
@@ -218,46 +219,6 @@ def step_error_bound(d, r, config, quantities, rounding: Rounding, inputs: Input
     }
 
 
-def _step_norms(q: dict, r: int) -> StepNorms:
-    return StepNorms(G=q["G"], W=math.sqrt(r), g=q["g"], m_in=q["m_old"], v_in=q["v_old"], m=q["m"], v=q["v"],
-                     xi_raw=q["xi_unclipped"], xi=q["xi"], A=q["A"], sigma_min=q["sigma_min"], sigma_max=q["A_2"], t=q["t"])
-
-
-def reference_quantities(W, G, state, config):
-    """Per-frame norms of the reference step's intermediates (float64, shape W.shape[:-2])."""
-    beta1, beta2 = config.betas
-    d, r = W.shape[-2], W.shape[-1]
-    G_decayed = G + config.weight_decay * W
-    g = ref.project_tangent(W, G_decayed, validate=False)  # also at a kernel frame (P2 on the kernel)
-    m = beta1 * state.m + (1 - beta1) * g
-    v = beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r)
-    t = state.t + 1
-    bc1, bc2 = 1 - beta1**t, 1 - beta2**t
-    xi_unclipped = ref.scale_free_direction(m / bc1, v / bc2, config.lr, config.eps)
-    xi = ref.clip_to_trust_region(xi_unclipped, config.trust_radius)
-    A = W + xi
-    # singular values of A from the r x r Gram matrix: only sigma_max and sigma_min in [~1, ~1.1]
-    # are needed, to relative accuracy far better than the bounds' constants
-    gram_eigenvalues = np.linalg.eigvalsh(np.swapaxes(A, -1, -2) @ A)
-    singular_values = np.sqrt(np.maximum(gram_eigenvalues, 0.0))[..., ::-1]
-    return {
-        "G": ref.frobenius(G),
-        "G_decayed": ref.frobenius(G_decayed),
-        "g": ref.frobenius(g),
-        "m_old": ref.frobenius(state.m),
-        "m": ref.frobenius(m),
-        "v_old": np.asarray(state.v, dtype=np.float64),
-        "v": v,
-        "t": t,
-        "bc1": bc1,
-        "bc2": bc2,
-        "root_v_hat": np.sqrt(v / bc2),
-        "xi_unclipped": ref.frobenius(xi_unclipped),
-        "xi": ref.frobenius(xi),
-        "A": ref.frobenius(A),
-        "A_2": singular_values[..., 0],
-        "sigma_min": singular_values[..., -1],
-    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from ._common import LARGE_SHAPES, SMALL_SHAPES, NumericalCheck, Profile, SymbolicStep
 from ._common import chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
+from .kit import precision as precisions
 from .kit import tightness
 from .kit.bounds import gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
 from .kit.figures import LineFigure, Series
@@ -461,12 +462,12 @@ def tangent_dimension(d: int, r: int) -> int:
     return d * r - r * (r + 1) // 2
 
 
-def _frame_chunks(seed: int, label: str, batches, sizes, chunks: Chunks):
+def _frame_chunks(seed: int, label: str, batches, sizes, chunks: Chunks, decades: int = 30):
     """The chunks of `batches` (shape_plan batches) that `chunks` takes, with their draws.
 
     sizes(batch) -> the chunk sizes of a batch. Yields (d, r, key, rng, W, G) per chunk taken: key
     = (CLAIM_ID, label, d, r, chunk_index), rng = rng_for(seed, *key), W (count, d, r) Haar frames and
-    G wide-scale gradients of W's shape drawn from rng in that order (the caller draws on from rng).
+    G wide-scale gradients of W's shape (`decades`) drawn from rng in that order (the caller draws on from rng).
     """
     for batch in batches:
         for chunk_index, count in enumerate(sizes(batch)):
@@ -475,7 +476,7 @@ def _frame_chunks(seed: int, label: str, batches, sizes, chunks: Chunks):
             key = (CLAIM_ID, label, batch.d, batch.r, chunk_index)
             rng = rng_for(seed, *key)
             W = ri.random_point(batch.d, batch.r, rng, (count,))
-            yield batch.d, batch.r, key, rng, W, wide_scale_gradients(rng, W.shape)
+            yield batch.d, batch.r, key, rng, W, wide_scale_gradients(rng, W.shape, decades)
 
 
 def _by_frame(batch) -> Iterator[int]:
@@ -648,6 +649,7 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
     chunks: which chunks this call runs (all by default; one per task under map_chunks).
     """
     variant = get_variant(optimizer)
+    precision = precisions.of(variant)
     check = NumericalCheck(
         f"first_step_is_steepest_descent[{variant.name}]",
         "||W_1 - R_W(-min(lr sqrt(d r), Delta) P_W(G)/||P_W(G)||)||, W_1 the first step of the optimizer "
@@ -664,7 +666,13 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
     # T_W = {0} (d = r = 1): P_W(G) = 0, the claim's hypothesis fails
     batches = [batch for batch in shape_plan(profile, frames=frames, large=large) if tangent_dimension(batch.d, batch.r) > 0]
     total = 0
-    for d, r, key, _, W_all, G_all in _frame_chunks(seed, "first_step", batches, _two_or_more, chunks or Chunks()):
+    if not precision.is_float64:
+        check.bound_derivation += (
+            f" The optimizer under test at {precision.text()}: its step is within evaluation_bound "
+            "(propositions/kit/precision.py: step_error at its unit roundoffs and route, its inputs rounded to "
+            "storage) of the exact step, which the float64 bound above holds to the expected frame: the sum.")
+    for d, r, key, _, W_all, G_all in _frame_chunks(seed, "first_step", batches, _two_or_more, chunks or Chunks(),
+                                                    precision.scale_decades):
         count = W_all.shape[0]
         halves = np.array_split(np.arange(count), len(FIRST_STEP_CONFIGS))
         for config_index, (config, frames_of_config) in enumerate(zip(FIRST_STEP_CONFIGS, halves)):
@@ -679,6 +687,8 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
             phi = manifold_tolerance(d, r)
             bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
                      + 2 * polar_perturbation_bound((gamma(d * r) + 8 * u) * length, 1 - 2 * phi))
+            if not precision.is_float64:
+                bound = bound + precisions.evaluation_bound(W, G, ri.init(W), config, precision)["W"]
             check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
                       extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
         total += count

@@ -67,12 +67,13 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.controls import get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
+from .kit import precision as precisions
 from .kit import observability, tightness
 from .kit.directions import step_direction
 from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
-from .kit.running_bounds import MEDIUM_SHAPES, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold
+from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold
 from .kit.running_bounds import exact_step_norms, plan_chunks, record_trajectory, run_trajectory
 from .kit.running_bounds import trajectory_rounding_bound, worst_over_steps
 from .kit.bounds import polar_error_bound
@@ -250,15 +251,30 @@ def _both_runs(optimizer, W0, gradients, c, config):
     return W_one, states_one, norms, W_scaled, states_scaled
 
 
-def _rounding_bounds(norms, W0, d: int, r: int, c, config):
-    """The running rounding bounds of the run on G and of the run on c G, and where c is a power of two."""
+def _precision(optimizer) -> precisions.Precision:
+    """The optimizer's precision (kit/precision.py); "stiefel_adam" is the float64 reference."""
+    return precisions.of(optimizer if optimizer == "stiefel_adam" else get_variant(optimizer))
+
+
+def _in_range(log10_range, precision: precisions.Precision):
+    """A range of log10 c inside the decades the optimizer's dtype holds (kit/precision.py): the float64
+    ranges as they are, a float32 or bfloat16 implementation's clipped to +-scale_decades."""
+    if precision.is_float64:
+        return log10_range
+    decades = float(precision.scale_decades)
+    return max(log10_range[0], -decades), min(log10_range[1], decades)
+
+
+def _rounding_bounds(norms, W0, d: int, r: int, c, config, precision=precisions.FLOAT64):
+    """The running rounding bounds of the run on G and of the run on c G, and where c is a power of
+    two; both runs at the optimizer's precision."""
     a0 = initial_distance_to_manifold(W0)
-    rounding_one = trajectory_rounding_bound(norms, d, r, config, initial_distance=a0)
+    rounding_one = trajectory_rounding_bound(norms, d, r, config, initial_distance=a0, precision=precision)
     # fl(c G) = c G (1 + delta), |delta| <= u: exact when c is a power of two.
     power = np.log2(c) == np.round(np.log2(c))
     input_error = np.where(power, 0.0, u)
     rounding_scaled = trajectory_rounding_bound(norms, d, r, config, scale=c, input_relative_error=input_error,
-                                                initial_distance=a0)
+                                                initial_distance=a0, precision=precision)
     return rounding_one, rounding_scaled, power
 
 
@@ -277,6 +293,10 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
     check, m_check, v_check = _trajectory_checks(label, profile.steps, weight_decay, log10_c_range)
     vacuous = examined = 0
     power_bitwise = {"frames": 0, "bitwise": 0}
+    precision = _precision(optimizer)
+    log10_c_range = _in_range(log10_c_range, precision)
+    # a float32 or bfloat16 implementation: at most 4 steps on the medium frames (P4's low_precision_plan)
+    profile, large = low_precision_plan(profile, large, precision)
     plan = shape_plan(profile, frames=frames, large=large)
     for d, r, count, chunk in plan_chunks(plan):
         if not chunks.take():
@@ -285,7 +305,7 @@ def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_deca
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
         c, pure_power = _scales(rng, count, log10_c_range, weight_decay)
         W_one, states_one, norms, W_scaled, states_scaled = _both_runs(optimizer, W0, gradients, c, config)
-        rounding_one, rounding_scaled, power = _rounding_bounds(norms, W0, d, r, c, config)
+        rounding_one, rounding_scaled, power = _rounding_bounds(norms, W0, d, r, c, config, precision)
         bound = rounding_one["W"] + rounding_scaled["W"]
         if observability.state_observable(optimizer):
             _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled,
@@ -380,12 +400,15 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int, chun
     check, moments = _bitwise_checks(profile.steps)
     observable = observability.state_observable(optimizer)
     examined = 0
+    # float32 and bfloat16 hold fewer powers of two (kit/precision.py): k inside the dtype's decades
+    log2_range = tuple(round(x / math.log10(2.0)) for x in _in_range(
+        tuple(k * math.log10(2.0) for k in LOG2_C_RANGE_BITWISE), _precision(optimizer)))
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
         if not chunks.take():
             continue
         key = (CLAIM_ID, "bitwise", d, r, chunk)
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, "bitwise", chunk)
-        k = rng.integers(LOG2_C_RANGE_BITWISE[0], LOG2_C_RANGE_BITWISE[1] + 1, size=count)
+        k = rng.integers(log2_range[0], log2_range[1] + 1, size=count)
         c = np.ldexp(1.0, k)
         W_one, states_one = run_trajectory(optimizer, W0, gradients, CONFIG)
         W_scaled, states_scaled = run_trajectory(optimizer, W0, c[None, :, None, None] * gradients, CONFIG)
@@ -514,6 +537,7 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None, 
     examined = 0
     plan = shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)
     variant = get_variant(optimizer)
+    precision = _precision(optimizer)
     for d, r, count, chunk in plan_chunks(plan):
         if not chunks.take():
             continue
@@ -524,8 +548,9 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None, 
             zero = step_direction(variant, W0, gradients[0], variant.init(W0), CONFIG)
             eps_W, _ = variant.step(W0, c[:, None, None] * gradients[0], variant.init(W0), config_eps)
         a0 = initial_distance_to_manifold(W0)
-        bound_zero = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0)["W"][0]
-        bound_eps = trajectory_rounding_bound(norms, d, r, config_eps, input_relative_error=u, initial_distance=a0)["W"][0]
+        bound_zero = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0, precision=precision)["W"][0]
+        bound_eps = trajectory_rounding_bound(norms, d, r, config_eps, input_relative_error=u, initial_distance=a0,
+                                              precision=precision)["W"][0]
         x, moving, G_over_g = _eps_ratio(norms, c)
         phi = eps_prediction_factor(CONFIG.lr * math.sqrt(d * r), CONFIG.trust_radius, x)
         predicted = polar_retract(W0, phi[:, None, None] * zero.xi, "svd", validate=False)

@@ -68,7 +68,10 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan, u
 from ._common import wide_scale_gradients
 from .kit import observability, tightness
-from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, gamma, polar_error_bound, projection_error_bound
+from .kit import precision as precisions
+from .kit.step_analysis import retraction_error, storage_cast
+from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, gamma, gram_defect_bound, polar_error_bound
+from .kit.bounds import projection_error_bound
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
@@ -239,32 +242,32 @@ def exact_part(seed: int) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def entrywise_projection_error(W: np.ndarray, G: np.ndarray) -> np.ndarray:
+def entrywise_projection_error(W: np.ndarray, G: np.ndarray, p: precisions.Precision = precisions.FLOAT64) -> np.ndarray:
     """Entrywise bound on |fl(P_W(G)) - (G - W sym(W^T G))| for float frames W, shape of G.
 
     The exact formula is evaluated on the float W (no orthonormality used). fl(W^T G) errs by
     gamma_d |W|^T |G| entrywise, sym and the halving by u |.|; fl(W S) by gamma_r |W| |S|; the final
     subtraction by u (|G| + |W S|). With M = |W| sym(|W|^T |G|) every term is at most
     (gamma_d + gamma_r + 4u) (1 + gamma_d + u) M + u |G|; doubled for the dropped O(u^2) terms:
-    E = u |G| + 2 gamma_{d + r + 4} M.
+    E = u |G| + 2 gamma_{d + r + 4} M. At a lower precision p: u = p.u (kit/precision.py).
     """
     d, r = W.shape[-2], W.shape[-1]
     absW = np.abs(W)
     inner = _transpose(absW) @ np.abs(G)
-    return u * np.abs(G) + 2 * gamma(d + r + 4) * (absW @ (0.5 * (inner + _transpose(inner))))
+    return p.u * np.abs(G) + 2 * p.gamma(d + r + 4) * (absW @ (0.5 * (inner + _transpose(inner))))
 
 
-def bias_correction_error(beta: float, t: int) -> float:
+def bias_correction_error(beta: float, t: int, p: precisions.Precision = precisions.FLOAT64) -> float:
     """Relative error of fl(1 - fl(beta^t)) against 1 - beta^t for the float beta.
 
     fl(beta^t) (libm pow, within one ulp) errs by 2u beta^t; the subtraction cancels it into a
     relative 2u beta^t / (1 - beta^t); the subtraction itself rounds by u. Two implementations of the
     same formula may differ by twice this.
     """
-    return u * (2 * beta**t / (1 - beta**t) + 1)
+    return p.u * (2 * beta**t / (1 - beta**t) + 1)
 
 
-def first_moment(W, G, state, config):
+def first_moment(W, G, state, config, p: precisions.Precision = precisions.FLOAT64):
     """The checker's m = beta1 m_in + (1 - beta1) P_W(G + lambda W) with its entrywise allowance.
 
     Returns (g, m, allowance): allowance bounds |m_step - m| entrywise for any float64 evaluation
@@ -275,10 +278,10 @@ def first_moment(W, G, state, config):
     G_decayed = G + config.weight_decay * W
     g = project_tangent(W, G_decayed, validate=False)
     m = beta1 * state.m + (1 - beta1) * g
-    allowance = 2 * ((1 - beta1) * entrywise_projection_error(W, G_decayed)
-                     + 3 * u * (beta1 * np.abs(state.m) + (1 - beta1) * np.abs(g)))
+    allowance = 2 * ((1 - beta1) * entrywise_projection_error(W, G_decayed, p)
+                     + 3 * p.u * (beta1 * np.abs(state.m) + (1 - beta1) * np.abs(g)))
     if config.weight_decay:
-        allowance = allowance + 2 * (1 - beta1) * u * np.abs(G_decayed)
+        allowance = allowance + 2 * (1 - beta1) * p.u * np.abs(G_decayed)
     return g, m, allowance
 
 
@@ -387,6 +390,7 @@ class _Step:
     allowance: np.ndarray
     bias1: float
     m_hat: np.ndarray
+    precision: precisions.Precision = precisions.FLOAT64
 
     @property
     def count(self) -> int:
@@ -409,23 +413,35 @@ def _take_step(variant, observable: bool, W, G, state) -> _Step:
     """
     config = STEP_CONFIG
     d, r = W.shape[-2], W.shape[-1]
+    p = precisions.of(variant)
     direction = step_direction(variant, W, G, state, config)
     inverse_error = direction.error_bound
     # A recovered xi (propositions/kit/directions.py) is within inverse_error of xi*, the exact
     # inverse of the float W_new; W_new itself is the step's xi retracted with rounding
     # polar_error_bound(d, r, kappa), which moves xi* by at most `sensitivity` times that.
     # Together: the distance of the recovered xi from the step's own xi.
-    recovery_error = (inverse_error + direction.inverse.sensitivity * polar_error_bound(d, r, STEP_KAPPA)
+    recovery_error = (inverse_error + direction.inverse.sensitivity * _retraction_rounding(d, r, p)
                       if direction.source == "inverse" else np.zeros(W.shape[:-2]))
     if not observable:
         # a black box's state is its own: the first step from its fresh state, where the
         # checker's input moment is m = 0, v = 0, t = 0 (docs/algorithm.md's init)
         state = ri.StiefelAdamState(m=np.zeros_like(W), v=np.zeros(W.shape[:-2]), t=0)
     t = state.t + 1
-    g, m, allowance = first_moment(W, G, state, config)
+    g, m, allowance = first_moment(W, G, state, config, p)
     bias1 = 1 - config.betas[0]**t
     return _Step(d, r, W, G, direction.xi, direction.W_new, state, direction.state_new, direction.source,
-                 inverse_error, recovery_error, t, g, m, allowance, bias1, m / bias1)
+                 inverse_error, recovery_error, t, g, m, allowance, bias1, m / bias1, p)
+
+
+def _retraction_rounding(d: int, r: int, p: precisions.Precision, kappa: float = STEP_KAPPA) -> float:
+    """How far the step's W_new may be from the exact polar factor of its own W + xi: the float64 SVD
+    route's polar_error_bound for float64; at a lower precision (kit/precision.py) the retraction bound
+    of its declared route at its u_c (step_analysis.retraction_error) plus the rounding of W_new to
+    storage (storage_cast)."""
+    if p.is_float64:
+        return float(polar_error_bound(d, r, kappa))
+    rounding = p.rounding(STEP_CONFIG.trust_radius, d, r)
+    return float(retraction_error(d, r, rounding, np.array(kappa), STEP_CONFIG.trust_radius)) + float(storage_cast(r=r, u_s=p.u_s))
 
 
 def _record_hidden_state(checks: dict[str, NumericalCheck]) -> None:
@@ -439,7 +455,8 @@ def _record_hidden_state(checks: dict[str, NumericalCheck]) -> None:
 def _reconstruction(step: _Step) -> tuple[np.ndarray, np.ndarray]:
     """step_reconstruction: ||W_new - polar(W + xi)|| and its bound."""
     residual = frobenius(step.W_new - polar_retract(step.W, step.xi, "svd", validate=False))
-    return residual, 2 * polar_error_bound(step.d, step.r, STEP_KAPPA) + 16 * u * step.norm_xi + 2 * step.inverse_error
+    own = polar_error_bound(step.d, step.r, STEP_KAPPA)  # the checker's float64 polar factor
+    return residual, own + _retraction_rounding(step.d, step.r, step.precision) + 16 * step.precision.u * step.norm_xi + 2 * step.inverse_error
 
 
 def _spread_entries(step: _Step) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -471,12 +488,15 @@ def _spread(step: _Step) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     used, recoverable, recovery_max = _spread_entries(step)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(used, -step.xi / np.where(used, step.m_hat, 1.0), np.nan)
-        entry_error = np.where(used, step.allowance / (np.abs(step.m) - step.allowance), 0.0) + 7 * u
+        entry_error = np.where(used, step.allowance / (np.abs(step.m) - step.allowance), 0.0) + 7 * step.precision.u
     ratio_max = np.nanmax(ratio.reshape(step.count, -1), axis=-1)
     ratio_min = np.nanmin(ratio.reshape(step.count, -1), axis=-1)
     e_max = np.max(entry_error.reshape(step.count, -1), axis=-1)
     # each ratio is kappa (1 + eta)(1 + rho), |eta| <= e_max, |rho| <= recovery_max
     e_total = e_max + recovery_max + e_max * recovery_max
+    if np.any(e_total[recoverable] >= 1):  # a coarse precision (kit/precision.py): the ratio's error is not below 1
+        raise precisions.PrecisionTooCoarse(f"preconditioner_spread: the entries' relative error reaches 1 at "
+                                            f"{step.precision.storage} for ({step.d}, {step.r}): no bound")
     with np.errstate(divide="ignore", invalid="ignore"):
         residual = np.where(ratio_min > 0, ratio_max / ratio_min - 1.0, np.inf)
     return residual[recoverable], (2 * e_total / (1 - e_total))[recoverable], recoverable
@@ -493,27 +513,28 @@ def _direction_from_state(step: _Step) -> tuple[np.ndarray, np.ndarray]:
     denominator = np.sqrt(v_hat) + config.eps
     xi_predicted = clip_to_trust_region(-config.lr * step.m_hat / denominator, config.trust_radius)
     scale = config.lr / np.min(denominator.reshape(denominator.shape[0], -1), axis=-1)
-    theta_v = bias_correction_error(beta2, state_new.t) + 4 * u
-    theta_m = 2 * bias_correction_error(beta1, step.t) + 2 * u
+    p = step.precision
+    theta_v = bias_correction_error(beta2, state_new.t, p) + 4 * p.u
+    theta_m = 2 * bias_correction_error(beta1, step.t, p) + 2 * p.u
     m_hat_error = frobenius(step.allowance) / step.bias1 + theta_m * frobenius(step.m_hat)
-    unclipped_error = scale * (m_hat_error + frobenius(step.m_hat) * (theta_v + 4 * u))
-    clip_error = 2 * (gamma(step.d * step.r) / 2 + 3 * u) * np.minimum(step.norm_xi, config.trust_radius)
-    bound = 2 * (unclipped_error + clip_error + 4 * u * step.norm_xi) + step.recovery_error
+    unclipped_error = scale * (m_hat_error + frobenius(step.m_hat) * (theta_v + 4 * p.u))
+    clip_error = 2 * (p.gamma(step.d * step.r) / 2 + 3 * p.u) * np.minimum(step.norm_xi, config.trust_radius)
+    bound = 2 * (unclipped_error + clip_error + 4 * p.u * step.norm_xi) + step.recovery_error
     return frobenius(step.xi - xi_predicted), bound
 
 
 def _tangency(step: _Step) -> tuple[np.ndarray, np.ndarray]:
     """step_stays_tangent: ||W^T xi + xi^T W|| and its bound."""
     beta1 = STEP_CONFIG.betas[0]
-    d, r, feas, norm_xi = step.d, step.r, step.feas, step.norm_xi
+    d, r, feas, norm_xi, p = step.d, step.r, step.feas, step.norm_xi, step.precision
     norm_m_in = frobenius(step.state.m)
     WtXi = _transpose(step.W) @ step.xi
     Wtm_in = _transpose(step.W) @ step.state.m
     tau_in = frobenius(Wtm_in + _transpose(Wtm_in)) + 2 * gamma(d) * math.sqrt(r) * norm_m_in
     with np.errstate(divide="ignore", invalid="ignore"):
-        m_defect = (beta1 * tau_in + (1 - beta1) * 2 * (projection_error_bound(d, r) + feas) * frobenius(step.G)
-                    + 6 * u * (beta1 * norm_m_in + (1 - beta1) * frobenius(step.g)))
-        bound = 4 * (norm_xi / frobenius(step.m) * m_defect + (gamma(d) * math.sqrt(r) + 4 * u) * norm_xi)
+        m_defect = (beta1 * tau_in + (1 - beta1) * 2 * (projection_error_bound(d, r, p.u) + feas) * frobenius(step.G)
+                    + 6 * p.u * (beta1 * norm_m_in + (1 - beta1) * frobenius(step.g)))
+        bound = 4 * (norm_xi / frobenius(step.m) * m_defect + (p.gamma(d) * math.sqrt(r) + 4 * p.u) * norm_xi)
     # a recovered xi* = W_new S - W is itself tangent only up to 2 ||W^T W - I||
     # (propositions/kit/directions.py), plus its distance to the computed xi
     recovery_error = step.recovery_error
@@ -526,8 +547,9 @@ def _state_tangency(step: _Step) -> tuple[np.ndarray, np.ndarray]:
     m_new = np.asarray(step.state_new.m)
     feas_new = feasibility(step.W_new, validate=False)
     Wtm_new = _transpose(step.W_new) @ m_new
-    bound = (4 * (projection_error_bound(step.d, step.r) + feas_new) * (frobenius(step.m) + frobenius(step.allowance))
-             + 4 * gamma(step.d) * math.sqrt(step.r) * frobenius(m_new))
+    p = step.precision
+    bound = (4 * (projection_error_bound(step.d, step.r, p.u) + feas_new) * (frobenius(step.m) + frobenius(step.allowance))
+             + 4 * p.gamma(step.d) * math.sqrt(step.r) * frobenius(m_new))
     return frobenius(Wtm_new + _transpose(Wtm_new)), bound
 
 
@@ -536,7 +558,7 @@ def _conditioning(step: _Step, tangency_bound: np.ndarray) -> tuple[np.ndarray, 
     singular = np.linalg.svd(step.W + step.xi, compute_uv=False)
     cond = singular[:, 0] / singular[:, -1]
     with np.errstate(divide="ignore", invalid="ignore"):
-        bound = 4 * ((step.d * step.r + 2) * u + step.feas + tangency_bound / step.norm_xi) * STEP_KAPPA
+        bound = 4 * ((step.d * step.r + 2) * step.precision.u + step.feas + tangency_bound / step.norm_xi) * STEP_KAPPA
     return np.maximum(cond - np.sqrt(1 + step.norm_xi**2), 0.0), bound
 
 
@@ -602,10 +624,15 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
     """
     checks = _step_check_set(variant_name(optimizer))
     variant = get_variant(optimizer)
+    precision = precisions.of(variant)
+    if not precision.is_float64:
+        for check in checks.values():
+            check.bound_derivation += (f" The optimizer under test at {precision.text()}: the same derivation with u = u_c + u_s "
+                                       "(kit/precision.py), its retraction's rounding on its declared route plus W_new's storage.")
     total, unrecoverable_frames, sources = 0, 0, set()
     for d, r, key, rng, W in _tangent_chunks(seed, "step", shape_plan(profile, frames=frames, large=large), chunks or Chunks()):
         count = W.shape[0]
-        G = wide_scale_gradients(rng, W.shape)
+        G = wide_scale_gradients(rng, W.shape, precision.scale_decades)
         G_second = G * (10.0 ** rng.uniform(-1.0, 1.0, size=(count, 1, 1))) * rng.standard_normal(W.shape)
         unrecoverable, chunk_sources = _chunk_steps(checks, variant, W, G, G_second, key, seed)
         unrecoverable_frames += unrecoverable
@@ -772,11 +799,34 @@ def highprec_check(seed: int, profile: Profile) -> tuple[NumericalCheck, list[di
     return check, samples
 
 
+# the drift of a lower-precision implementation's frames that low_precision_feasibility_bound assumes
+# of its input, and proves of its output
+LOW_PRECISION_DRIFT = 0.01
+
+
+def low_precision_feasibility_bound(d: int, r: int, p: precisions.Precision) -> float:
+    """||W^T W - I||_F of every frame of a float32 or bfloat16 implementation, whatever the step count.
+
+    Induction: if W is within a = LOW_PRECISION_DRIFT of an orthonormal frame, W + xi (xi tangent at
+    W up to rounding, ||xi|| <= Delta) has cond <= sqrt(1 + Delta^2) (1 + 2a) / (1 - 2a); its computed
+    polar factor is within _retraction_rounding (its declared route at u_c, plus W_new's storage) of the
+    exact, orthonormal one. When that distance is <= a the induction closes; the Gram defect of a
+    frame at that distance, evaluated by the checker in float64, is gram_defect_bound. PrecisionTooCoarse
+    where the distance exceeds a (no bound derived)."""
+    kappa = STEP_KAPPA * (1 + 2 * LOW_PRECISION_DRIFT) / (1 - 2 * LOW_PRECISION_DRIFT)
+    distance = _retraction_rounding(d, r, p, kappa)
+    if not distance <= LOW_PRECISION_DRIFT:
+        raise precisions.PrecisionTooCoarse(f"the retraction's rounding at {p.storage} ({distance:.3g}) exceeds the drift "
+                                            f"{LOW_PRECISION_DRIFT} the feasibility bound assumes at ({d}, {r})")
+    return float(gram_defect_bound(distance, d, r))
+
+
 def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalCheck, dict, dict]:
     """(c) feasibility of every iterate of profile.long_run_steps steps of `optimizer`."""
     d, r = LONG_RUN_SHAPE
     steps = profile.long_run_steps
     variant = get_variant(optimizer)
+    precision = precisions.of(variant)
     key = (CLAIM_ID, "long_run", d, r)
     rng = rng_for(seed, *key)
     W = ri.random_point(d, r, rng, (LONG_RUN_BATCH,))
@@ -793,9 +843,11 @@ def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalChec
         f"long_run_feasibility[{variant_name(optimizer)}]",
         f"||W_t^T W_t - I|| for t = 1..{steps}, {LONG_RUN_BATCH} frames of shape {LONG_RUN_SHAPE}",
         FEASIBILITY_TEXT + "; independent of t because each step re-orthogonalises the actual W + xi: "
-        "any drift would cross it.",
+        "any drift would cross it." + ("" if precision.is_float64 else
+                                       f" The optimizer under test at {precision.text()}: low_precision_feasibility_bound."),
     )
-    check.add(feas.ravel(), feasibility_bound(d, r), shape=(d, r), key=key, seed=seed)
+    bound = feasibility_bound(d, r) if precision.is_float64 else low_precision_feasibility_bound(d, r, precision)
+    check.add(feas.ravel(), bound, shape=(d, r), key=key, seed=seed)
     max_per_step = feas.max(axis=-1)
     checkpoints = [c for c in LONG_RUN_CHECKPOINTS if c <= steps]
     at_checkpoints = {str(c): float(max_per_step[c - 1]) for c in checkpoints}
@@ -814,7 +866,7 @@ def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalChec
         "batch": LONG_RUN_BATCH,
         "steps": log_steps.tolist(),
         "max_feasibility": max_per_step[log_steps - 1].tolist(),
-        "bound": feasibility_bound(d, r),
+        "bound": bound,
     }
     summary = {
         "steps": steps,

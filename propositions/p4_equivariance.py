@@ -58,6 +58,7 @@ qf(A) R: the Haar R check catches it), a trust region in a norm that is not rota
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -70,11 +71,12 @@ from reference_impl.controls import get_variant, riemannian_gradient
 from reference_impl.manifold import random_point, random_signed_permutation
 
 from .kit import observability, tightness
+from .kit import precision as precisions
 from .kit.directions import step_direction
 from .kit.figures import DataFigure
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
-from .kit.running_bounds import MEDIUM_SHAPES, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
+from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
 from .kit.running_bounds import record_trajectory, run_trajectory, trajectory_rounding_bound, worst_over_steps
 from .kit.symbolic import is_zero
 from .kit.trajectories import trajectory_part
@@ -233,15 +235,20 @@ def _comparisons(optimizer, W0, gradients, act, rounding: float, checks: dict) -
     optimizer's state is observable (else they are recorded as hidden)."""
     d, r = W0.shape[-2], W0.shape[-1]
     W_base, states_base, norms = record_trajectory(W0, gradients, CONFIG)
+    precision = precisions.FLOAT64
     if optimizer != "stiefel_adam":
         W_base, states_base = run_trajectory(optimizer, W0, gradients, CONFIG)
+        precision = precisions.of(get_variant(optimizer))
     W_moved, states_moved = run_trajectory(optimizer, act(W0), act(gradients), CONFIG)
     a0 = initial_distance_to_manifold(W0)
-    bound_base = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0)
+    # both runs are the optimizer's: each at its precision (kit/precision.py), float64 for the reference
+    bound_base = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0, precision=precision)
     bound_moved = trajectory_rounding_bound(norms, d, r, CONFIG, input_relative_error=rounding,
-                                            initial_distance=a0 + rounding * math.sqrt(r))
+                                            initial_distance=a0 + rounding * math.sqrt(r), precision=precision)
     comparisons = {
-        "W": (frame_distance(W_moved, act(W_base)), bound_base["W"] + bound_moved["W"] + rounding * math.sqrt(r) * (1 + bound_base["W"])),
+        # (the product's rounding is 0 for a signed permutation, also where a bound is inf)
+        "W": (frame_distance(W_moved, act(W_base)), bound_base["W"] + bound_moved["W"]
+              + (rounding * math.sqrt(r) * (1 + bound_base["W"]) if rounding else 0.0)),
     }
     if not observability.state_observable(optimizer):
         for hidden in ("m", "v"):
@@ -272,9 +279,10 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
     """
     chunks = chunks or Chunks()
     checks = _checks(label, side)
-    examined = 0
+    examined = vacuous = 0
     components_seen: dict = {}
     shape, taken = None, False
+    profile, large = low_precision_plan(profile, large, precisions.of(get_variant(optimizer)))
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)):
         if (d, r) != shape:
             shape, taken = (d, r), chunks.take()
@@ -289,6 +297,8 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
             # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
             # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
             bound = np.where(bound > 0, bound, u)
+            if key == "W":  # a bound of 2 sqrt(r) or more (two frames are never further apart) certifies nothing
+                vacuous += int(np.sum(np.any(~(bound < 2 * math.sqrt(r)), axis=0)))
             worst_residual, worst_bound, _ = worst_over_steps(residual, bound)
             checks[key].add(worst_residual, worst_bound, shape=(d, r), key=(CLAIM_ID, label, d, r, chunk), seed=seed)
             if key == "W" and figure is not None:
@@ -297,7 +307,7 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
                 figure["r"].append(r)
                 figure["max_ratio"].append(float(np.max(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound)))
         examined += count
-    return checks, examined
+    return checks, examined, vacuous
 
 
 def _merge_counts(into: dict, part: dict) -> None:
@@ -324,14 +334,15 @@ def _action_check(seed, profile, optimizer, side, frames, large, label, *, extra
     partials = map_chunks(_with_records, seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure,
                           task_label=f"action_check[{label}]", **kwargs)
     names = list(partials[0][0][0])
-    merged = merge_checks([[checks[name] for name in names] for (checks, _), _, _ in partials])
+    merged = merge_checks([[checks[name] for name in names] for (checks, _, _), _, _ in partials])
     for _, part_extra, part_figure in partials:
         if extra is not None:
             _merge_counts(extra, part_extra)
         if figure is not None:
             for key in figure:
                 figure[key] += part_figure[key]
-    return dict(zip(names, merged)), sum(examined for (_, examined), _, _ in partials)
+    return (dict(zip(names, merged)), sum(examined for (_, examined, _), _, _ in partials),
+            sum(vacuous for (_, _, vacuous), _, _ in partials))
 
 
 def _sign_flip_checks(hooked: bool) -> tuple[NumericalCheck, NumericalCheck]:
@@ -591,9 +602,9 @@ def haar_part(ctx: Context) -> Evidence:
     frames = ctx.profile.frames
     draws: dict = {}
     ratio_by_shape = {"check": [], "d": [], "r": [], "max_ratio": []}
-    left, n_left = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES,
+    left, n_left, vacuous_left = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES,
                                  "left_haar", extra=draws, figure=ratio_by_shape)
-    right, n_right = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames * 2 // 5, LARGE_SHAPES,
+    right, n_right, vacuous_right = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames * 2 // 5, LARGE_SHAPES,
                                    "right_haar", extra=draws, figure=ratio_by_shape)
     by_shape = draws.get("by_shape", {})
     missing = component_coverage(draws)
@@ -613,16 +624,21 @@ def haar_part(ctx: Context) -> Evidence:
             f"extra draws to find a missing component); {draws.get('square_frames', 0)} frames with d = r "
             "(St(d, d) = O(d)).",
         ],
-        inconclusive=["the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
-                      + "; ".join(missing)] if missing else [],
+        inconclusive=(["the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
+                       + "; ".join(missing)] if missing else []) + _vacuous_reason(vacuous_left + vacuous_right),
     )
+
+
+def _vacuous_reason(vacuous: int) -> list[str]:
+    return [f"{vacuous} frames had a rounding bound >= 2 sqrt(r) at some step (vacuous): the trajectory checks do "
+            "not certify them"] if vacuous else []
 
 
 def signed_permutation_part(ctx: Context) -> Evidence:
     """Left signed permutations (exact products) through the same trajectory check, 1/10 of the frames."""
-    checks, examined = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", ctx.profile.frames // 10,
-                                     MEDIUM_SHAPES, "left_signed_permutation", transform="signed_permutation")
-    return Evidence(checks=list(checks.values()), frames=examined)
+    checks, examined, vacuous = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", ctx.profile.frames // 10,
+                                              MEDIUM_SHAPES, "left_signed_permutation", transform="signed_permutation")
+    return Evidence(checks=list(checks.values()), frames=examined, inconclusive=_vacuous_reason(vacuous))
 
 
 def sign_flips_part(ctx: Context) -> Evidence:
@@ -654,8 +670,8 @@ def haar_control(ctx: Context) -> Evidence:
     """A control: the frame checks of both Haar actions with the control's step (ctx.optimizer) on
     profile.control_frames frames of the small shapes."""
     frames = ctx.profile.control_frames
-    left, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames, (), "left_haar")
-    right, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames, (), "right_haar")
+    left, _, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames, (), "left_haar")
+    right, _, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames, (), "right_haar")
     return Evidence(checks=[left["W"], right["W"]])
 
 

@@ -44,6 +44,7 @@ from reference_impl import UNIT_ROUNDOFF, get_variant, manifold_tolerance, rando
 from reference_impl.adam import StiefelAdamConfig, StiefelAdamState, frobenius
 from reference_impl.manifold import polar_retract, project_tangent
 
+from .kit import precision as precisions
 from .kit import observability, tightness
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.figures import LineFigure, Series
@@ -461,17 +462,41 @@ def _step_pair(checks, name: str, variant, W, G, state, bound_state, configs, st
     d, r = W.shape[-2], W.shape[-1]
     W_decayed, state_decayed = variant.step(W, G, state, config)
     W_free, _ = variant.step(W, G, state, config_free)
+    precision = precisions.of(variant)
+    if precision.is_float64:
+        bound, norm_bound = step_difference_bound(W, G, bound_state, config, config.weight_decay), norm_constant_bound(d, r)
+    else:
+        bound, norm_bound = low_precision_bounds(W, G, bound_state, configs, precision)
     checks[name].add(
-        frobenius(W_decayed - W_free),
-        step_difference_bound(W, G, bound_state, config, config.weight_decay),
+        frobenius(W_decayed - W_free), bound,
         shape=(d, r), key=key, seed=seed, extra=extra if step is None else {**extra, "step": step},
     )
     checks["norm_constant"].add(
-        np.abs(np.sum(W_decayed * W_decayed, axis=(-2, -1)) - r),
-        norm_constant_bound(d, r),
+        np.abs(np.sum(W_decayed * W_decayed, axis=(-2, -1)) - r), norm_bound,
         shape=(d, r), key=key, seed=seed, extra={**extra, "step": 0 if step is None else step},
     )
     return W_decayed, state_decayed
+
+
+def low_precision_bounds(W, G, state, configs, precision):
+    """The bounds of _step_pair for an implementation storing in float32 or bfloat16 (kit/precision.py).
+
+    Each evaluation is within its evaluation_bound of the exact step at the float64 (W, G, state) it
+    was handed (the rounding to storage is evaluation_bound's input error); the two exact steps differ
+    only through lambda P_W(W), which is rounding-level for the float64 frame W, and by at most
+    step_difference_bound (the float64 analysis, which bounds two float64 evaluations and so the exact
+    difference too). The distance is at most the sum of the three. The step with lambda
+    is W+ = Q + D with Q the exact (orthonormal) polar factor and ||D||_F <= E: | ||W+||^2 - r | =
+    |2 <Q, D> + ||D||^2| <= 2 sqrt(r) E + E^2, and the checker's float64 sum of d r squares adds
+    gamma_{dr} (sqrt(r) + E)^2.
+    """
+    d, r = W.shape[-2], W.shape[-1]
+    config, config_free = configs
+    E = precisions.evaluation_bound(W, G, state, config, precision)["W"]
+    E_free = precisions.evaluation_bound(W, G, state, config_free, precision)["W"]
+    root_r = math.sqrt(r)
+    exact_difference = step_difference_bound(W, G, state, config, config.weight_decay)
+    return E + E_free + exact_difference, 2 * root_r * E + E**2 + gamma(d * r) * (root_r + E) ** 2
 
 
 def _random_frames(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarray:

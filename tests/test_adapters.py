@@ -163,11 +163,11 @@ def test_torch_impl_through_the_optimizer_adapter_passes():
     assert all(verdict == "pass" for verdict, _ in found.values()), found
 
 
-def test_float32_storage_is_not_comparable_never_widened():
+def test_float32_storage_is_held_to_float32_bounds():
     pytest.importorskip("torch")
-    sealed, _ = claims.certify_claim("P1", seed=0, profile="quick", optimizer="torch_impl-float32", command="test")
-    assert sealed["verdict"] == "inconclusive"
-    assert sealed["inconclusive"][0].startswith("not comparable") and "float32" in sealed["inconclusive"][0]
+    sealed, _ = claims.certify_claim("P4", seed=0, profile="quick", optimizer="torch_impl-float32", command="test")
+    assert sealed["verdict"] == "pass", sealed["failures"] + sealed["inconclusive"]
+    assert sealed["extra"]["precision"]["u_c"] == 2.0**-24 and sealed["extra"]["precision"]["storage"] == "float32"
 
 
 def test_torch_state_is_reusable_and_the_input_untouched():

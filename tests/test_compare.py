@@ -102,9 +102,9 @@ def test_misbehaving_implementation_is_a_failing_cell_with_its_reason(registry, 
     assert any("non-finite" in failure for failure in certificate["failures"])
 
 
-def test_float32_torch_row_is_not_comparable(registry, capsys, tmp_path):
+def test_float32_torch_row_is_certified_never_not_comparable(registry, capsys, tmp_path):
     pytest.importorskip("torch")
-    code, _, _ = run_main(capsys, "compare", "torch_impl-float32", "--out", str(tmp_path))
-    assert code == 1
+    run_main(capsys, "compare", "torch_impl-float32", "--out", str(tmp_path))
     text = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
-    assert "| torch_impl-float32 | not comparable | not comparable | not comparable | not comparable | not comparable |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| torch_impl-float32 |"))
+    assert "not comparable" not in row  # the fakes' 1e-12 bounds fail it: a verdict, not a refusal

@@ -269,9 +269,9 @@ def svd_orthonormality_error(d: int, r: int) -> float:
     return float(svd_orthonormality(d=d, r=r, u_c=u))
 
 
-def polar_error_bound(d: int, r: int, cond):
-    """The polar_svd stage in float64 at condition number cond (a scalar or an array)."""
-    return np.asarray(polar_svd(d=d, r=r, u_c=u, kappa=np.asarray(cond, dtype=np.float64)), dtype=np.float64)
+def polar_error_bound(d: int, r: int, cond, u_c: float = u):
+    """The polar_svd stage at condition number cond (a scalar or an array), in float64 unless u_c is given."""
+    return np.asarray(polar_svd(d=d, r=r, u_c=u_c, kappa=np.asarray(cond, dtype=np.float64)), dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,9 +302,10 @@ def feasibility_bound(d: int, r: int) -> float:
     return float(gram_defect_bound(svd_orthonormality_error(d, r), d, r))
 
 
-def projection_error_bound(d: int, r: int) -> float:
-    """The projection stage in float64 at an exact frame, relative to ||X|| (X = 1, no input error)."""
-    return float(projection(d=d, r=r, u_c=u, X=1.0, X_err=0.0, W_err=0.0))
+def projection_error_bound(d: int, r: int, u_c: float = u) -> float:
+    """The projection stage at an exact frame, relative to ||X|| (X = 1, no input error), in float64
+    unless u_c is given."""
+    return float(projection(d=d, r=r, u_c=u_c, X=1.0, X_err=0.0, W_err=0.0))
 
 
 POLAR_ERROR_TEXT = (

@@ -74,13 +74,18 @@ class AdaptedVariant(Variant):
 
     spec: the canonical text that rebuilds it (recorded in the certificate); state_observable:
     whether init/step return a readable StiefelAdamState; dtype: the storage dtype of its frames
-    ("float64" for the claims' bounds to apply); ignored: hyper-parameters of StiefelAdamConfig the
-    implementation does not take (e.g. trust_radius for an optimizer without a trust region).
+    (float64, float32 or bfloat16: the claims' bounds take its unit roundoffs, kit/precision.py);
+    compute_dtype: the dtype it computes in (None: float64 for float64, else float32); route: its
+    declared retraction (kit/precision.ROUTES, "any" when not declared); ignored: hyper-parameters of
+    StiefelAdamConfig the implementation does not take (e.g. trust_radius for an optimizer without a
+    trust region).
     """
 
     spec: str = ""
     state_observable: bool = True
     dtype: str = "float64"
+    compute_dtype: str | None = None
+    route: str = "any"
     ignored: tuple[str, ...] = ()
     torch_factory: object = None  # a torch optimizer's builder (propositions.bookkeeping.TorchFactory)
 

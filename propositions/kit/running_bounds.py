@@ -9,6 +9,7 @@ two trajectories that agree in exact arithmetic are compared against the sum of 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,6 +20,7 @@ from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
 from .._common import chunk_sizes, u
+from . import precision as precisions
 from .bounds import gram
 from .step_analysis import InputErrors, Rounding, StepNorms, step_error, step_error_text
 
@@ -59,7 +61,8 @@ def exact_step_norms(norms: dict, t: int, r: int, trust_radius: float, scale=1.0
 
 
 def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamConfig, *, scale=1.0,
-                              input_relative_error=0.0, initial_distance=0.0) -> dict:
+                              input_relative_error=0.0, initial_distance=0.0,
+                              precision: precisions.Precision = precisions.FLOAT64) -> dict:
     """Running first-order bound on the distance of a float64 StiefelAdam trajectory to the exact one.
 
     norms: from `record_trajectory` (arrays of shape (T, n) from the float64 run with scale 1):
@@ -82,6 +85,11 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
     used, but it compounds over T steps, and the bound says so. Once a reaches 1/2, or a step is not
     well posed at its input errors (q or sigma_min not above its error), the bound is infinite
     (vacuous) from there on, never a finite number that could be mistaken for a certificate.
+
+    precision (kit/precision.py): the trajectory of an implementation storing in float32 or bfloat16
+    is bounded at its unit roundoffs (precision.rounding: u_c, u_W = u_s, its declared route), its
+    gradients rounded to storage (u_s more relative input error), its start W_0 too (u_s sqrt(r) more
+    initial distance); the moments it stores are rounded in its compute dtype, which u_c covers.
     """
     steps, count = norms["G_norm"].shape
     a = np.broadcast_to(np.asarray(initial_distance, dtype=np.float64), (count,)).copy()
@@ -90,6 +98,10 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
     scale = np.asarray(scale, dtype=np.float64)
     bounds = {"W": np.zeros((steps, count)), "m": np.zeros((steps, count)), "v": np.zeros((steps, count))}
     rounding = Rounding(u_c=u, route="svd")
+    if not precision.is_float64:
+        rounding = precision.rounding(config.trust_radius, d, r)
+        input_relative_error = input_relative_error + precision.u_s
+        a = a + precision.u_s * math.sqrt(r)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for t in range(steps):
             q = exact_step_norms(norms, t, r, config.trust_radius, scale)
@@ -102,6 +114,24 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
             b_v = np.where(valid, error.v, np.inf)
             bounds["W"][t], bounds["m"][t], bounds["v"][t] = a, b_m / scale, b_v / scale**2
     return bounds
+
+
+# A float32 or bfloat16 implementation's trajectories (kit/precision.py): the running bound compounds
+# each step's amplification (5 to 10 a step on these frames), and at float32's unit roundoffs it passes
+# 2 sqrt(r) (vacuous) within 4 steps on the (64, 64), (256, 32) and (1024, 128) frames and within 8 on
+# (64, 16) and (128, 16). Such an implementation runs LOW_PRECISION_STEPS steps on LOW_PRECISION_SHAPES
+# (and the small shapes); a frame whose bound is vacuous still makes its claim inconclusive.
+LOW_PRECISION_STEPS = 4
+LOW_PRECISION_SHAPES = ((32, 8), (64, 16), (128, 16))
+
+
+def low_precision_plan(profile, large, precision):
+    """(profile, large shapes) for the optimizer's precision: unchanged in float64, else at most
+    LOW_PRECISION_STEPS steps and the large shapes replaced by LOW_PRECISION_SHAPES (the controls' () kept)."""
+    if precision.is_float64:
+        return profile, large
+    return (dataclasses.replace(profile, steps=min(profile.steps, LOW_PRECISION_STEPS)),
+            LOW_PRECISION_SHAPES if large else large)
 
 
 def _stepper(optimizer: str):

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import reference_impl as ri
+
 from .bounds import STAGES, Stage, polar_perturbation, polar_svd, projection, square_root, stage
 
 TINY = np.finfo(np.float64).tiny
@@ -412,4 +414,53 @@ def step_error_text(output: str = "W") -> str:
 STEP_ERROR_TEXT = step_error_text("W")
 
 __all__ = ["InputErrors", "Rounding", "StepError", "StepNorms", "Stage", "STEP_STAGES", "STEP_ERROR_TEXT", "step_error_text",
-           "frame_drift_bound", "kernel_rounding", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error"]
+           "frame_drift_bound", "kernel_rounding", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error",
+           "reference_quantities", "step_norms_of"]
+
+
+# --------------------------------------------------------------------------------------------
+# The quantities of the step at a point, from the float64 reference
+# --------------------------------------------------------------------------------------------
+
+
+def step_norms_of(q: dict, r: int) -> StepNorms:
+    """The StepNorms of `reference_quantities` (W at an exact frame: ||W||_F = sqrt(r))."""
+    return StepNorms(G=q["G"], W=math.sqrt(r), g=q["g"], m_in=q["m_old"], v_in=q["v_old"], m=q["m"], v=q["v"],
+                     xi_raw=q["xi_unclipped"], xi=q["xi"], A=q["A"], sigma_min=q["sigma_min"], sigma_max=q["A_2"], t=q["t"])
+
+
+def reference_quantities(W, G, state, config):
+    """Per-frame norms of the reference step's intermediates (float64, shape W.shape[:-2])."""
+    beta1, beta2 = config.betas
+    d, r = W.shape[-2], W.shape[-1]
+    G_decayed = G + config.weight_decay * W
+    g = ri.project_tangent(W, G_decayed, validate=False)  # also at a kernel frame (P2 on the kernel)
+    m = beta1 * state.m + (1 - beta1) * g
+    v = beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1)) / (d * r)
+    t = state.t + 1
+    bc1, bc2 = 1 - beta1**t, 1 - beta2**t
+    xi_unclipped = ri.scale_free_direction(m / bc1, v / bc2, config.lr, config.eps)
+    xi = ri.clip_to_trust_region(xi_unclipped, config.trust_radius)
+    A = W + xi
+    # singular values of A from the r x r Gram matrix: only sigma_max and sigma_min in [~1, ~1.1]
+    # are needed, to relative accuracy far better than the bounds' constants
+    gram_eigenvalues = np.linalg.eigvalsh(np.swapaxes(A, -1, -2) @ A)
+    singular_values = np.sqrt(np.maximum(gram_eigenvalues, 0.0))[..., ::-1]
+    return {
+        "G": ri.frobenius(G),
+        "G_decayed": ri.frobenius(G_decayed),
+        "g": ri.frobenius(g),
+        "m_old": ri.frobenius(state.m),
+        "m": ri.frobenius(m),
+        "v_old": np.asarray(state.v, dtype=np.float64),
+        "v": v,
+        "t": t,
+        "bc1": bc1,
+        "bc2": bc2,
+        "root_v_hat": np.sqrt(v / bc2),
+        "xi_unclipped": ri.frobenius(xi_unclipped),
+        "xi": ri.frobenius(xi),
+        "A": ri.frobenius(A),
+        "A_2": singular_values[..., 0],
+        "sigma_min": singular_values[..., -1],
+    }
