@@ -371,7 +371,21 @@ def _run_claim(claim, adapted, claim_id: str, seed: int, profile: str, optimizer
             return _run_adapted(claim, claim_id, seed, profile, adapted, options), None
         return _run_registered(claim, claim_id, seed, profile, optimizer, options), None
     except Exception as error:
+        coarse = _too_coarse(error)
+        if coarse is not None:  # not a crash: the analysis has no bound at this dtype (inconclusive)
+            return None, f"{claim_id} has no derived bound at the implementation's precision: {coarse}"
         return None, f"{claim_id} raised while it ran: {describe_error(error)}"
+
+
+def _too_coarse(error: Exception) -> str | None:
+    """The message of a PrecisionTooCoarse (kit/precision.py), raised here or in a task; else None."""
+    from propositions.kit.precision import PrecisionTooCoarse
+
+    if isinstance(error, PrecisionTooCoarse):
+        return str(error)
+    if isinstance(error, parallel.TaskFailed) and error.error_type == PrecisionTooCoarse.__name__:
+        return error.error_message
+    return None
 
 
 def _sealed_certificate(claim_id: str, data: dict | None, problem: str | None, settings: dict) -> tuple[dict, str | None]:

@@ -420,6 +420,8 @@ class _Recorder:
     def __init__(self, out: _Output, out_dir: Path):
         self.out, self.out_dir = out, out_dir
         self.by_id: dict[str, dict] = {}
+        # each certificate's figures, drawn as it arrives: with a pool, while the other claims run
+        self.drawn: dict[str, tuple] = {}
         self.internal_errors = 0
 
     def error(self, line: str) -> None:
@@ -445,6 +447,10 @@ class _Recorder:
             for line in block(found):
                 self.out.line(f"      {line}")
         self.by_id[claim_id] = sealed
+        try:
+            self.drawn[claim_id] = report_writer.draw_figures(sealed, self.out_dir / report_writer.FIGURES_DIR, report_writer.load_figure_class())
+        except OSError:  # write_report draws it again and reports the error
+            pass
 
 
 def _run_claims_as_tasks(to_run: list[str], args, recorder: _Recorder, progress, executor, settings: dict, options_for) -> None:
@@ -527,7 +533,7 @@ def _run_and_record(ids: list[str], args, out: _Output, command: str, options_fo
 
     reported = _with_existing_certificates(certificates, out_dir, notes) if args.command == "run" else certificates
     try:
-        report_path, plotted = report_writer.write_report(reported, out_dir, notes=notes, total_wall_seconds=total_wall if args.command == "all" else None)
+        report_path, plotted = report_writer.write_report(reported, out_dir, notes=notes, total_wall_seconds=total_wall if args.command == "all" else None, drawn=recorder.drawn)
     except OSError as error:
         raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
 

@@ -649,12 +649,17 @@ def mutation_section(out_dir: Path) -> str:
     return "\n".join(["", "## Mutation score", "", text, ""])
 
 
-def write_report(certificates: list[dict], out_dir: Path, *, notes: list[str] = (), total_wall_seconds: float | None = None) -> tuple[Path, bool]:
-    """Write out_dir/REPORT.md (and the figures); returns (its path, whether plots were drawn)."""
+def write_report(certificates: list[dict], out_dir: Path, *, notes: list[str] = (), total_wall_seconds: float | None = None, drawn: dict | None = None) -> tuple[Path, bool]:
+    """Write out_dir/REPORT.md (and the figures); returns (its path, whether plots were drawn).
+
+    drawn: {claim id: what draw_figures returned} for certificates whose figures are already drawn
+    (the CLI draws each as it arrives); the others are drawn here.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     Figure = load_figure_class()
-    sections = {certificate["id"]: draw_figures(certificate, out_dir / FIGURES_DIR, Figure) for certificate in certificates}
+    drawn = drawn or {}
+    sections = {certificate["id"]: drawn.get(certificate["id"]) or draw_figures(certificate, out_dir / FIGURES_DIR, Figure) for certificate in certificates}
     text = render_markdown(certificates, sections, plots_available=Figure is not None, notes=list(notes), total_wall_seconds=total_wall_seconds)
     text += mutation_section(out_dir)
     path = out_dir / REPORT_NAME

@@ -238,12 +238,16 @@ def control_part(ctx: Context) -> Evidence:
 
 def _prepare(ctx: Context):
     """The optimizer: StiefelAdam, a control, or an adapted implementation (a NumPy one is then
-    reported not applicable); the profile as a Profile."""
+    reported not applicable, as is a reference_impl variant); the profile as a Profile."""
     from dataclasses import replace
 
-    named = isinstance(ctx.optimizer, str) and (ctx.optimizer == REAL_OPTIMIZER or ctx.optimizer in CONTROLS)
+    from reference_impl import VARIANTS
+
+    # a NumPy step of reference_impl (P1..P5's controls, by name) is reported not applicable
+    named = isinstance(ctx.optimizer, str) and (ctx.optimizer == REAL_OPTIMIZER or ctx.optimizer in CONTROLS or ctx.optimizer in VARIANTS)
     if not named and not hasattr(ctx.optimizer, "spec"):
-        raise ValueError(f"claim {CLAIM_ID}: optimizer must be {REAL_OPTIMIZER!r}, a control ({', '.join(CONTROLS)}) or an adapted implementation, got {ctx.optimizer!r}")
+        raise ValueError(f"claim {CLAIM_ID}: optimizer must be {REAL_OPTIMIZER!r}, a control ({', '.join(CONTROLS)}), a reference_impl "
+                         f"variant or an adapted implementation, got {ctx.optimizer!r}")
     return replace(ctx, profile=get_profile(ctx.profile) if isinstance(ctx.profile, str) else ctx.profile)
 
 

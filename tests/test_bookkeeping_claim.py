@@ -38,8 +38,10 @@ def test_adapted_torch_optimizers_are_certified_in_their_own_dtype(spec):
     assert sealed["verdict"] == "pass", sealed["failures"] + sealed["inconclusive"]
 
 
-def test_a_numpy_step_is_not_applicable_not_passed():
-    sealed, _ = claims.certify_claim("bookkeeping", seed=0, profile="quick", optimizer="reference_impl", command="test")
+@pytest.mark.parametrize("optimizer", ["reference_impl", "qr_retraction"])
+def test_a_numpy_step_is_not_applicable_not_passed(optimizer):
+    # an adapted NumPy step, or a reference_impl variant named as P1..P5's controls are
+    sealed, _ = claims.certify_claim("bookkeeping", seed=0, profile="quick", optimizer=optimizer, command="test")
     assert sealed["verdict"] == "inconclusive"
     assert any(reason.startswith("not applicable") for reason in sealed["inconclusive"])
 
