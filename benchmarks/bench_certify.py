@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from certify import claims  # noqa: E402
+from certify import execution  # noqa: E402
 from propositions.kit import parallel  # noqa: E402
 
 CLAIMS = ("P1", "P2", "P3", "P4", "P5", "P6", "samplers")
@@ -59,8 +60,8 @@ def measure(claim_id: str, profile: str, executor) -> tuple[float, int, str]:
 def measure_here(claim_id: str, workers: int, profile: str) -> dict:
     """One measurement in this process: a warmed executor of `workers`, then the claim."""
     _warm()
-    executor = parallel.Inline() if workers == 1 else parallel.Pool(workers)
-    with parallel.using(executor):
+    executor = parallel.Inline() if workers == 1 else execution.Pool(workers)
+    with execution.using(executor):
         started = time.perf_counter()
         if workers > 1:
             parallel.map_tasks(_warm, [()] * (4 * workers))

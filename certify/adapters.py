@@ -610,7 +610,7 @@ class _TorchStepper:
             raise StateNotObservable("a state built by the checker was handed to a torch optimizer (black box)")
         if state.lead != W.shape[:-2]:
             raise StateNotObservable(f"a state of leading axes {state.lead} was used with frames of leading axes {W.shape[:-2]}")
-        # one intra-op thread, as certify runs BLAS (cli.single_threaded_blas): the frames here are
+        # one intra-op thread, as certify runs BLAS (certify.execution.limit_blas_threads): the frames here are
         # small, and a thread pool on a shared machine costs more than it gives
         threads = torch.get_num_threads()
         torch.set_num_threads(1)

@@ -26,6 +26,7 @@ from propositions.kit import parallel
 from certify import SCHEMA_VERSION
 from certify import certificate as certificate_format
 from certify import environment as environment_record
+from certify import execution
 from certify import verification
 
 CROSSCHECK_ID = "crosscheck"
@@ -288,7 +289,7 @@ def build_certificate(
 
     problem: why there is no data (import failure, exception in run, schema violation); recorded as
     the reason the certificate is inconclusive. workers / scheduler: how the run's tasks were
-    executed (propositions.kit.parallel), recorded in the run record with command, date and
+    executed (certify.execution), recorded in the run record with command, date and
     wall time, which the digest does not cover.
     """
     reproduce = reproduce_command(claim_id, seed, profile, optimizer, options)
@@ -411,7 +412,7 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
     inconclusive certificate naming it; a result that does not fit the schema gives an
     inconclusive certificate and the internal-error line (the caller reports it on stderr).
     workers / scheduler: recorded in the run record (the tasks run on the current executor of
-    propositions.kit.parallel, which the caller sets up).
+    propositions.kit.parallel, which the caller installs: certify.execution.using).
     """
     options = dict(options or {})
     started = time.perf_counter()
@@ -499,7 +500,7 @@ def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options
         try:
             # inline: an outside implementation's not-observable records are kept in this process, and
             # the implementation need not be importable in worker processes
-            with observability.recording() as hidden, parallel.using(parallel.Inline()):
+            with observability.recording() as hidden, execution.using(parallel.Inline()):
                 chosen = get_profile(profile) if isinstance(profile, str) else profile  # a Profile object: tests
                 result = claim.run(seed, chosen, optimizer=variant, **options)
                 data = result.to_dict()

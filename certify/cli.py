@@ -14,7 +14,7 @@ Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
 which must then fail), --workers $CERTIFY_WORKERS or the CPUs available. --workers N runs the
 claims' chunk tasks (several claims: the claims themselves) in N processes, --scheduler on a dask
-cluster (propositions.kit.parallel); the certificates and their digests do not depend on either
+cluster (certify.execution); the certificates and their digests do not depend on either
 (docs/certificates.md#parallel-runs). Progress: a rich display on a terminal, plain lines otherwise.
 
 `all` runs every claim of the propositions package (P1..P6, the sampler certificate and, when
@@ -70,6 +70,7 @@ from certify import certificate as certificate_format
 from certify import claims
 from certify import report as report_writer
 from certify import verification
+from certify import execution
 from propositions.kit import parallel
 
 PROFILE_NAMES = ("quick", "default", "thorough")
@@ -901,28 +902,14 @@ COMMANDS = {
 }
 
 
-def single_threaded_blas():
-    """One BLAS/OpenMP thread while a command runs (threadpoolctl), restored afterwards.
-
-    The certificates batch many small SVDs, QRs and eighs; a BLAS thread pool buys nothing on
-    matrices of this size and, on a busy machine, its spinning threads made one (1024, 128) SVD
-    fifty times slower. One thread also makes a re-run's rounding independent of the core count.
-    """
-    import numpy  # noqa: F401 (threadpoolctl limits only the libraries already loaded)
-    import scipy.linalg  # noqa: F401
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1)
-
-
 def make_executor(args):
-    """Where the command's tasks run (propositions.kit.parallel): a dask cluster for --scheduler,
+    """Where the command's tasks run (certify.execution): a dask cluster for --scheduler,
     a process pool for more than one worker, else this process."""
     if getattr(args, "scheduler", None):
         if getattr(args, "workers", None) is not None:
             raise UsageError("--workers and --scheduler exclude each other: the cluster's workers run the tasks")
         try:
-            executor = parallel.Dask(args.scheduler)
+            executor = execution.Dask(args.scheduler)
         except ImportError as error:
             raise UsageError(str(error)) from None
         except (OSError, TimeoutError, ValueError) as error:
@@ -939,7 +926,7 @@ def make_executor(args):
     if not hasattr(args, "workers"):
         return parallel.Inline()
     workers = args.workers if args.workers is not None else default_workers()
-    return parallel.Inline() if workers == 1 else parallel.Pool(workers)
+    return parallel.Inline() if workers == 1 else execution.Pool(workers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -947,7 +934,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        with single_threaded_blas(), parallel.using(make_executor(args)):
+        with execution.using(make_executor(args)):
             return COMMANDS[args.command](args, _Output(), "certify " + shlex.join(argv))
     except (UsageError, certificate_format.CertificateError) as error:
         error_line(str(error))

@@ -36,7 +36,8 @@ import reference_impl as ri
 from propositions._common import rng_for
 from propositions.kit import observability
 from propositions.kit.model import model_step
-from propositions.kit.trajectories import (CLAIM_SETTINGS, MIN_STEPS, TINY, _checked_step, _gradient, _state_shapes_fit, _warm_state,
+from propositions import trajectory_plans
+from propositions.kit.trajectories import (MIN_STEPS, TINY, checked_step, trajectory_gradient, state_shapes_fit, warm_state,
                                           one_step_bound)
 
 QUANTITIES = ("W", "m", "v", "bookkeeping")
@@ -107,8 +108,8 @@ def _draw(case: Case):
     rng = rng_for(case.seed, "counterexample", case.d, case.r, case.batch)
     W = ri.random_point(case.d, case.r, rng, case.lead)
     scales = np.full(case.lead, 10.0 ** case.scale_exponent)
-    warm = _warm_state(W, scales, rng) if case.start == "warm" else None
-    return W, warm, lambda k, W_k: _gradient(case.gradients, W_k, scales, rng)
+    warm = warm_state(W, scales, rng) if case.start == "warm" else None
+    return W, warm, lambda k, W_k: trajectory_gradient(case.gradients, W_k, scales, rng)
 
 
 def replay(variant, case: Case) -> Outcome:
@@ -139,8 +140,8 @@ def replay_inputs(variant, quantity: str, W, warm, gradients, config, steps: int
     for k in range(steps):
         G = gradients[k] if isinstance(gradients, (list, tuple)) else gradients(k, W)
         inputs["gradients"].append(np.array(G))
-        W_new, state_new, error = _checked_step(variant, W, G, state, config, k, watched=_watched(white, W, G, state))
-        if error is None and white and not _state_shapes_fit(state_new, W):
+        W_new, state_new, error = checked_step(variant, W, G, state, config, k, watched=_watched(white, W, G, state))
+        if error is None and white and not state_shapes_fit(state_new, W):
             error = f"step {k + 1} returned a state of the wrong shape"
         before = {"W": W, "G": G, "state": state, "reference_state": _reference_state(white, state, model_state), "carried": carried}
         if error is not None:
@@ -233,7 +234,8 @@ def _case_from_setting(claim: str, quantity: str, setting, d: int, r: int, batch
 def starting_cases(claim: str, quantity: str, worst: dict | None, seed: int, white: bool):
     """The failing draw's setting and shape first, then every setting and shape of the claim, each
     with a batch of two frames and a bare frame (a black box: fresh starts only)."""
-    settings, shapes = CLAIM_SETTINGS[claim]
+    plan = trajectory_plans()[claim]
+    settings, shapes = plan.settings, plan.shapes
     ordered = sorted(settings, key=lambda s: s.name != (worst or {}).get("setting"))
     first = tuple((worst or {}).get("shape") or ())
     for setting in ordered:
@@ -306,7 +308,7 @@ def shrink(variant, start: Case, search: _Search | None = None) -> tuple[Case, O
 def minimal_counterexample(variant, certificate: dict) -> dict | None:
     """The record of the minimal counterexample of a failing certificate (None: nothing to shrink)."""
     quantity = failing_quantity(certificate)
-    if certificate.get("id") not in CLAIM_SETTINGS:
+    if certificate.get("id") not in trajectory_plans():
         return None
     if quantity is None:
         return {"found": False, "check": first_failing_check(certificate),

@@ -126,13 +126,14 @@ def cases(claim: str, black_box: bool = False, max_d: int = 6, max_steps: int = 
     a setting of the claim, a shape, a batch (0: a bare frame), a number of steps and a seed; its
     check is trajectory_model_W (replace(case, quantity=...) for m, v, bookkeeping). A black box
     takes only its own state: its warm settings start fresh."""
-    from propositions.kit.trajectories import CLAIM_SETTINGS
+    from propositions import trajectory_plans
 
-    if claim not in CLAIM_SETTINGS:
-        raise ValueError(f"no trajectory settings for claim {claim!r}; known: {', '.join(CLAIM_SETTINGS)}")
+    plans = trajectory_plans()
+    if claim not in plans:
+        raise ValueError(f"no trajectory settings for claim {claim!r}; known: {', '.join(plans)}")
     if max_d < 1 or max_steps < 1:
         raise ValueError(f"max_d and max_steps must be at least 1, got {max_d} and {max_steps}")
-    return _cases(claim, black_box, max_d, max_steps, CLAIM_SETTINGS[claim][0])
+    return _cases(claim, black_box, max_d, max_steps, plans[claim].settings)
 
 
 @st.composite

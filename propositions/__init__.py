@@ -74,6 +74,17 @@ def get_claim(claim_id: str) -> Claim:
     return importlib.import_module(discover()[0][normalise_id(claim_id)]).CLAIM
 
 
+def trajectory_plans() -> dict:
+    """{claim id: its TrajectoryPlan} for the claims that hold their optimizer's trajectories to
+    the model (a module-level `TRAJECTORIES`, propositions.kit.trajectories), in run order."""
+    plans = {}
+    for claim_id, module_name in discover()[0].items():
+        plan = getattr(importlib.import_module(module_name), "TRAJECTORIES", None)
+        if plan is not None:
+            plans[claim_id] = plan
+    return plans
+
+
 def __getattr__(name: str):
     # CLAIM_IDS is computed on first use: discovery imports the claim modules
     if name == "CLAIM_IDS":
@@ -81,4 +92,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Claim", "ClaimResult", "Profile", "PROFILES", "get_profile", "get_claim", "claim_ids", "normalise_id", "discover", "UnknownClaim"]
+__all__ = ["Claim", "ClaimResult", "Profile", "PROFILES", "get_profile", "get_claim", "claim_ids", "normalise_id", "discover", "trajectory_plans", "UnknownClaim"]

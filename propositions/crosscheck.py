@@ -23,7 +23,7 @@ output (W+, v+, and m+ transported explicitly) is compared with the reference's 
 frame, against the bound of `step_error_bound`: the one rounding analysis of the step
 (propositions/kit/step_analysis.py) of the kernel at its unit roundoffs and input errors plus that of
 the reference in float64 (the transport's rounding is charged to the step that performs it,
-`_transport_roundoff`). The frames given to the kernel are held to the drift that the kernel's own
+`transport_roundoff`). The frames given to the kernel are held to the drift that the kernel's own
 frames may have (step_analysis.frame_drift_bound, derived on the certifier's side). Some frames get G = 0 at their first step (the v^ = 0 branch, and a gradient that
 is all normal, where the r x r ||g||^2 must give way). P2 and P4 are run on the torch kernel
 alone in float64. On CPU the run uses one torch and one BLAS thread, and reports whether two
@@ -58,11 +58,12 @@ from propositions._common import (
 )
 from propositions.kit import tightness
 from propositions.kit import step_analysis
-from propositions.kit.bounds import gram_defect_bound, projection
-from propositions.kit.step_analysis import InputErrors, Rounding, StepNorms, kernel_rounding, stage_texts, step_error, step_error_text
-from propositions.kit.step_analysis import reference_quantities, step_norms_of as _step_norms
+from propositions.kit.bounds import gram_defect_bound
+from propositions.kit.step_analysis import InputErrors, Rounding, kernel_rounding, stage_texts, step_error_text
+from propositions.kit.step_analysis import reference_quantities
 from propositions.kit.figures import LineFigure, Series
 from propositions.kit.threads import one_thread
+from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
@@ -188,35 +189,7 @@ CONTROL_DESCRIPTIONS = {
 # --------------------------------------------------------------------------------------------
 
 
-def step_error_bound(d, r, config, quantities, rounding: Rounding, inputs: InputErrors = InputErrors(), *, reference=True):
-    """Bounds per frame on ||W+ - W+_ref||_F, ||m+ - m+_ref||_F and |v+ - v+_ref| of a kernel step.
 
-    The kernel's evaluation (unit roundoffs and route of `rounding`, at an input within `inputs` of
-    the reference's: its storage rounding, the transport it performs itself) is within
-    step_analysis.step_error of the exact step at the reference's input, and so is the reference's own
-    float64 evaluation (the SVD route, exact input): their distance is at most the sum (reference=False:
-    the kernel's term alone, for two kernel runs compared with each other's exact steps). quantities:
-    `reference_quantities`. "e_ret" is the kernel's retraction term alone.
-
-    A zero reference output that the kernel must reproduce exactly (v^ = 0, m = 0) gets the
-    smallest positive normal number as its bound (docs/claims.md, tolerances: bounds are > 0).
-    """
-    norms = _step_norms(quantities, r)
-    kernel = step_error(d, r, config, norms, rounding, inputs)
-    total = {"W": kernel.W, "m": kernel.m_plus, "v": kernel.v}
-    if reference:
-        own = step_error(d, r, config, norms, Rounding(u_c=U64, route="svd"))
-        total = {"W": total["W"] + own.W, "m": total["m"] + own.m_plus, "v": total["v"] + own.v}
-    tiny = np.finfo(np.float64).tiny
-    with np.errstate(invalid="ignore", divide="ignore"):
-        kappa = quantities["A_2"] / (quantities["sigma_min"] - kernel.A)
-    return {
-        "W": np.where(kernel.well_posed, total["W"], np.inf),
-        "m": np.maximum(np.where(kernel.well_posed, total["m"], np.inf), tiny),
-        "v": np.maximum(total["v"], tiny),
-        "e_ret": step_analysis.retraction_error(d, r, rounding, kappa, config.trust_radius),
-        "well_posed": kernel.well_posed,
-    }
 
 
 
@@ -253,12 +226,7 @@ def _iterations(config, dtype, d: int = 1, r: int = 1) -> int:
     return _kernel_rounding(config, dtype, d, r).iterations
 
 
-def _storage_inputs(rounding: Rounding, r: int, q: dict, moment_error) -> InputErrors:
-    """The kernel's input errors: W, G rounded to the storage dtype (none in float64), m and v to the
-    state dtype (none in float64), and the moment's transport (`_transport_roundoff`)."""
-    u_W = rounding.u_W if rounding.u_W > U64 else 0.0
-    u_state = rounding.u_state if rounding.u_state > U64 else 0.0
-    return InputErrors(W=u_W * math.sqrt(r), G_rel=u_W, m=u_state * q["m_old"] + moment_error, v=u_state * q["v_old"])
+
 
 
 def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, undefined=None):
@@ -302,8 +270,8 @@ def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, u
                                         v_in, state.t, config, variant)
                 if elementwise:
                     v_torch_own = v_t
-                transport = _transport_roundoff(d, r, rounding.u_c, moment_in)
-                bound = step_error_bound(d, r, config, q, rounding, _storage_inputs(rounding, r, q, transport))
+                transport = transport_roundoff(d, r, rounding.u_c, moment_in)
+                bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
                 extra = {"step": t + 1, "config": config_name, "dtype": str(dtype).replace("torch.", "")}
                 # where step_error is undefined (the noise-driven step, docs/algorithm.md#pitfalls) nothing is
                 # compared: residual 0 against bound 1, and the frame-step is counted in `undefined`
@@ -318,33 +286,20 @@ def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, u
                     checks["v"].add(np.abs(_to_numpy(v_t) - state_ref.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
                 if not math.isinf(drift_bound):
                     checks["frames_in"].add(ref.frobenius(_gram_defect(_to_numpy(W_in))), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
-                moment_in = _reference_moment(W, G, state, config)
+                moment_in = reference_moment(W, G, state, config)
                 W, state = W_ref, state_ref
             frames_done += size
     return frames_done
 
 
-def _reference_moment(W, G, state, config):
-    """Stage 3's m of the reference step (before its transport): beta1 m + (1 - beta1) P_W(G~)."""
-    beta1 = config.betas[0]
-    return beta1 * state.m + (1 - beta1) * ref.project_tangent(W, G + config.weight_decay * W)
+
 
 
 def _gram_defect(W):
     return np.swapaxes(W, -1, -2) @ W - np.eye(W.shape[-1])
 
 
-def _transport_roundoff(d, r, u_c, moment_in):
-    """The input error of m for a kernel that transports its incoming moment itself
-    (functional.project_moment), per frame.
 
-    Stage 8's m+ = P_W(m_pre) is rounded once by the reference (float64) and once more inside the
-    kernel's projection of beta1 m_pre + (1 - beta1) G~ (compute roundoff u_c): the kernel's m differs
-    from the reference's by at most the two projections' rounding (the projection stage at X =
-    ||m_pre||). This is the transport that step_error charges to m+ at the end of a step, charged where
-    the kernel performs it. 0 where m_pre = 0."""
-    norm_in = ref.frobenius(np.asarray(moment_in))
-    return sum(np.asarray(projection(d=d, r=r, u_c=unit, X=norm_in, X_err=0.0, W_err=0.0)) for unit in (u_c, U64))
 
 
 # Frames with d r >= 2^16 ((1024, 128)) take at most LARGE_FRAME_STEPS lock-step steps: the
@@ -407,7 +362,7 @@ def scale_independence(seed, profile, device, variant, checks, batch=8):
                     moment_in = _to_numpy(m_in)
                     state = ref.StiefelAdamState(m=ref.project_tangent(W_np, moment_in, validate=False), v=_to_numpy(v_in), t=t)
                     state_c = ref.StiefelAdamState(m=c * state.m, v=c * c * state.v, t=t)
-                    transport = _transport_roundoff(d, r, U64, moment_in)
+                    transport = transport_roundoff(d, r, U64, moment_in)
                     rounding = _kernel_rounding(config, "float64", d, r)
                     # each run is within step_error of the exact step from its own inputs; the
                     # scaled inputs carry relative rounding u (c G, c m) and 2u (c^2 v)
@@ -471,7 +426,7 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
                 W_moved, _, _ = _kernel(*moved, args[3], state.t, config, variant)
                 u_transform = n**1.5 * U64 * 1.01  # gamma_n sqrt(n), gamma_n = n u / (1 - n u)
                 # each side's kernel also projects the incoming moment (its deferred transport)
-                transport = _transport_roundoff(d, r, U64, state.m)
+                transport = transport_roundoff(d, r, U64, state.m)
                 rounding = _kernel_rounding(config, "float64", d, r)
                 plain = step_error_bound(d, r, config, q, rounding, InputErrors(m=transport), reference=False)
                 moved_bound = step_error_bound(

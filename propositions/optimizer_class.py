@@ -44,7 +44,8 @@ import numpy as np
 
 import reference_impl as ref
 from propositions._common import NumericalCheck, rng_for, ulps_apart
-from propositions.crosscheck import _reference_moment, _storage_inputs, _transport_roundoff, reference_quantities, step_error_bound
+from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
+from propositions.kit.step_analysis import reference_quantities
 from propositions.kit import step_analysis
 from propositions.kit.threads import one_thread
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
@@ -332,8 +333,8 @@ def _step_and_compare(optimizer, p, reference, G, config, dtype_name, where, bef
         q = reference_quantities(frame.W, G_frames[k], frame.state, config)
         W_ref, state_ref = ref.step(frame.W, G_frames[k], frame.state, config)
         rounding = step_analysis.kernel_rounding(dtype_name, config.trust_radius, d, r)
-        transport = _transport_roundoff(d, r, rounding.u_c, frame.moment_in)
-        bound = step_error_bound(d, r, config, q, rounding, _storage_inputs(rounding, r, q, transport))
+        transport = transport_roundoff(d, r, rounding.u_c, frame.moment_in)
+        bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
         frame_extra = {**extra, "frame": k}
         # where the analysis has no bound (sqrt(v^) + eps not above its error: a gradient that is
         # normal up to rounding, docs/algorithm.md#pitfalls) W and m are not compared, and counted
@@ -343,7 +344,7 @@ def _step_and_compare(optimizer, p, reference, G, config, dtype_name, where, bef
         else:
             checks["undefined"].append(frame_extra)
         checks["v"].add(np.abs(np.array([v_new[k] - state_ref.v])), bound["v"], shape=(d, r), key=key, seed=seed, extra=frame_extra)
-        frame.moment_in = _reference_moment(frame.W, G_frames[k], frame.state, config)
+        frame.moment_in = reference_moment(frame.W, G_frames[k], frame.state, config)
         frame.W, frame.state = W_ref, state_ref
         stepped += 1
     _compare_counts(optimizer, p, reference, checks, key, seed, extra)

@@ -58,9 +58,17 @@ from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.symbolic import is_zero, reduce_with
-from .kit.trajectories import trajectory_part
+from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 
 CLAIM_ID = "P1"
+
+# The optimizer's own trajectories held to the model (kit/trajectories.py), this claim's settings:
+# steepest descent: the trust-region regimes of the step, from fresh states as in the claim
+TRAJECTORIES = TrajectoryPlan(CLAIM_ID, (
+    TrajectorySetting("fresh_capped_0.1", 0.1, 0.4, 0.0, "gaussian", "fresh"),
+    TrajectorySetting("fresh_uncapped_0.5", 0.5, 0.05, 1e-8, "gaussian", "fresh"),
+    TrajectorySetting("warm_capped_0.5", 0.5, 1.0, 1e-8, "gaussian", "warm"),
+), ((2, 1), (5, 2), (4, 4), (8, 3), (16, 4)))
 
 # The basis of T_W costs an SVD of a (r(r+1)/2) x (d r) matrix with full V, O((d r)^3) per frame;
 # above this the independent minimiser is skipped (the projector checks still cover those shapes).
@@ -785,7 +793,7 @@ CLAIM = Claim(
         Part("minimiser", minimiser_part),
         Part("first_step", first_step_part),
         Part("slopes", slope_part),
-        trajectory_part(CLAIM_ID),  # the optimizer's own trajectories against the model
+        trajectory_part(TRAJECTORIES),  # the optimizer's own trajectories against the model
     ),
     controls=(
         Control("canonical_metric_gradient", first_step_control),

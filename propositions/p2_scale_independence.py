@@ -79,10 +79,23 @@ from .kit.running_bounds import trajectory_rounding_bound, worst_over_steps
 from .kit.bounds import polar_error_bound
 from .kit.step_analysis import InputErrors, Rounding, step_error, step_error_text
 from .kit.symbolic import is_zero, scale_steps
-from .kit.trajectories import trajectory_part
+from .kit.trajectories import INF, TrajectoryPlan, TrajectorySetting, trajectory_part
 from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, rng_for, shape_plan, u, ulps_apart
 
 CLAIM_ID = "P2"
+
+# The optimizer's own trajectories held to the model (kit/trajectories.py), this claim's settings:
+# gradient scale: 60 decades of per-frame scales with eps = 0, and the normal-space pitfall
+# (noise-driven steps: eps > 0 from a fresh state, where v^ is rounding noise; eps = 0 from a
+# warm state, where the stored moments carry the step)
+TRAJECTORIES = TrajectoryPlan(CLAIM_ID, (
+    TrajectorySetting("wide_scale_fresh", 0.5, 0.3, 0.0, "wide", "fresh"),
+    TrajectorySetting("wide_scale_warm", 1.0, 20.0, 0.0, "wide", "warm"),
+    TrajectorySetting("normal_gradient_fresh", 0.5, 0.3, 1e-4, "normal", "fresh"),
+    TrajectorySetting("normal_gradient_warm", 0.5, 0.3, 0.0, "normal", "warm"),
+    TrajectorySetting("zero_gradient_fresh", 0.5, 0.3, 0.0, "zero", "fresh"),
+    TrajectorySetting("zero_gradient_warm", INF, 1.0, 0.0, "zero", "warm"),
+), ((3, 1), (5, 2), (3, 3), (8, 3)))
 
 # A step length that moves the frames (lr sqrt(d r) is 0.04 at (2, 1), clipped to Delta = 0.5 for
 # the large frames), so that equal trajectories are not equal merely because nothing moved.
@@ -965,7 +978,7 @@ CLAIM = Claim(
         Part("eps", eps_part),
         Part("domain", domain_part),
         Part("pitfall", pitfall_part),
-        trajectory_part(CLAIM_ID),
+        trajectory_part(TRAJECTORIES),
     ),
     controls=(Control("fixed_step_sgd", fixed_step_sgd, "fixed-step Riemannian SGD W+ = R_W(-lr g): degree one in c"),),
 )

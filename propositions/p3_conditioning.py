@@ -78,9 +78,19 @@ from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.symbolic import is_zero, reduce_with
-from .kit.trajectories import trajectory_part
+from .kit.trajectories import INF, TrajectoryPlan, TrajectorySetting, trajectory_part
 
 CLAIM_ID = "P3"
+
+# The optimizer's own trajectories held to the model (kit/trajectories.py), this claim's settings:
+# conditioning: large trust radii and no cap, where cond(W + xi) is largest and a retraction
+# accurate only for small steps is off by O(||xi||^4); square frames
+TRAJECTORIES = TrajectoryPlan(CLAIM_ID, (
+    TrajectorySetting("fresh_capped_1", 1.0, 3.0, 1e-8, "gaussian", "fresh"),
+    TrajectorySetting("warm_capped_2", 2.0, 6.0, 1e-8, "gaussian", "warm", betas=(0.5, 0.9)),
+    TrajectorySetting("fresh_uncapped_inf", INF, 1.5, 0.0, "gaussian", "fresh"),
+    TrajectorySetting("warm_uncapped_inf", INF, 1.0, 1e-8, "gaussian", "warm"),
+), ((2, 2), (3, 3), (6, 6), (5, 2), (16, 4), (32, 8)), twins=True)
 
 STEP_CONFIG = StiefelAdamConfig(lr=0.05, betas=(0.9, 0.999), eps=1e-8, trust_radius=0.5)
 LONG_RUN_SHAPE = (8, 3)
@@ -991,7 +1001,7 @@ CLAIM = Claim(
         Part("conditioning", conditioning_part),
         Part("highprec", highprec_part),
         Part("long_run", long_run_part, background=True),
-        trajectory_part(CLAIM_ID),  # the optimizer's own trajectories against the model
+        trajectory_part(TRAJECTORIES),  # the optimizer's own trajectories against the model
     ),
     controls=(Control("elementwise_second_moment", step_control),),
     notes=(

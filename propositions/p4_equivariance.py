@@ -79,11 +79,18 @@ from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
 from .kit.running_bounds import record_trajectory, run_trajectory, trajectory_rounding_bound, worst_over_steps
 from .kit.symbolic import is_zero
-from .kit.trajectories import trajectory_part
+from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 from .kit.bounds import gamma
 from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, rng_for, shape_plan, u, ulps_apart
 
 CLAIM_ID = "P4"
+
+# The optimizer's own trajectories held to the model (kit/trajectories.py), this claim's settings:
+# equivariance acts frame by frame: the batching of the step, with two leading axes
+TRAJECTORIES = TrajectoryPlan(CLAIM_ID, (
+    TrajectorySetting("batched_fresh", 0.5, 1.0, 1e-8, "gaussian", "fresh", leads=((3, 2), (), (1,), ("k",))),
+    TrajectorySetting("batched_warm", 1.0, 0.5, 0.0, "gaussian", "warm", leads=((3, 2), (2, 1, 2), ())),
+), ((3, 1), (4, 4), (6, 3), (8, 8)))
 
 # Every stage in play: eps > 0 (default), weight decay > 0, a step length that moves the frames
 # and clips the large ones at the trust radius.
@@ -689,7 +696,7 @@ CLAIM = Claim(
         Part("haar", haar_part),
         Part("signed_permutation", signed_permutation_part),
         Part("sign_flips", sign_flips_part),
-        trajectory_part(CLAIM_ID),
+        trajectory_part(TRAJECTORIES),
     ),
     controls=(
         Control("elementwise_second_moment", haar_control,

@@ -51,11 +51,21 @@ from .kit.figures import LineFigure, Series
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.symbolic import is_zero
 from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
-from .kit.trajectories import trajectory_part
+from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P5"
+
+# The optimizer's own trajectories held to the model (kit/trajectories.py), this claim's settings:
+# weight decay on and off, with gradients of every kind; d = r = 1, where T_W = {0} and every
+# gradient is normal (eps > 0 or a warm state: the noise-driven step of docs/algorithm.md#pitfalls)
+TRAJECTORIES = TrajectoryPlan(CLAIM_ID, (
+    TrajectorySetting("decay_fresh", 0.5, 1.0, 1e-8, "gaussian", "fresh", weight_decay=0.1),
+    TrajectorySetting("decay_normal_gradient_warm", 0.5, 0.5, 0.0, "normal", "warm", weight_decay=10.0),
+    TrajectorySetting("decay_zero_gradient_fresh", 0.5, 0.3, 1e-4, "zero", "fresh", weight_decay=1.0),
+    TrajectorySetting("no_decay_warm", 0.5, 1.0, 1e-8, "gaussian", "warm"),
+), ((1, 1), (2, 1), (4, 4), (5, 2), (12, 5)))
 
 # Weight decays of the numerical part: nine decades, from negligible to a decay term that
 # dominates any gradient in the plan by orders of magnitude.
@@ -661,7 +671,7 @@ CLAIM = Claim(
     parts=(
         Part("manifold", manifold_part),
         Part("steps", steps_part),
-        trajectory_part(CLAIM_ID),
+        trajectory_part(TRAJECTORIES),
         Part("figure", figure_part),
     ),
     controls=tuple(Control(name, control_part) for name in CONTROLS),

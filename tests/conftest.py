@@ -3,8 +3,8 @@
 
 import os
 
-# Single-threaded BLAS for the whole session, as the certify command runs (certify.cli
-# single_threaded_blas): the suite batches small matrices, and rounding should not depend on the
+# Single-threaded BLAS for the whole session, as the certify command runs (certify.execution
+# limit_blas_threads): the suite batches small matrices, and rounding should not depend on the
 # core count.
 # threadpoolctl limits only the libraries already loaded: load numpy's and scipy's BLAS first.
 import numpy  # noqa: E402,F401

@@ -110,7 +110,7 @@ def test_fingerprint_without_torch_does_not_import_torch():
 def test_fingerprint_is_the_same_in_another_process():
     """What verify relies on: a re-run in a fresh process on this machine fingerprints alike (with one
     BLAS thread, as every certify command and this test session run)."""
-    code = ("from certify import cli, environment\nwith cli.single_threaded_blas():\n"
+    code = ("from certify import environment, execution\nwith execution.limit_blas_threads():\n"
             "    print(environment.rounding_fingerprint()['sha256'])")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
     assert completed.returncode == 0, completed.stderr

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from certify import certificate as certificate_format
-from certify import claims, cli
+from certify import claims, cli, execution
 from propositions._common import NumericalCheck, to_jsonable
 from propositions.kit import parallel
 
@@ -31,7 +31,7 @@ def _evidence(certificate: dict) -> dict:
 
 
 def _certify(claim_id: str, executor) -> dict:
-    with parallel.using(executor):
+    with execution.using(executor):
         sealed, internal_error = claims.certify_claim(claim_id, seed=0, profile="quick", command="test", workers=executor.workers, scheduler=executor.scheduler)
     assert internal_error is None
     return sealed
@@ -50,8 +50,8 @@ def _assert_same(certificate: dict, reference: dict) -> None:
 
 @pytest.mark.parametrize("workers", [2, 4])
 def test_chunk_tasks_in_a_pool_give_the_inline_certificate(inline_certificates, workers):
-    pool = parallel.Pool(workers)
-    with parallel.using(pool):
+    pool = execution.Pool(workers)
+    with execution.using(pool):
         for claim_id in CLAIMS:
             sealed, internal_error = claims.certify_claim(claim_id, seed=0, profile="quick", command="test", workers=workers)
             assert internal_error is None
@@ -79,7 +79,7 @@ def test_a_dask_cluster_gives_the_inline_certificates(inline_certificates, tmp_p
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
         assert cli.main(["run", *CLAIMS, "--profile", "quick", "--scheduler", cluster.scheduler_address, "--out", str(tmp_path)]) == 0
         # and one claim from this process, its chunks on the cluster
-        executor = parallel.Dask(cluster.scheduler_address)
+        executor = execution.Dask(cluster.scheduler_address)
         single = _certify("P1", executor)
     for claim_id in CLAIMS:
         certificate = certificate_format.load(tmp_path / f"{claim_id}.json")
@@ -93,7 +93,7 @@ class _CompletionOrder(parallel.Inline):
     pool whose results were merged in completion order would give."""
 
     def run(self, fn, calls, on_done):
-        outcomes = [parallel._run_task(fn, args, kwargs) for args, kwargs in reversed(calls)]
+        outcomes = [parallel.run_task(fn, args, kwargs) for args, kwargs in reversed(calls)]
         on_done(len(outcomes))
         return outcomes
 
@@ -192,9 +192,9 @@ def _die(x: int) -> int:
     return x
 
 
-@pytest.mark.parametrize("make", [parallel.Inline, lambda: parallel.Pool(2)], ids=["inline", "pool"])
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: execution.Pool(2)], ids=["inline", "pool"])
 def test_a_failing_task_is_one_line_naming_it(make):
-    with parallel.using(make()):
+    with execution.using(make()):
         assert parallel.map_tasks(_square_or_fail, [0, 1, 2]) == [0, 1, 4]
         with pytest.raises(parallel.TaskFailed) as failure:
             parallel.map_tasks(_square_or_fail, [0, 1, 2, 3, 4])
@@ -207,16 +207,16 @@ def test_a_failing_task_is_one_line_naming_it(make):
 
 
 def test_a_dying_worker_is_reported_not_waited_for():
-    with parallel.using(parallel.Pool(2)):
+    with execution.using(execution.Pool(2)):
         with pytest.raises(parallel.TaskFailed, match="a worker process died while it ran a task"):
             parallel.map_tasks(_die, [0, 1, 2, 3])
         # the pool is replaced: later tasks run
         assert parallel.map_tasks(_square_or_fail, [2]) == [4]
 
 
-@pytest.mark.parametrize("make", [parallel.Inline, lambda: parallel.Pool(2)], ids=["inline", "pool"])
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: execution.Pool(2)], ids=["inline", "pool"])
 def test_warnings_come_back_in_task_order(make):
-    with parallel.using(make()), warnings.catch_warnings(record=True) as caught:
+    with execution.using(make()), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert parallel.map_tasks(_warn_and_return, [0, 1, 2]) == [0, 1, 2]
     assert [str(w.message) for w in caught] == ["task 0 warns", "task 1 warns", "task 2 warns"]
@@ -257,9 +257,9 @@ def test_workers_and_scheduler_exclude_each_other(capsys):
     assert "--workers and --scheduler exclude each other" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("make", [parallel.Inline, lambda: parallel.Pool(2)], ids=["inline", "pool"])
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: execution.Pool(2)], ids=["inline", "pool"])
 def test_a_started_task_gives_its_result_warnings_and_error_at_result(make):
-    with parallel.using(make()), warnings.catch_warnings(record=True) as caught:
+    with execution.using(make()), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pending, failing = parallel.start(_warn_and_return, 5), parallel.start(_square_or_fail, 3)
         assert parallel.map_tasks(_square_or_fail, [2]) == [4]  # other tasks run meanwhile

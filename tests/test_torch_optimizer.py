@@ -19,9 +19,9 @@ from propositions.crosscheck import (  # noqa: E402
     CONFIGS,
     _iterations,
     _kernel_rounding,
-    _reference_moment,
-    _storage_inputs,
-    _transport_roundoff,
+    reference_moment,
+    kernel_inputs,
+    transport_roundoff,
     feasibility_bound,
     reference_quantities,
     step_error_bound,
@@ -70,13 +70,13 @@ def test_float64_step_agrees_with_reference(batch, d, r, config_name):
         q = reference_quantities(W, G, state, config)
         W_ref, state_ref = ref.step(W, G, state, config)
         W_new, m_new, v_new = _step(*(torch.from_numpy(x) for x in (W, G, moment_in, state.v)), state.t, config)
-        transport = _transport_roundoff(d, r, rounding.u_c, moment_in)
-        bound = step_error_bound(d, r, config, q, rounding, _storage_inputs(rounding, r, q, transport))
+        transport = transport_roundoff(d, r, rounding.u_c, moment_in)
+        bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
         assert np.all(ref.frobenius(W_new.numpy() - W_ref) <= bound["W"])
         m_transported = functional.transported_moment(W_new, m_new).numpy()
         assert np.all(ref.frobenius(m_transported - state_ref.m) <= bound["m"])
         assert np.all(np.abs(v_new.numpy() - state_ref.v) <= bound["v"])
-        moment_in = _reference_moment(W, G, state, config)
+        moment_in = reference_moment(W, G, state, config)
         W, state = W_ref, state_ref
 
 

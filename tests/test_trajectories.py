@@ -22,7 +22,10 @@ from propositions import p3_conditioning
 from propositions._common import DETECTION_FACTOR, PROFILES, Profile, rng_for, u
 from propositions.kit import model as model_module
 from propositions.kit.model import model_step
-from propositions.kit.trajectories import CLAIM_SETTINGS, one_step_bound, trajectory_agreement
+from propositions import trajectory_plans
+from propositions.kit.trajectories import one_step_bound, trajectory_agreement
+
+PLANS = trajectory_plans()  # each claim's TRAJECTORIES
 
 QUICK = PROFILES["quick"]
 
@@ -108,17 +111,17 @@ def _by_kind(checks):
     return {c.name.split("[")[0]: c for c in checks}
 
 
-@pytest.mark.parametrize("claim", sorted(CLAIM_SETTINGS))
+@pytest.mark.parametrize("claim", sorted(PLANS))
 def test_real_optimizer_and_composed_copy_pass(claim):
     for optimizer in ("stiefel_adam", CORRECT):
-        checks = trajectory_agreement(3, QUICK, optimizer, claim)
+        checks = trajectory_agreement(3, QUICK, optimizer, PLANS[claim])
         assert all(c.passed for c in checks), [(c.name, c.max_ratio) for c in checks if not c.passed]
         assert all(c.samples > 0 for c in checks)
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_each_mistake_is_caught_by_the_trajectories(name):
-    checks = trajectory_agreement(1, QUICK, _broken(name), BROKEN[name][1])
+    checks = trajectory_agreement(1, QUICK, _broken(name), PLANS[BROKEN[name][1]])
     failed = [c for c in checks if not c.passed]
     assert failed, name
     # a clear miss: far above the rounding bound, or a t that differs (integers agree exactly or not at all)
@@ -126,7 +129,7 @@ def test_each_mistake_is_caught_by_the_trajectories(name):
 
 
 def _fails_only_in(name, claims):
-    return {claim: not all(c.passed for c in trajectory_agreement(1, QUICK, _broken(name), claim)) for claim in claims}
+    return {claim: not all(c.passed for c in trajectory_agreement(1, QUICK, _broken(name), PLANS[claim])) for claim in claims}
 
 
 def test_two_leading_axes_catch_a_flattened_batch_norm():
@@ -143,7 +146,7 @@ def test_two_leading_axes_catch_a_flattened_batch_norm():
 
 def test_norm_over_axis_1_2_fails_on_bare_frames_and_two_leading_axes_not_on_one():
     variant = _broken("norm_over_axis_1_2")
-    checks = _by_kind(trajectory_agreement(0, QUICK, variant, "P4"))
+    checks = _by_kind(trajectory_agreement(0, QUICK, variant, PLANS["P4"]))
     assert math.isinf(checks["trajectory_model_bookkeeping"].max_ratio)
     assert "raised" in checks["trajectory_model_W"].worst["error"] or "shape" in checks["trajectory_model_W"].worst["error"]
     W = ri.random_point(4, 2, rng_for(0, "axis12"), (3,))
@@ -161,18 +164,18 @@ def test_bookkeeping_mistakes_pass_the_first_step_from_a_fresh_state():
     for name in ("t_not_incremented", "bias_correction_off_after_first", "v_without_dr_after_first", "m_not_transported"):
         W_broken, _ = _broken(name).step(W, G, ri.init(W), config)
         assert np.array_equal(W_broken, W_real), name
-        assert not all(c.passed for c in trajectory_agreement(2, QUICK, _broken(name), "P1")), name
+        assert not all(c.passed for c in trajectory_agreement(2, QUICK, _broken(name), PLANS["P1"])), name
 
 
 def test_small_step_retractions_caught_at_large_trust_radii():
     for name in ("second_order_retraction", "one_newton_schulz_iteration"):
-        checks = _by_kind(trajectory_agreement(0, QUICK, _broken(name), "P3"))
+        checks = _by_kind(trajectory_agreement(0, QUICK, _broken(name), PLANS["P3"]))
         assert checks["trajectory_model_W"].max_ratio > 1e6, name
 
 
 def test_elementwise_second_moment_gives_inf_not_an_exception():
     for claim in ("P1", "P2"):  # fresh states (its own init) and warm states (a spec state it rejects)
-        checks = _by_kind(trajectory_agreement(0, QUICK, "elementwise_second_moment", claim))
+        checks = _by_kind(trajectory_agreement(0, QUICK, "elementwise_second_moment", PLANS[claim]))
         for kind in ("trajectory_model_W", "trajectory_model_m", "trajectory_model_v", "trajectory_model_bookkeeping"):
             assert math.isinf(checks[kind].max_ratio), (claim, kind)
         assert checks["trajectory_model_W"].worst["error"]
@@ -185,7 +188,7 @@ def test_a_step_that_modifies_its_input_fails():
         return W_new, state_new
 
     variant = ri.Variant("in_place", "the real step writing m into its input", (), ri.init, step)
-    checks = _by_kind(trajectory_agreement(0, QUICK, variant, "P1"))
+    checks = _by_kind(trajectory_agreement(0, QUICK, variant, PLANS["P1"]))
     assert math.isinf(checks["trajectory_model_m"].max_ratio)
     assert "modified its input" in checks["trajectory_model_m"].worst["error"]
 

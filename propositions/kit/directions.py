@@ -50,7 +50,7 @@ from reference_impl import get_variant
 from reference_impl.manifold import sym
 
 from .bounds import gamma
-from .._common import u
+from .common import u
 
 # r at most this: the Lyapunov equation is solved batched as an r^2 x r^2 linear system (Kronecker
 # form); larger r loop over frames with scipy's Bartels-Stewart solver.

@@ -8,7 +8,7 @@ place for every claim:
         symbolic=Symbolic(METHOD, derive),          # derive() -> SymbolicSteps; cached per process
         exact=exact_part,                           # exact_part(seed) -> list of exact-check dicts
         parts=(Part("projector", projector_part),   # part(ctx) -> Evidence
-               trajectory_part("P7")),              # started first, as a task, collected last
+               trajectory_part(TRAJECTORIES)),      # TrajectoryPlan("P7", ...): started first, collected last
         controls=(Control("no_sym", control_part),),# control(ctx) -> Evidence, ctx.optimizer = "no_sym"
         notes=("...",),
     )
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Iterable
 
-from .._common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
+from .common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
 from .parallel import start as start_task
 
 

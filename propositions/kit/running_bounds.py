@@ -19,7 +19,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
-from .._common import chunk_sizes, u
+from .common import chunk_sizes, u
 from . import precision as precisions
 from .bounds import gram
 from .step_analysis import InputErrors, Rounding, StepNorms, step_error, step_error_text

@@ -489,7 +489,7 @@ STAGE_ROOTS = 8
 
 
 def _step(description: str, latex: str, reduced: bool):
-    from propositions._common import SymbolicStep
+    from .common import SymbolicStep
 
     return SymbolicStep(description, latex, bool(reduced))
 

@@ -1,6 +1,6 @@
 """Why a bound cannot be tighter: the notes a check carries when its median residual/bound is small.
 
-A check whose median residual/bound is below propositions._common.TIGHTNESS_THRESHOLD (10^-3)
+A check whose median residual/bound is below propositions.kit.common.TIGHTNESS_THRESHOLD (10^-3)
 must say why its bound cannot be tighter, or the certificate lists it as loose. These are the
 reasons that recur; a check with a reason of its own writes it next to its bound.
 """

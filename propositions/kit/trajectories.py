@@ -57,6 +57,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -65,7 +66,7 @@ from reference_impl import StiefelAdamConfig, get_variant
 
 from . import observability, tightness
 from . import precision as precisions
-from .._common import NumericalCheck, Profile, rng_for, u
+from .common import NumericalCheck, Profile, rng_for, u
 from .step_analysis import InputErrors, Rounding, StepNorms, step_error, step_error_text
 from .model import ModelStep, model_step, tangent_part
 from .protocol import Context, Evidence, Part
@@ -103,51 +104,25 @@ class TrajectorySetting:
 
 INF = math.inf
 
-# Each claim holds the trajectories of its own setting to the model; together they cover trust radii
-# 0.1, 0.5, 1, 2 and inf, the cap active and not, fresh and warm states, bare frames, one and two
-# leading axes, r = 1 and r = d, zero and normal-only gradients, weight decay on and off.
-CLAIM_SETTINGS: dict[str, tuple[tuple[TrajectorySetting, ...], tuple[tuple[int, int], ...]]] = {
-    # steepest descent: the trust-region regimes of the step, from fresh states as in the claim
-    "P1": ((
-        TrajectorySetting("fresh_capped_0.1", 0.1, 0.4, 0.0, "gaussian", "fresh"),
-        TrajectorySetting("fresh_uncapped_0.5", 0.5, 0.05, 1e-8, "gaussian", "fresh"),
-        TrajectorySetting("warm_capped_0.5", 0.5, 1.0, 1e-8, "gaussian", "warm"),
-    ), ((2, 1), (5, 2), (4, 4), (8, 3), (16, 4))),
-    # gradient scale: 60 decades of per-frame scales with eps = 0, and the normal-space pitfall
-    # (noise-driven steps: eps > 0 from a fresh state, where v^ is rounding noise; eps = 0 from a
-    # warm state, where the stored moments carry the step)
-    "P2": ((
-        TrajectorySetting("wide_scale_fresh", 0.5, 0.3, 0.0, "wide", "fresh"),
-        TrajectorySetting("wide_scale_warm", 1.0, 20.0, 0.0, "wide", "warm"),
-        TrajectorySetting("normal_gradient_fresh", 0.5, 0.3, 1e-4, "normal", "fresh"),
-        TrajectorySetting("normal_gradient_warm", 0.5, 0.3, 0.0, "normal", "warm"),
-        TrajectorySetting("zero_gradient_fresh", 0.5, 0.3, 0.0, "zero", "fresh"),
-        TrajectorySetting("zero_gradient_warm", INF, 1.0, 0.0, "zero", "warm"),
-    ), ((3, 1), (5, 2), (3, 3), (8, 3))),
-    # conditioning: large trust radii and no cap, where cond(W + xi) is largest and a retraction
-    # accurate only for small steps is off by O(||xi||^4); square frames
-    "P3": ((
-        TrajectorySetting("fresh_capped_1", 1.0, 3.0, 1e-8, "gaussian", "fresh"),
-        TrajectorySetting("warm_capped_2", 2.0, 6.0, 1e-8, "gaussian", "warm", betas=(0.5, 0.9)),
-        TrajectorySetting("fresh_uncapped_inf", INF, 1.5, 0.0, "gaussian", "fresh"),
-        TrajectorySetting("warm_uncapped_inf", INF, 1.0, 1e-8, "gaussian", "warm"),
-    ), ((2, 2), (3, 3), (6, 6), (5, 2), (16, 4), (32, 8))),
-    # equivariance acts frame by frame: the batching of the step, with two leading axes
-    "P4": ((
-        TrajectorySetting("batched_fresh", 0.5, 1.0, 1e-8, "gaussian", "fresh", leads=((3, 2), (), (1,), ("k",))),
-        TrajectorySetting("batched_warm", 1.0, 0.5, 0.0, "gaussian", "warm", leads=((3, 2), (2, 1, 2), ())),
-    ), ((3, 1), (4, 4), (6, 3), (8, 8))),
-    # weight decay on and off, with gradients of every kind; d = r = 1, where T_W = {0} and every
-    # gradient is normal (eps > 0 or a warm state: the noise-driven step of docs/algorithm.md#pitfalls)
-    "P5": ((
-        TrajectorySetting("decay_fresh", 0.5, 1.0, 1e-8, "gaussian", "fresh", weight_decay=0.1),
-        TrajectorySetting("decay_normal_gradient_warm", 0.5, 0.5, 0.0, "normal", "warm", weight_decay=10.0),
-        TrajectorySetting("decay_zero_gradient_fresh", 0.5, 0.3, 1e-4, "zero", "fresh", weight_decay=1.0),
-        TrajectorySetting("no_decay_warm", 0.5, 1.0, 1e-8, "gaussian", "warm"),
-    ), ((1, 1), (2, 1), (4, 4), (5, 2), (12, 5))),
-}
 
-# The mpmath twin follows bare frames of P3's trajectories at these shapes (about 5 ms a step).
+@dataclass(frozen=True)
+class TrajectoryPlan:
+    """The trajectories one claim holds to the model: its settings, at each of its shapes.
+
+    claim: the id in the draws' keys; twins: whether the mpmath twin (model_highprec,
+    trajectory_highprec) follows some of its bare trajectories. Each claim module defines its own
+    (`TRAJECTORIES`); together they cover trust radii 0.1, 0.5, 1, 2 and inf, the cap active and
+    not, fresh and warm states, bare frames, one and two leading axes, r = 1 and r = d, zero and
+    normal-only gradients, weight decay on and off.
+    """
+
+    claim: str
+    settings: tuple[TrajectorySetting, ...]
+    shapes: tuple[tuple[int, int], ...]
+    twins: bool = False
+
+
+# The mpmath twin follows bare frames of a plan's trajectories (P3's) at these shapes (about 5 ms a step).
 TWIN_SHAPES = ((2, 2), (5, 2), (3, 3))
 
 
@@ -299,7 +274,7 @@ class _Checks:
         return checks
 
 
-def _state_shapes_fit(state, W) -> bool:
+def state_shapes_fit(state, W) -> bool:
     try:
         m, v, t = state.m, state.v, state.t
     except AttributeError:
@@ -308,7 +283,7 @@ def _state_shapes_fit(state, W) -> bool:
     return np.shape(m) == W.shape and np.shape(v) == W.shape[:-2] and integer
 
 
-def _gradient(kind: str, W: np.ndarray, scales: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def trajectory_gradient(kind: str, W: np.ndarray, scales: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     if kind == "zero":
         return np.zeros_like(W)
     if kind == "normal":
@@ -324,7 +299,7 @@ def _scales(kind: str, lead: tuple, rng: np.random.Generator, decades: int = pre
     return 10.0 ** rng.uniform(low, high, size=lead)
 
 
-def _warm_state(W: np.ndarray, scales: np.ndarray, rng: np.random.Generator) -> ri.StiefelAdamState:
+def warm_state(W: np.ndarray, scales: np.ndarray, rng: np.random.Generator) -> ri.StiefelAdamState:
     """m tangent at W of size ~ the gradient's, v > 0 of the gradient's mean square, t in [1, 100)."""
     d, r = W.shape[-2:]
     lead = W.shape[:-2]
@@ -335,7 +310,7 @@ def _warm_state(W: np.ndarray, scales: np.ndarray, rng: np.random.Generator) -> 
 
 
 def _fresh_state_residual(state, W) -> float:
-    if not _state_shapes_fit(state, W):
+    if not state_shapes_fit(state, W):
         return math.inf
     fresh = np.all(np.asarray(state.m) == 0) and np.all(np.asarray(state.v) == 0) and state.t == 0
     return 0.0 if fresh else math.inf
@@ -387,18 +362,18 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
     if setting.start == "fresh":
         try:
             state = variant.init(W)
-            if not _state_shapes_fit(state, W):
+            if not state_shapes_fit(state, W):
                 error = "init returned a state of the wrong shape"
             checks.bookkeeping.add([_fresh_state_residual(state, W)], 0.5, shape=shape, key=key, seed=checks.seed,
                                    extra={**extra, "index_layout": "the fresh state"})
         except (ValueError, ArithmeticError) as exception:
             error = f"init raised {type(exception).__name__}: {exception}"
     else:
-        state = _warm_state(W, scales, rng)
+        state = warm_state(W, scales, rng)
     for k in range(0 if error else steps):
-        G = _gradient(setting.gradients, W, scales, rng)
-        W_new, state_new, error = _checked_step(variant, W, G, state, config, k, watched=(W, G, state.m, state.v))
-        if error is None and not _state_shapes_fit(state_new, W):
+        G = trajectory_gradient(setting.gradients, W, scales, rng)
+        W_new, state_new, error = checked_step(variant, W, G, state, config, k, watched=(W, G, state.m, state.v))
+        if error is None and not state_shapes_fit(state_new, W):
             error = f"step {k + 1} returned a state of the wrong shape"
         if error is not None:
             break
@@ -433,7 +408,7 @@ def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int
         checks.fail_all((frames,), key, shape, error)
 
 
-def _checked_step(variant, W, G, state, config, k: int, watched):
+def checked_step(variant, W, G, state, config, k: int, watched):
     """(W_new, state_new, None) for one step of the optimizer under test, or (None, None, reason)
     when it raises, modifies one of the `watched` inputs or returns a frame of the wrong shape."""
     before = [np.array(x, copy=True) for x in watched]
@@ -486,9 +461,9 @@ def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int,
     m_model, v_model, t_model = np.zeros_like(W), np.zeros(lead), 0
     m_error, v_error = np.zeros(lead), np.zeros(lead)
     for k in range(0 if error else steps):
-        G = _gradient(setting.gradients, W, scales, rng)
+        G = trajectory_gradient(setting.gradients, W, scales, rng)
         # a black box's state is its own: only W and G are watched
-        W_new, state_new, error = _checked_step(variant, W, G, state, config, k, watched=(W, G))
+        W_new, state_new, error = checked_step(variant, W, G, state, config, k, watched=(W, G))
         if error is not None:
             break
         with np.errstate(all="ignore"):
@@ -522,34 +497,33 @@ def _twin_plan(settings: int, profile: Profile) -> set:
     return {(i % settings, TWIN_SHAPES[(i + i // settings) % len(TWIN_SHAPES)]) for i in range(budget)}
 
 
-def trajectory_agreement(seed: int, profile: Profile, optimizer="stiefel_adam", claim: str | None = None) -> list[NumericalCheck]:
+def trajectory_agreement(seed: int, profile: Profile, optimizer, plans: TrajectoryPlan | Sequence[TrajectoryPlan]) -> list[NumericalCheck]:
     """Compare the optimizer's own trajectories with the model, step by step (see the module docstring).
 
-    optimizer: a reference_impl.VARIANTS name or a Variant. claim: "P1".."P5" runs that claim's
-    settings (CLAIM_SETTINGS), None runs all of them. Returns the checks trajectory_model_W, _m, _v,
-    _bookkeeping, _well_posed, and for P3 trajectory_highprec and model_highprec.
+    optimizer: a reference_impl.VARIANTS name or a Variant. plans: the claims' TrajectoryPlan (one,
+    or several run in order). Returns the checks trajectory_model_W, _m, _v, _bookkeeping,
+    _well_posed, and where a plan has twins trajectory_highprec and model_highprec.
     """
     variant = get_variant(optimizer)
-    claims = tuple(CLAIM_SETTINGS) if claim is None else (claim,)
+    plans = (plans,) if isinstance(plans, TrajectoryPlan) else tuple(plans)
     checks = _Checks(variant.name, seed)
     checks.black_box = not observability.state_observable(variant)
     checks.precision = precisions.of(variant)
     steps = max(MIN_STEPS, profile.steps)
     k = frames_per_batch(profile)
-    for claim_id in claims:
-        settings, shapes = CLAIM_SETTINGS[claim_id]
-        twins = _twin_plan(len(settings), profile) if claim_id == "P3" else set()
-        for index, setting in enumerate(settings):
-            for d, r in shapes:
+    for plan in plans:
+        twins = _twin_plan(len(plan.settings), profile) if plan.twins else set()
+        for index, setting in enumerate(plan.settings):
+            for d, r in plan.shapes:
                 for lead in setting.leads:
                     lead = tuple(k if x == "k" else x for x in lead)
-                    key = ("trajectories", claim_id, setting.name, d, r, "x".join(map(str, lead)) or "bare")
+                    key = ("trajectories", plan.claim, setting.name, d, r, "x".join(map(str, lead)) or "bare")
                     twin_dps = profile.mp_dps if lead == () and (index, (d, r)) in twins else None
                     _run_trajectory(checks, variant, setting, d, r, lead, steps, key, twin_dps)
     return checks.list()
 
 
-def trajectory_evidence(ctx: Context, claim: str) -> Evidence:
+def trajectory_evidence(ctx: Context, plan: TrajectoryPlan) -> Evidence:
     """The trajectory checks of one claim's settings as a part's Evidence (trajectory_agreement).
 
     In float64 the settings make every step of a correct optimizer well posed, and a step that is not
@@ -557,7 +531,7 @@ def trajectory_evidence(ctx: Context, claim: str) -> Evidence:
     undefined at the implementation's own rounding level (q or sigma_min not above its error): those
     frame-steps are not compared, and the claim says so (inconclusive) instead of failing an
     implementation that the analysis cannot judge there."""
-    checks = trajectory_agreement(ctx.seed, ctx.profile, ctx.optimizer, claim=claim)
+    checks = trajectory_agreement(ctx.seed, ctx.profile, ctx.optimizer, plan)
     if precisions.of(get_variant(ctx.optimizer)).is_float64:
         return Evidence(checks=checks)
     undefined = [c for c in checks if c.name.startswith("trajectory_model_well_posed[") and not c.passed]
@@ -566,7 +540,7 @@ def trajectory_evidence(ctx: Context, claim: str) -> Evidence:
     return Evidence(checks=[c for c in checks if c not in undefined], inconclusive=reasons)
 
 
-def trajectory_part(claim: str) -> Part:
-    """The optimizer's own trajectories against the model, step by step, with the settings of
-    `claim` (CLAIM_SETTINGS): a background part of each of the claims P1..P5."""
-    return Part("trajectories", functools.partial(trajectory_evidence, claim=claim), background=True)
+def trajectory_part(plan: TrajectoryPlan) -> Part:
+    """The optimizer's own trajectories against the model, step by step, with a claim's plan: a
+    background part of each of the claims P1..P5."""
+    return Part("trajectories", functools.partial(trajectory_evidence, plan=plan), background=True)

@@ -1,0 +1,543 @@
+"""The bookkeeping of a certificate that every proposition module shares.
+
+A proposition module exposes one `Claim` (propositions.kit.protocol: a declarative recipe run by
+`run_claim`). `Claim.run(seed, profile, optimizer)` returns a `ClaimResult`: the symbolic derivation, the exact-arithmetic tier, the
+numerical checks, the controls and any proposition-specific evidence, all JSON-able through
+`ClaimResult.to_dict()`. The `certify` package wraps that into a certificate; nothing here knows
+about files, digests or the command line.
+
+Conventions that keep every certificate honest and reproducible:
+
+* Randomness: every draw comes from `rng_for(seed, *key)`, a PCG64 generator seeded by
+  `numpy.random.SeedSequence(seed, spawn_key=...)` with the key derived from readable labels
+  (claim id, check name, shape, chunk). The key is recorded next to the worst case, so one frame
+  can be regenerated without re-running everything.
+* Residuals and bounds: a `NumericalCheck` accumulates per-sample residuals and per-sample bounds
+  (each bound from the error analysis written next to the check). It passes when every residual
+  is at most its bound. Bounds are > 0 always (docs/claims.md#tolerances). Bitwise checks measure the
+  residual in ulps and use the bound 0.5, i.e. they require exact equality.
+* Tightness: every check also pools residual/bound; its median and 1st percentile are recorded,
+  and a check whose median is below TIGHTNESS_THRESHOLD must say why in its tightness_note or is
+  listed in the certificate's notes by the claim-level audit (ClaimResult.tightness_audit).
+* Controls: a control is detected when a check that the real optimizer passes fails for the
+  control with margin (worst residual / bound) of at least DETECTION_FACTOR. An undetected control
+  fails the certificate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from reference_impl import UNIT_ROUNDOFF
+
+from .figures import figures_to_dict
+
+u = UNIT_ROUNDOFF
+
+# A control must break the claim by at least this factor over the bound: well clear of any
+# borderline rounding effect, so "detected" never depends on a lucky draw.
+DETECTION_FACTOR = 10.0
+
+# Histogram of log10(residual / bound) kept by every check, for the residual-over-bound figure.
+RATIO_BINS = np.linspace(-20.0, 4.0, 49)
+
+# Samples kept per check for the quantiles of residual and of residual/bound (the first ones added).
+QUANTILE_POOL_SIZE = 200_000
+
+# Every bound earns its place: a check whose median residual/bound is below this is three decades
+# looser than what it measures; unless its tightness_note says why the bound cannot be tighter,
+# the claim's certificate lists it (a note, not a failure: a loose bound is weak, not wrong).
+TIGHTNESS_THRESHOLD = 1e-3
+
+
+def wide_scale_gradients(rng: np.random.Generator, shape: tuple[int, ...], decades: int = 30) -> np.ndarray:
+    """Gaussian matrices of `shape` (..., d, r) times 10^k per frame, k uniform in [-decades, decades]
+    (30; an implementation storing in float32 or bfloat16 gets the decades its range holds,
+    kit/precision.Precision.scale_decades)."""
+    scale = 10.0 ** rng.uniform(-float(decades), float(decades), size=shape[:-2])
+    return rng.standard_normal(shape) * scale[..., None, None]
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles and shape plans
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much evidence a run collects.
+
+    frames: at least this many random frames per numerical claim (>= 10^4 default,
+    >= 10^6 thorough); steps: length of multi-step trajectories; long_run_steps: steps of the
+    feasibility-drift runs; mp_dps / mp_samples: digits and frames for the mpmath comparisons;
+    control_frames: frames (summed over the shapes of the control's plan) that each control, a
+    deliberately broken variant, runs through the checks that must catch it. A control needs a
+    clear miss, not statistics, so it runs on far fewer frames than the claim; every claim takes
+    this one number (default 64, the quick profile's, for profiles built by hand).
+    """
+
+    name: str
+    frames: int
+    steps: int
+    long_run_steps: int
+    mp_dps: int
+    mp_samples: int
+    control_frames: int = 64
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile("quick", frames=1_000, steps=4, long_run_steps=1_000, mp_dps=40, mp_samples=3, control_frames=64),
+    "default": Profile("default", frames=10_000, steps=8, long_run_steps=10_000, mp_dps=50, mp_samples=8,
+                       control_frames=256),
+    "thorough": Profile("thorough", frames=1_000_000, steps=16, long_run_steps=100_000, mp_dps=60, mp_samples=32,
+                        control_frames=4_096),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+# The shape grid: r = 1, r = d, square and tall frames up to (1024, 128). Small frames carry most of
+# the sample count (they are cheap and rounding behaves differently there); large frames get a few
+# each so that the bounds' dependence on d and r is exercised.
+SMALL_SHAPES: tuple[tuple[int, int], ...] = (
+    (1, 1), (2, 1), (2, 2), (3, 1), (3, 2), (3, 3), (4, 4), (5, 2), (6, 6),
+    (8, 1), (8, 3), (8, 8), (12, 5), (16, 4), (16, 16),
+)
+LARGE_SHAPES: tuple[tuple[int, int], ...] = ((32, 8), (64, 16), (64, 64), (128, 16), (256, 32), (1024, 128))
+
+
+@dataclass(frozen=True)
+class ShapeBatch:
+    d: int
+    r: int
+    count: int
+
+
+def shape_plan(
+    profile: Profile,
+    small: Iterable[tuple[int, int]] = SMALL_SHAPES,
+    large: Iterable[tuple[int, int]] = LARGE_SHAPES,
+    frames: int | None = None,
+) -> list[ShapeBatch]:
+    """Frames per shape so that the total is at least `frames` (default profile.frames).
+
+    Large shapes get count proportional to 1 / (d r^2) (their per-frame cost), at least 2; the
+    small shapes share the rest equally.
+    """
+    total = profile.frames if frames is None else frames
+    small, large = list(small), list(large)
+    plan = []
+    for d, r in large:
+        # about frames * 64 / (d r^2) frames: 10^4 default -> 2 at (1024, 128), 39 at (64, 16)
+        count = max(2, min(total // 20, int(total * 64 / (d * r * r))))
+        plan.append(ShapeBatch(d, r, count))
+    used = sum(b.count for b in plan)
+    per_small = max(1, math.ceil(max(total - used, 0) / max(len(small), 1)))
+    plan = [ShapeBatch(d, r, per_small) for d, r in small] + plan
+    return plan
+
+
+def chunk_sizes(count: int, d: int, r: int, max_entries: int = 2**21) -> Iterator[int]:
+    """Split `count` frames of shape (d, r) into chunks of at most max_entries matrix entries."""
+    per_chunk = max(1, max_entries // (d * max(r, d)))
+    done = 0
+    while done < count:
+        size = min(per_chunk, count - done)
+        yield size
+        done += size
+
+
+# --------------------------------------------------------------------------------------------
+# Reproducible randomness
+# --------------------------------------------------------------------------------------------
+
+
+def _key_word(part: Any) -> int:
+    if isinstance(part, (int, np.integer)) and part >= 0:
+        return int(part)
+    digest = hashlib.sha256(str(part).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def spawn_key(*key: Any) -> list[int]:
+    """The integer spawn key of SeedSequence for a tuple of readable labels."""
+    return [_key_word(part) for part in key]
+
+
+def rng_for(seed: int, *key: Any) -> np.random.Generator:
+    """Generator for the draw identified by (seed, key): independent streams for distinct keys."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=spawn_key(*key))))
+
+
+# --------------------------------------------------------------------------------------------
+# Checks, controls, results
+# --------------------------------------------------------------------------------------------
+
+
+def ulps_apart(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """max |x - y| / ulp(|y|) per frame (leading axes); 0 exactly when the arrays are bit-identical."""
+    diff = np.abs(np.asarray(x) - np.asarray(y))
+    ulp = np.spacing(np.abs(np.asarray(y)))
+    ratio = np.where(diff == 0, 0.0, diff / ulp)
+    return ratio.reshape(ratio.shape[:-2] + (-1,)).max(axis=-1) if ratio.ndim >= 2 else ratio
+
+
+@dataclass
+class NumericalCheck:
+    """Residuals of one check against their derived bounds, accumulated over shapes and chunks.
+
+    name: short identifier; description: what is compared; bound_derivation: the error analysis
+    that gives the bound (docs/claims.md#tolerances), in a sentence or two. tightness_note: for a check
+    whose median residual/bound is below TIGHTNESS_THRESHOLD, why the bound cannot be tighter
+    (e.g. an exact-equality check whose residual is 0 by design); recorded in the certificate.
+    """
+
+    name: str
+    description: str
+    bound_derivation: str
+    samples: int = 0
+    shapes: list = field(default_factory=list)
+    _max_residual: float = 0.0
+    _sum_residual: float = 0.0
+    # the float sum of each add(), in order: merge() replays them, so a merged check's sum is the
+    # sequential one bit for bit however the adds were split between partial checks
+    _sum_terms: list = field(default_factory=list)
+    _max_ratio: float = -math.inf
+    _max_bound: float = 0.0
+    _min_bound: float = math.inf
+    _ratio_hist: np.ndarray = field(default_factory=lambda: np.zeros(len(RATIO_BINS) + 1, dtype=np.int64))
+    # residuals that are exactly 0 are counted here, not in the histogram of log10(residual/bound)
+    _zeros: int = 0
+    _quantile_pool: list = field(default_factory=list)
+    _ratio_pool: list = field(default_factory=list)
+    worst: dict | None = None
+    tightness_note: str | None = None
+
+    def add(self, residual, bound, *, shape=None, key=None, seed=None, extra=None) -> None:
+        """Record per-sample residuals (array) and bounds (array or scalar, > 0).
+
+        shape: the (d, r) of these samples; key: the rng_for key that drew them; seed: the run seed.
+        The worst sample (largest residual/bound) keeps shape, key and its index in the chunk.
+        """
+        residual = np.asarray(residual, dtype=np.float64).ravel()
+        bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), residual.shape).ravel() if residual.size else np.asarray(bound, dtype=np.float64).ravel()
+        if residual.size == 0:
+            return
+        if not np.all(bound > 0):
+            raise ValueError(f"check {self.name}: every bound must be > 0 (docs/claims.md#tolerances)")
+        residual_for_ratio = np.where(np.isnan(residual), np.inf, residual)
+        ratio = residual_for_ratio / bound
+        self.samples += residual.size
+        if shape is not None and list(shape) not in self.shapes:
+            self.shapes.append(list(shape))
+        self._max_residual = max(self._max_residual, float(np.max(residual_for_ratio)))
+        term = float(np.sum(np.where(np.isfinite(residual_for_ratio), residual_for_ratio, 0.0)))
+        self._sum_residual += term
+        self._sum_terms.append(term)
+        self._max_bound = max(self._max_bound, float(np.max(bound)))
+        self._min_bound = min(self._min_bound, float(np.min(bound)))
+        zero = ratio == 0
+        self._zeros += int(np.count_nonzero(zero))
+        log_ratio = np.log10(ratio[~zero])
+        self._ratio_hist += np.bincount(np.searchsorted(RATIO_BINS, log_ratio), minlength=len(RATIO_BINS) + 1)
+        if len(self._quantile_pool) < QUANTILE_POOL_SIZE:
+            self._quantile_pool.extend(residual_for_ratio[: QUANTILE_POOL_SIZE - len(self._quantile_pool)].tolist())
+        if len(self._ratio_pool) < QUANTILE_POOL_SIZE:
+            self._ratio_pool.extend(ratio[: QUANTILE_POOL_SIZE - len(self._ratio_pool)].tolist())
+        index = int(np.argmax(ratio))
+        if ratio[index] > self._max_ratio:
+            self._max_ratio = float(ratio[index])
+            self.worst = {
+                "residual": float(residual_for_ratio[index]),
+                "bound": float(bound[index]),
+                "ratio": float(ratio[index]),
+                "shape": None if shape is None else list(shape),
+                "index_in_draw": index,
+                "seed": seed,
+                "spawn_key": None if key is None else spawn_key(*key),
+                "key": None if key is None else [str(k) for k in key],
+                **({} if extra is None else dict(extra)),
+            }
+
+    def merge(self, other: "NumericalCheck") -> "NumericalCheck":
+        """Fold in `other`, a partial check of the same name filled by later adds; returns self.
+
+        Gives exactly what the adds of `other` made after those of `self` would have given: counts
+        and histogram add, maxima and minima combine, the residual sum replays other's per-add sums
+        in order, the quantile pools are filled in order up to QUANTILE_POOL_SIZE, the shapes keep
+        their first-seen order, and the worst case is the first largest ratio (other's only when
+        strictly larger). Merging partial checks in task order therefore reproduces the sequential
+        loop whatever the split (propositions.kit.parallel).
+        """
+        if other.name != self.name:
+            raise ValueError(f"cannot merge check {other.name!r} into check {self.name!r}")
+        if not other.samples:
+            return self
+        self.samples += other.samples
+        for shape in other.shapes:
+            if shape not in self.shapes:
+                self.shapes.append(list(shape))
+        self._max_residual = max(self._max_residual, other._max_residual)
+        for term in other._sum_terms:
+            self._sum_residual += term
+            self._sum_terms.append(term)
+        self._max_bound = max(self._max_bound, other._max_bound)
+        self._min_bound = min(self._min_bound, other._min_bound)
+        self._ratio_hist = self._ratio_hist + other._ratio_hist
+        self._zeros += other._zeros
+        self._quantile_pool.extend(other._quantile_pool[: max(QUANTILE_POOL_SIZE - len(self._quantile_pool), 0)])
+        self._ratio_pool.extend(other._ratio_pool[: max(QUANTILE_POOL_SIZE - len(self._ratio_pool), 0)])
+        if other._max_ratio > self._max_ratio:
+            self._max_ratio = other._max_ratio
+            self.worst = None if other.worst is None else dict(other.worst)
+        return self
+
+    @property
+    def max_ratio(self) -> float:
+        return self._max_ratio if self.samples else math.nan
+
+    @property
+    def passed(self) -> bool:
+        return self.samples > 0 and self._max_ratio <= 1.0
+
+    @property
+    def median_ratio(self) -> float:
+        """Median of residual/bound over the pooled samples (nan before any sample)."""
+        return float(np.median(self._ratio_pool)) if self._ratio_pool else math.nan
+
+    @property
+    def loose(self) -> bool:
+        """The median residual/bound is below TIGHTNESS_THRESHOLD (the bound is three decades loose)."""
+        return self.samples > 0 and self.median_ratio < TIGHTNESS_THRESHOLD
+
+    def to_dict(self) -> dict:
+        pool = np.asarray(self._quantile_pool) if self._quantile_pool else np.zeros(1)
+        ratios = np.asarray(self._ratio_pool) if self._ratio_pool else np.full(1, math.nan)
+        return {
+            "name": self.name,
+            "description": self.description,
+            "bound_derivation": self.bound_derivation,
+            "samples": self.samples,
+            "shapes": self.shapes,
+            "residual": {
+                "max": self._max_residual,
+                "mean": self._sum_residual / max(self.samples, 1),
+                "median": float(np.median(pool)),
+                "p99": float(np.quantile(pool, 0.99)),
+            },
+            "bound": {"min": self._min_bound if self.samples else None, "max": self._max_bound},
+            "max_ratio": self.max_ratio,
+            "ratio": {
+                "median": float(np.median(ratios)),
+                "p01": float(np.quantile(ratios, 0.01)),
+                "max": self.max_ratio,
+                "pooled": int(ratios.size if self._ratio_pool else 0),
+            },
+            "tightness_note": self.tightness_note,
+            "passed": self.passed,
+            "worst_case": self.worst,
+            "ratio_histogram": {"log10_edges": RATIO_BINS.tolist(), "counts": self._ratio_hist.tolist(), "zeros": self._zeros},
+        }
+
+
+@dataclass
+class ControlResult:
+    """A deliberately wrong variant and whether the claim's checks caught it."""
+
+    name: str
+    description: str
+    check: str  # the check that caught it (or the one that came closest)
+    residual: float
+    bound: float
+
+    @property
+    def margin(self) -> float:
+        return self.residual / self.bound
+
+    @property
+    def detected(self) -> bool:
+        return self.margin >= DETECTION_FACTOR
+
+    @classmethod
+    def from_checks(cls, name: str, description: str, checks: Iterable[NumericalCheck]) -> "ControlResult":
+        """The check with the largest worst-case ratio decides (it is the one that detects)."""
+        checks = [c for c in checks if c.samples]
+        if not checks:
+            raise ValueError(f"control {name}: no check recorded any sample")
+        best = max(checks, key=lambda c: c.max_ratio)
+        return cls(name, description, best.name, best.worst["residual"], best.worst["bound"])
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "check": self.check,
+            "residual": self.residual,
+            "bound": self.bound,
+            "margin": self.margin,
+            "detection_factor": DETECTION_FACTOR,
+            "detected": self.detected,
+        }
+
+
+@dataclass
+class SymbolicStep:
+    description: str
+    latex: str
+    reduced: bool  # the expression reduced to the identity (difference simplified to zero)
+
+    def to_dict(self) -> dict:
+        return {"description": self.description, "latex": self.latex, "reduced": bool(self.reduced)}
+
+
+@dataclass
+class SymbolicResult:
+    method: str
+    steps: list[SymbolicStep] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.steps:
+            return "not_applicable"
+        return "proved" if all(s.reduced for s in self.steps) else "failed"
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "status": self.status, "steps": [s.to_dict() for s in self.steps]}
+
+
+@dataclass
+class ClaimResult:
+    """Everything a claim's run produced. `extra` and `figures` hold JSON-able data only."""
+
+    symbolic: SymbolicResult
+    checks: list[NumericalCheck]
+    controls: list[ControlResult]
+    frames: int  # random float64 frames examined by the numerical part
+    exact: list[dict] = field(default_factory=list)  # {"name", "description", "samples", "passed"}
+    extra: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+    dtype: str = "float64"  # the storage dtype the numerical part ran in
+
+    @property
+    def verdict(self) -> str:
+        return decide_verdict(self._record())[0]
+
+    def failures(self) -> list[str]:
+        return decide_verdict(self._record())[1]
+
+    def _record(self) -> dict:
+        return {
+            "symbolic": self.symbolic.to_dict(),
+            "exact": self.exact,
+            "numerical": {"checks": [c.to_dict() for c in self.checks]},
+            "controls": [c.to_dict() for c in self.controls],
+            "inconclusive": self.inconclusive,
+        }
+
+    def tightness_audit(self) -> list[str]:
+        """One note per check whose median residual/bound is below TIGHTNESS_THRESHOLD and that
+        says nothing (tightness_note) about why its bound cannot be tighter."""
+        return [
+            f"tightness audit: check {c.name} has median residual/bound {c.median_ratio:.3g} < {TIGHTNESS_THRESHOLD:g} "
+            "and no tightness_note saying why its bound cannot be tighter"
+            for c in self.checks
+            if c.loose and not c.tightness_note
+        ]
+
+    def to_dict(self) -> dict:
+        verdict, failures, inconclusive = decide_verdict(self._record())
+        return to_jsonable(
+            {
+                "verdict": verdict,
+                "failures": failures,
+                "symbolic": self.symbolic.to_dict(),
+                "exact": self.exact,
+                "numerical": {"frames": self.frames, "dtype": self.dtype, "checks": [c.to_dict() for c in self.checks]},
+                "controls": [c.to_dict() for c in self.controls],
+                "extra": self.extra,
+                "figures": figures_to_dict(self.figures),
+                "notes": list(self.notes) + self.tightness_audit(),
+                "inconclusive": inconclusive,
+            }
+        )
+
+
+def decide_verdict(record: dict) -> tuple[str, list[str], list[str]]:
+    """The one rule that turns a claim's record into (verdict, failures, inconclusive reasons).
+
+    record: the dict form of a claim's result or certificate (keys symbolic, exact, numerical.checks,
+    controls, inconclusive). "fail" when a symbolic step did not reduce, a check's worst
+    residual/bound exceeds 1, a control is not detected or an exact check failed; otherwise
+    "inconclusive" when the claim gave a reason, ran no numerical check, or ran no control (a
+    certificate that could not have failed is worth nothing); otherwise "pass". Used by ClaimResult
+    and, on the certificate itself, by certify, so a certificate cannot contradict its own data.
+    """
+    symbolic = record.get("symbolic", {}) or {}
+    checks = record.get("numerical", {}).get("checks", [])
+    controls = record.get("controls", [])
+    exact = record.get("exact", [])
+    failures: list[str] = []
+    if symbolic.get("status") == "failed":
+        failures += [f"symbolic step did not reduce: {step.get('description')}" for step in symbolic.get("steps", []) if not step.get("reduced")]
+        failures += [] if failures else ["the symbolic derivation failed"]
+    failures += [f"check {c.get('name')}: worst residual/bound = {_ratio_text(c.get('max_ratio'))} > 1" for c in checks if not c.get("passed", False)]
+    failures += [f"control {c.get('name')} not detected (margin {_ratio_text(c.get('margin'))} < {DETECTION_FACTOR:g})" for c in controls if not c.get("detected", False)]
+    failures += [f"exact check {e.get('name')} failed" for e in exact if not e.get("passed", False)]
+    inconclusive = list(record.get("inconclusive", []))
+    if failures:
+        return "fail", failures, inconclusive
+    if not checks:
+        inconclusive.append("no numerical check was run")
+    elif not controls:
+        inconclusive.append("no control was run, so the certificate could not have failed (docs/algorithm.md#the-controls)")
+    return ("inconclusive" if inconclusive else "pass"), failures, inconclusive
+
+
+def _ratio_text(value) -> str:
+    try:
+        return f"{float(value):.3g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def to_jsonable(obj):
+    """numpy scalars/arrays to Python; non-finite floats to the strings 'inf', '-inf', 'nan'."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        value = float(obj)
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    return obj
+
+
+__all__ = [
+    'u', 'DETECTION_FACTOR', 'RATIO_BINS', 'QUANTILE_POOL_SIZE', 'TIGHTNESS_THRESHOLD',
+    'wide_scale_gradients', 'Profile', 'PROFILES', 'get_profile', 'SMALL_SHAPES', 'LARGE_SHAPES',
+    'ShapeBatch', 'shape_plan', 'chunk_sizes', 'spawn_key', 'rng_for', 'ulps_apart',
+    'NumericalCheck', 'ControlResult', 'SymbolicStep', 'SymbolicResult', 'ClaimResult',
+    'decide_verdict', 'to_jsonable',
+]
