@@ -5,8 +5,10 @@ claim's `Claim.run(seed, profile, optimizer)`, wraps the `ClaimResult` into a ce
 file per claim, validated against `certificate.schema.json` and sealed by a sha256 digest), writes
 the human-readable `REPORT.md` with its figures, and re-checks certificates (`certify verify`).
 
-Modules: `cli` (the console script), `claims` (which claims exist and how one is run),
-`certificate` (format, digest, schema validation), `environment` (software and hardware record),
+Modules: `cli` (the console script: parsing and dispatch), `run` (running claims and re-running
+certificates: progress, recording, summary), `render` (what the command prints), `execution`
+(where tasks run: this process, a pool, a dask cluster), `claims` (which claims exist and how one is run),
+`certificate` (format, digest, schema validation, citation), `environment` (software and hardware record),
 `report` (REPORT.md and figures), `adapters` and `probes` (outside implementations),
 `counterexample` and `stages` (the minimal counterexample of a failing outside implementation and
 the stage of docs/algorithm.md it gets wrong), `regression` (pytest files replaying them),
@@ -24,4 +26,10 @@ READABLE_SCHEMA_VERSIONS = ("1.1", "1.2")  # `certify verify` and `cite` read bo
 DEFAULT_SEED = 0
 DEFAULT_PROFILE = "default"
 
-__all__ = ["SCHEMA_VERSION", "READABLE_SCHEMA_VERSIONS", "DEFAULT_SEED", "DEFAULT_PROFILE"]
+
+
+class UsageError(ValueError):
+    """Bad command-line input or an unusable file: reported on one line, exit code 2."""
+
+
+__all__ = ["UsageError", "SCHEMA_VERSION", "READABLE_SCHEMA_VERSIONS", "DEFAULT_SEED", "DEFAULT_PROFILE"]

@@ -177,3 +177,57 @@ def as_float(value) -> float:
     if isinstance(value, str):
         return float(value)  # "inf", "-inf", "nan" are exactly what float() reads
     return float(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Citation (certify cite)
+# --------------------------------------------------------------------------------------------
+
+
+def _bibtex_escape(text: str) -> str:
+    """Text safe inside a BibTeX field: LaTeX's special characters escaped."""
+    replacements = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "%": r"\%", "&": r"\&", "$": r"\$", "#": r"\#", "_": r"\_", "^": r"\^{}", "~": r"\~{}"}
+    return "".join(replacements.get(character, character) for character in text)
+
+
+def citation(certificate: dict, style: str = "text") -> str:
+    """A citation of a certificate: id, statement, verdict, digest, version and commit, reproduce command.
+
+    style "text": one line; "markdown": a short paragraph; "bibtex": a @misc entry whose key holds
+    the id and the first 12 hex digits of the digest.
+    """
+    provenance = certificate["provenance"]
+    commit = provenance.get("git_commit")
+    digest = certificate["digest"]["value"]
+    version = provenance["project_version"]
+    source = f"stiefel-adam-certify {version}" + (f" @ {commit[:12]}" if commit else "")
+    docs = certificate["statement"].get("docs")
+    if style == "text":
+        return (
+            f"{certificate['id']} ({certificate['title']}): {certificate['verdict']}, "
+            f"sha256 {digest[:16]}, {source}; reproduce: {provenance['reproduce']}"
+        )
+    if style == "markdown":
+        lines = [
+            f"**{certificate['id']}: {certificate['title']}**: {certificate['statement']['text']}",
+            "",
+            f"Verdict **{certificate['verdict']}** · sha256 `{digest}` · {source.replace(' @ ', ', commit `') + ('`' if commit else '')} · "
+            f"reproduce: `{provenance['reproduce']}`" + (f" · [{docs}]({docs})" if docs else ""),
+        ]
+        return "\n".join(lines)
+    year = str(run_record(certificate).get("created_utc") or "")[:4]
+    fields = {
+        "title": f"{{{_bibtex_escape(certificate['id'] + ': ' + certificate['title'])}}}",
+        "author": "{stiefel-adam-certify}",
+        "year": f"{{{_bibtex_escape(year)}}}" if year.isdigit() else None,
+        "version": f"{{{_bibtex_escape(version)}}}",
+        "howpublished": f"{{certificate {certificate['id']}, verdict {certificate['verdict']}, sha256 {digest}}}",
+        "note": "{" + _bibtex_escape(
+            f"Statement: {certificate['statement']['text']} Verdict: {certificate['verdict']}. "
+            f"stiefel-adam-certify {version}" + (f", git commit {commit}" if commit else "") + f". Reproduce: {provenance['reproduce']}"
+            + (f". Documentation: {docs}" if docs else "")
+        ) + "}",
+    }
+    key = f"stiefel-adam-certify:{certificate['id']}:{digest[:12]}"
+    body = ",\n".join(f"  {name} = {value}" for name, value in fields.items() if value is not None)
+    return f"@misc{{{key},\n{body}\n}}"
