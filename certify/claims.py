@@ -284,6 +284,7 @@ def build_certificate(
     problem: str | None = None,
     workers: int | None = 1,
     scheduler: str | None = None,
+    tasks: dict | None = None,
 ) -> dict:
     """An unsealed certificate from a claim's ClaimResult.to_dict() (data), or a stub when data is None.
 
@@ -316,7 +317,7 @@ def build_certificate(
         "notes": list(data.get("notes", [])),
         "environment": environment_record.environment(torch_info, torch_device=torch_device),
         "provenance": _provenance(reproduce, seed, profile, optimizer, options),
-        "run": _run_record(command, wall_seconds, numerical["frames"], workers, scheduler, claim_timings),
+        "run": {**_run_record(command, wall_seconds, numerical["frames"], workers, scheduler, claim_timings), **({"tasks": tasks} if tasks else {})},
     }
 
 
@@ -418,12 +419,25 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
     started = time.perf_counter()
     claim, adapted, problem = _load_claim(claim_id, optimizer)
     data = None
-    if problem is None and claim is not None:
-        data, problem = _run_claim(claim, adapted, claim_id, seed, profile, optimizer, options)
+    with parallel.timing() as timings:
+        if problem is None and claim is not None:
+            data, problem = _run_claim(claim, adapted, claim_id, seed, profile, optimizer, options)
     wall_seconds = time.perf_counter() - started
     settings = dict(seed=seed, profile=profile, optimizer=optimizer, options=options, command=command, claim=claim, wall_seconds=wall_seconds,
-                    workers=workers, scheduler=scheduler)
+                    workers=workers, scheduler=scheduler, tasks=task_record(timings, wall_seconds))
     return _sealed_certificate(claim_id, data, problem, settings)
+
+
+def task_record(timings: list, wall_seconds: float) -> dict:
+    """The run record's tasks: {label: [seconds of each task, in the order run]}, and under
+    "serial" the claim's wall time outside its tasks (exact on one worker, where the two add up to
+    the wall time; with several workers the tasks overlap and serial is 0). What benchmarks/schedule.py
+    reads to find the critical path and simulate other worker counts."""
+    record: dict = {}
+    for label, seconds in timings:
+        record.setdefault(label, []).append(round(seconds, 4))
+    record["serial"] = [round(max(wall_seconds - sum(seconds for _, seconds in timings), 0.0), 4)]
+    return record
 
 
 def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:

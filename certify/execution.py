@@ -72,7 +72,7 @@ def _worker_start(progress_queue) -> None:
     parallel.install_for_process(Inline(), progress)
 
 
-def _results_by_index(executor, fn, calls, on_done) -> list[Outcome]:
+def _results_by_index(executor, fn, calls, on_done, label: str) -> list[Outcome]:
     """executor.submit_each, the outcomes stored by task index: the merge order never depends on completion."""
     outcomes: list = [None] * len(calls)
     done = 0
@@ -83,7 +83,7 @@ def _results_by_index(executor, fn, calls, on_done) -> list[Outcome]:
         done += 1
         on_done(done)
 
-    executor.submit_each(fn, calls, store)
+    executor.submit_each(fn, calls, store, label)
     return outcomes
 
 
@@ -141,13 +141,13 @@ class Pool:
                 process.terminate()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def submit_each(self, fn, calls, on_done) -> None:
+    def submit_each(self, fn, calls, on_done, label: str = "") -> None:
         pool = self._executor()
-        futures = {pool.submit(run_task, fn, args, kwargs): index for index, (args, kwargs) in enumerate(calls)}
+        futures = {pool.submit(run_task, fn, args, kwargs, label): index for index, (args, kwargs) in enumerate(calls)}
         self._collect(futures, on_done)
 
-    def start(self, fn, args: tuple, kwargs: dict) -> Callable[[], Outcome]:
-        future = self._executor().submit(run_task, fn, args, kwargs)
+    def start(self, fn, args: tuple, kwargs: dict, label: str = "") -> Callable[[], Outcome]:
+        future = self._executor().submit(run_task, fn, args, kwargs, label)
 
         def outcome() -> Outcome:
             from concurrent.futures.process import BrokenProcessPool
@@ -161,8 +161,8 @@ class Pool:
 
         return outcome
 
-    def run(self, fn, calls, on_done) -> list[Outcome]:
-        return _results_by_index(self, fn, calls, on_done)
+    def run(self, fn, calls, on_done, label: str = "") -> list[Outcome]:
+        return _results_by_index(self, fn, calls, on_done, label)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -175,10 +175,10 @@ class Pool:
 # --------------------------------------------------------------------------------------------
 
 
-def _run_on_dask_worker(fn, args: tuple, kwargs: dict) -> Outcome:
+def _run_on_dask_worker(fn, args: tuple, kwargs: dict, label: str = "") -> Outcome:
     """run_task on a dask worker: the task's own map_tasks calls go back to the cluster."""
     with parallel.installed(_DaskNested()):
-        return run_task(fn, args, kwargs)
+        return run_task(fn, args, kwargs, label)
 
 
 def _fingerprint_sha256() -> str:
@@ -224,10 +224,10 @@ class Dask:
     def _lost(self, error: BaseException) -> TaskFailed:
         return TaskFailed(f"the dask cluster at {self.scheduler} could not run a task ({one_line(error)})")
 
-    def submit_each(self, fn, calls, on_done) -> None:
+    def submit_each(self, fn, calls, on_done, label: str = "") -> None:
         from distributed import as_completed
 
-        futures = [self.client.submit(_run_on_dask_worker, fn, args, kwargs, pure=False) for args, kwargs in calls]
+        futures = [self.client.submit(_run_on_dask_worker, fn, args, kwargs, label, pure=False) for args, kwargs in calls]
         index_of = {future.key: index for index, future in enumerate(futures)}
         try:
             for future in as_completed(futures):
@@ -241,11 +241,11 @@ class Dask:
                 future.cancel()
             raise
 
-    def run(self, fn, calls, on_done) -> list[Outcome]:
-        return _results_by_index(self, fn, calls, on_done)
+    def run(self, fn, calls, on_done, label: str = "") -> list[Outcome]:
+        return _results_by_index(self, fn, calls, on_done, label)
 
-    def start(self, fn, args: tuple, kwargs: dict) -> Callable[[], Outcome]:
-        future = self.client.submit(_run_on_dask_worker, fn, args, kwargs, pure=False)
+    def start(self, fn, args: tuple, kwargs: dict, label: str = "") -> Callable[[], Outcome]:
+        future = self.client.submit(_run_on_dask_worker, fn, args, kwargs, label, pure=False)
 
         def outcome() -> Outcome:
             try:
@@ -266,16 +266,16 @@ class _DaskNested:
     workers = None
     scheduler = None
 
-    def submit_each(self, fn, calls, on_done) -> None:
+    def submit_each(self, fn, calls, on_done, label: str = "") -> None:
         from distributed import worker_client
 
         with worker_client() as client:
-            futures = [client.submit(_run_on_dask_worker, fn, args, kwargs, pure=False) for args, kwargs in calls]
+            futures = [client.submit(_run_on_dask_worker, fn, args, kwargs, label, pure=False) for args, kwargs in calls]
             for index, outcome in enumerate(client.gather(futures)):
                 on_done(index, outcome)
 
-    def run(self, fn, calls, on_done) -> list[Outcome]:
-        return _results_by_index(self, fn, calls, on_done)
+    def run(self, fn, calls, on_done, label: str = "") -> list[Outcome]:
+        return _results_by_index(self, fn, calls, on_done, label)
 
     def close(self) -> None:
         pass

@@ -12,7 +12,6 @@ CERTIFY_REGRESSION_IMPLEMENTATION names another implementation spec to replay th
 
 from __future__ import annotations
 
-import json
 import pprint
 from pathlib import Path
 

@@ -38,7 +38,7 @@ import reference_impl as ref
 from propositions._common import NumericalCheck, get_profile, rng_for, Profile
 from propositions.kit import step_analysis
 from propositions.kit.bounds import projection, stage
-from propositions.kit.threads import one_thread
+from propositions.kit.threads import one_thread_environment
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 CLAIM_ID = "bookkeeping"
@@ -267,7 +267,7 @@ CLAIM = Claim(
     controls=tuple(Control(name, control_part, description) for name, description in CONTROLS.items()),
     requires=("torch",),
     prepare=_prepare,
-    environment=lambda ctx: one_thread(),
+    environment=one_thread_environment,
 )
 
 __all__ = ["CLAIM", "TorchFactory", "broken_classes", "regrouping_allowance"]

@@ -63,6 +63,7 @@ from propositions.kit.step_analysis import InputErrors, Rounding, kernel_roundin
 from propositions.kit.step_analysis import reference_quantities
 from propositions.kit.figures import LineFigure, Series
 from propositions.kit.threads import one_thread
+from propositions.kit.parallel import map_tasks, merge_checks
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
@@ -462,7 +463,6 @@ def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
     does not accumulate: after any number of steps ||W^T W - I|| <= `feasibility_bound`.
     Returns (measured steps, worst residual at each, seconds)."""
     import torch
-    from torch_impl import functional
 
     batch, d, r = shape
     torch_dtype = _torch_dtype(dtype)
@@ -616,9 +616,7 @@ def _prepare(ctx: Context) -> Context:
 
 def _environment(ctx: Context):
     """On CPU the whole run uses one torch thread and one BLAS thread (`kit.threads.one_thread`), restored after."""
-    import torch
-
-    return one_thread() if torch.device(ctx.option("device")).type == "cpu" else contextlib.nullcontext()
+    return _device_threads(ctx.option("device"))
 
 
 def _sampled(checks: list[NumericalCheck]) -> list[NumericalCheck]:
@@ -679,20 +677,41 @@ def p2_p4_part(ctx: Context) -> Evidence:
     return Evidence(checks=_sampled(list(checks.values())), notes=["P2 and P4 run on the torch kernel alone in float64"])
 
 
-def long_run_part(ctx: Context) -> Evidence:
-    """Feasibility over profile.long_run_steps steps in float64, float32 and the run's dtype (long_run)."""
-    from torch_impl import functional
-
-    dtype, steps = ctx.option("dtype"), ctx.profile.long_run_steps
-    check = NumericalCheck(
+def _long_run_check(steps: int) -> NumericalCheck:
+    return NumericalCheck(
         "long_run_feasibility",
         f"||W^T W - I||_F over {steps} steps, batch (4, 32, 8)",
         "T-independent (the last retraction's error; no accumulation): feasibility_bound, the Gram defect of a frame "
         "within E_NS + E_cast (Delta <= 1) of an orthonormal one; " + stage_texts(("gram_defect", "polar_newton_schulz", "storage_cast")),
     )
+
+
+def _device_threads(device: str):
+    """One torch thread and one BLAS thread on CPU (kit.threads.one_thread), nothing on CUDA."""
+    import torch
+
+    return one_thread() if torch.device(device).type == "cpu" else contextlib.nullcontext()
+
+
+def _long_run_task(seed, steps, device, run_dtype, variant):
+    """One dtype's long run, a task of its own: (its check, long_run's measured steps, residuals,
+    seconds, bound), with the threads of the claim's environment wherever it runs."""
+    check = _long_run_check(steps)
+    with _device_threads(device):
+        return check, long_run(seed, steps, device, run_dtype, variant, check)
+
+
+def long_run_part(ctx: Context) -> Evidence:
+    """Feasibility over profile.long_run_steps steps in float64, float32 and the run's dtype (long_run)."""
+    from torch_impl import functional
+
+    dtype, steps = ctx.option("dtype"), ctx.profile.long_run_steps
+    run_dtypes = list(dict.fromkeys(["float64", "float32", dtype]))
+    # one task per dtype (independent runs, each serial in its steps), merged in this order
+    runs = map_tasks(_long_run_task, [(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer) for run_dtype in run_dtypes])
+    check = merge_checks([[run_check] for run_check, _ in runs])[0]
     long_runs, series = {}, []
-    for run_dtype in dict.fromkeys(["float64", "float32", dtype]):
-        steps_at, residuals, seconds, bound = long_run(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer, check)
+    for run_dtype, (_, (steps_at, residuals, seconds, bound)) in zip(run_dtypes, runs):
         long_runs[run_dtype] = {
             "steps": steps_at,
             "feasibility_max": residuals,
@@ -769,8 +788,8 @@ CLAIM = Claim(
     symbolic=Symbolic("not applicable: an implementation cross-check"),
     parts=(
         Part("setting", setting_part),
-        Part("lockstep", lockstep_part),
-        Part("p2_p4", p2_p4_part),
+        Part("lockstep", lockstep_part, background=True),  # a task of its own
+        Part("p2_p4", p2_p4_part, background=True),
         Part("long_run", long_run_part),
         Part("thread_sensitivity", thread_sensitivity_part),
     ),

@@ -47,7 +47,7 @@ from propositions._common import NumericalCheck, rng_for, ulps_apart
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.step_analysis import reference_quantities
 from propositions.kit import step_analysis
-from propositions.kit.threads import one_thread
+from propositions.kit.threads import one_thread_environment
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
 CLAIM_ID = "optimizer"
@@ -482,7 +482,7 @@ def _guarded_runs(ctx: Context, dtype_name: str, runs) -> tuple[dict, int]:
 def _part(dtype_name):
     import functools
 
-    return Part(dtype_name, functools.partial(dtype_part, dtype_name))
+    return Part(dtype_name, functools.partial(dtype_part, dtype_name), background=True)  # a task of its own
 
 
 def _optimizer_class(name):
@@ -684,7 +684,7 @@ CLAIM = Claim(
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,
     prepare=_prepare,
-    environment=lambda ctx: one_thread(),
+    environment=one_thread_environment,
 )
 
 __all__ = ["CLAIM", "broken_optimizers", "run_scenario"]

@@ -74,7 +74,7 @@ from .kit.figures import LineFigure, Series
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold
-from .kit.running_bounds import exact_step_norms, plan_chunks, record_trajectory, run_trajectory
+from .kit.running_bounds import exact_step_norms, plan_chunks, record_trajectory, optimizer_trajectory
 from .kit.running_bounds import trajectory_rounding_bound, worst_over_steps
 from .kit.bounds import polar_error_bound
 from .kit.step_analysis import InputErrors, Rounding, step_error, step_error_text
@@ -259,8 +259,8 @@ def _both_runs(optimizer, W0, gradients, c, config):
     scaled = c[None, :, None, None] * gradients
     W_one, states_one, norms = record_trajectory(W0, gradients, config)
     if optimizer != "stiefel_adam":
-        W_one, states_one = run_trajectory(optimizer, W0, gradients, config)
-    W_scaled, states_scaled = run_trajectory(optimizer, W0, scaled, config)
+        W_one, states_one = optimizer_trajectory(optimizer, W0, gradients, config)
+    W_scaled, states_scaled = optimizer_trajectory(optimizer, W0, scaled, config)
     return W_one, states_one, norms, W_scaled, states_scaled
 
 
@@ -423,8 +423,8 @@ def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int, chun
         rng, W0, gradients = _draw(seed, d, r, count, profile.steps, "bitwise", chunk)
         k = rng.integers(log2_range[0], log2_range[1] + 1, size=count)
         c = np.ldexp(1.0, k)
-        W_one, states_one = run_trajectory(optimizer, W0, gradients, CONFIG)
-        W_scaled, states_scaled = run_trajectory(optimizer, W0, c[None, :, None, None] * gradients, CONFIG)
+        W_one, states_one = optimizer_trajectory(optimizer, W0, gradients, CONFIG)
+        W_scaled, states_scaled = optimizer_trajectory(optimizer, W0, c[None, :, None, None] * gradients, CONFIG)
         if not observable:
             observability.record(moments.name, "the optimizer's moments m, v are its hidden state")
         with np.errstate(invalid="ignore"):

@@ -58,7 +58,6 @@ qf(A) R: the Haar R check catches it), a trust region in a norm that is not rota
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -77,7 +76,7 @@ from .kit.figures import DataFigure
 from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
-from .kit.running_bounds import record_trajectory, run_trajectory, trajectory_rounding_bound, worst_over_steps
+from .kit.running_bounds import record_trajectory, optimizer_trajectory, trajectory_rounding_bound, worst_over_steps
 from .kit.symbolic import is_zero
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 from .kit.bounds import gamma
@@ -244,9 +243,9 @@ def _comparisons(optimizer, W0, gradients, act, rounding: float, checks: dict) -
     W_base, states_base, norms = record_trajectory(W0, gradients, CONFIG)
     precision = precisions.FLOAT64
     if optimizer != "stiefel_adam":
-        W_base, states_base = run_trajectory(optimizer, W0, gradients, CONFIG)
+        W_base, states_base = optimizer_trajectory(optimizer, W0, gradients, CONFIG)
         precision = precisions.of(get_variant(optimizer))
-    W_moved, states_moved = run_trajectory(optimizer, act(W0), act(gradients), CONFIG)
+    W_moved, states_moved = optimizer_trajectory(optimizer, act(W0), act(gradients), CONFIG)
     a0 = initial_distance_to_manifold(W0)
     # both runs are the optimizer's: each at its precision (kit/precision.py), float64 for the reference
     bound_base = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0, precision=precision)
@@ -280,24 +279,28 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
     components) or "signed_permutation" (exact products: no input rounding). Returns the three
     checks (W, m, v) and the number of frames. extra, when given, counts the Haar draws
     (_record_draws); figure, when given, collects per chunk the shape and the worst residual /
-    bound of the frame check. chunks: which shapes this call runs (all by default; one shape per
-    task under map_chunks, see _action_check: the Haar draws of a shape's chunks depend on the
-    determinant signs its earlier chunks met).
+    bound of the frame check. chunks: which chunks this call runs (all by default; one chunk per
+    task under map_chunks, see _action_check). The Haar draws of a chunk depend on the determinant
+    signs that its shape's earlier chunks met (_transform): a call that starts mid-shape replays
+    those chunks' draws, not their trajectories, until both components are seen, so that every
+    chunk draws what a sequential run draws.
     """
     chunks = chunks or Chunks()
     checks = _checks(label, side)
     examined = vacuous = 0
     components_seen: dict = {}
-    shape, taken = None, False
+    accounted: dict = {}  # per shape: the chunks whose draws are in components_seen
     profile, large = low_precision_plan(profile, large, precisions.of(get_variant(optimizer)))
     for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)):
-        if (d, r) != shape:
-            shape, taken = (d, r), chunks.take()
-        if not taken:
+        if not chunks.take():
             continue
-        rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
         n = d if side == "left" else r
-        act, rounding, O, resampled = _transform(side, transform, n, rng, count, components_seen.setdefault((d, r), set()))
+        seen = components_seen.setdefault((d, r), set())
+        if transform == "haar":
+            _replay_draws(seed, d, r, profile.steps, label, side, n, range(accounted.get((d, r), 0), chunk), seen, frames, large, profile)
+        accounted[(d, r)] = chunk + 1
+        rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
+        act, rounding, O, resampled = _transform(side, transform, n, rng, count, seen)
         if extra is not None and O is not None:
             _record_draws(extra, f"{label} ({d}, {r}) O({n})", O, resampled, d == r)
         for key, (residual, bound) in _comparisons(optimizer, W0, gradients, act, rounding, checks).items():
@@ -315,6 +318,18 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
                 figure["max_ratio"].append(float(np.max(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound)))
         examined += count
     return checks, examined, vacuous
+
+
+def _replay_draws(seed, d, r, steps, label, side, n, earlier, seen: set, frames, large, profile) -> None:
+    """Add to `seen` the determinant signs that the Haar draws of the `earlier` chunks of shape
+    (d, r) met, drawing them as action_check does (the frames and gradients first: the same
+    stream), until both components are seen; their trajectories are not run."""
+    sizes = {chunk: count for d_, r_, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)) if (d_, r_) == (d, r)}
+    for chunk in earlier:
+        if seen >= {-1.0, 1.0}:
+            return
+        rng, _, _ = _draw(seed, d, r, sizes[chunk], steps, label, chunk)
+        _transform(side, "haar", n, rng, sizes[chunk], seen)
 
 
 def _merge_counts(into: dict, part: dict) -> None:
@@ -337,7 +352,7 @@ def _with_records(seed, profile, optimizer, side, frames, large, label, *, chunk
 
 
 def _action_check(seed, profile, optimizer, side, frames, large, label, *, extra=None, figure=None, **kwargs):
-    """action_check with one task per shape, merged in shape order into `extra` and `figure`."""
+    """action_check with one task per chunk, merged in chunk order into `extra` and `figure`."""
     partials = map_chunks(_with_records, seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure,
                           task_label=f"action_check[{label}]", **kwargs)
     names = list(partials[0][0][0])

@@ -92,7 +92,7 @@ class _CompletionOrder(parallel.Inline):
     """An executor that finishes the tasks last to first and hands them back in that order: what a
     pool whose results were merged in completion order would give."""
 
-    def run(self, fn, calls, on_done):
+    def run(self, fn, calls, on_done, label=""):
         outcomes = [parallel.run_task(fn, args, kwargs) for args, kwargs in reversed(calls)]
         on_done(len(outcomes))
         return outcomes
@@ -268,3 +268,29 @@ def test_a_started_task_gives_its_result_warnings_and_error_at_result(make):
         with pytest.raises(parallel.TaskFailed, match=r"^_square_or_fail failed: ArithmeticError: three is not allowed second line"):
             failing.result()
     assert [str(w.message) for w in caught] == ["task 5 warns"]
+
+
+def _leaf(x: int) -> int:
+    return x + 1
+
+
+def _outer(n: int) -> int:
+    return sum(parallel.map_tasks(_leaf, range(n), label="leaf"))
+
+
+@pytest.mark.parametrize("make", [parallel.Inline, lambda: execution.Pool(2)], ids=["inline", "pool"])
+def test_task_timings_name_every_task_once_wherever_it_ran(make):
+    # two outer tasks that map three leaf tasks each: 2 + 6 entries, each task's own work once
+    with execution.using(make()), parallel.timing() as timings:
+        assert parallel.map_tasks(_outer, [3, 3], label="outer") == [6, 6]
+    labels = [label for label, _ in timings]
+    assert labels.count("outer") == 2 and labels.count("leaf") == 6 and len(labels) == 8
+    assert all(seconds >= 0 for _, seconds in timings)
+
+
+def test_a_certificate_records_its_task_times_outside_the_digest(inline_certificates):
+    tasks = inline_certificates["P5"]["run"]["tasks"]
+    assert "serial" in tasks and all(seconds >= 0 for times in tasks.values() for seconds in times)
+    # inline, the tasks and the serial work add up to the claim's wall time (rounded to 1e-4 s each)
+    total = sum(sum(times) for times in tasks.values())
+    assert abs(total - inline_certificates["P5"]["run"]["wall_seconds"]) <= 1e-4 * (1 + sum(len(t) for t in tasks.values()))

@@ -15,9 +15,9 @@ This module knows nothing about processes or clusters. It holds the slot of the 
 executors that run tasks elsewhere (a process pool, dask.distributed) live in certify/execution.py,
 which chooses one where a command starts. An executor is any object with
 
-* `run(fn, calls, on_done) -> [Outcome]`: every call `fn(*args, **kwargs)` through `run_task`,
-  the outcomes by call index, `on_done(done)` after each one;
-* optionally `start(fn, args, kwargs) -> (() -> Outcome)`: a task that starts now (see `start`);
+* `run(fn, calls, on_done, label) -> [Outcome]`: every call `fn(*args, **kwargs)` through
+  `run_task(fn, args, kwargs, label)`, the outcomes by call index, `on_done(done)` after each one;
+* optionally `start(fn, args, kwargs, label) -> (() -> Outcome)`: a task that starts now (`start`);
 * `workers`, `scheduler`: what the run record says about it; `close()`.
 
 Warnings a task raises are recorded where it runs (`run_task`) and raised again, in task order, by
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ class Outcome:
     error_type: str | None = None
     error_message: str | None = None
     warnings: list = field(default_factory=list)
+    # (label, seconds) of this task's own work and of every task it ran in turn (see timing())
+    timings: list = field(default_factory=list)
 
 
 def one_line(error: BaseException) -> str:
@@ -70,10 +73,18 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def run_task(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
+def _name(fn) -> str:
+    """A task function's name for progress and timings (a functools.partial: its function's)."""
+    return getattr(getattr(fn, "func", fn), "__name__", "task")
+
+
+def run_task(fn: Callable, args: tuple, kwargs: dict, label: str = "") -> Outcome:
     """fn(*args, **kwargs) with its warnings recorded and its exception turned into a line: what
-    every executor calls for one task, wherever the task runs."""
+    every executor calls for one task, wherever the task runs. Its timings: (label, the seconds
+    of its own work) and, after it, the entries of the tasks it ran in turn."""
     outcome = Outcome()
+    started = time.perf_counter()
+    _TIMINGS.append([])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -83,8 +94,34 @@ def run_task(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
             where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
             outcome.error = one_line(error) + where
             outcome.error_type, outcome.error_message = type(error).__name__, " ".join(str(error).split())
+        finally:
+            nested = _TIMINGS.pop()
     outcome.warnings = [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+    own = time.perf_counter() - started - sum(seconds for _, seconds in nested)
+    outcome.timings = [(label or _name(fn), max(own, 0.0))] + nested
     return outcome
+
+
+# the timing frames open in this process: run_task's and timing()'s, innermost last
+_TIMINGS: list[list] = []
+
+
+@contextlib.contextmanager
+def timing():
+    """Collect the (label, seconds) of every task that the enclosed code runs, wherever it runs:
+    a list, filled when the code ends. Entries are each task's own work (a task that maps tasks in
+    turn counts its own part only), so that on one worker they add up to the time spent in tasks."""
+    frame: list = []
+    _TIMINGS.append(frame)
+    try:
+        yield frame
+    finally:
+        del _TIMINGS[next(i for i, open_frame in enumerate(_TIMINGS) if open_frame is frame)]
+
+
+def _record(outcome: Outcome) -> None:
+    if _TIMINGS:
+        _TIMINGS[-1].extend(outcome.timings)
 
 
 class Inline:
@@ -93,17 +130,17 @@ class Inline:
     workers = 1
     scheduler = None
 
-    def run(self, fn: Callable, calls: Sequence[tuple[tuple, dict]], on_done: Callable[[int], None]) -> list[Outcome]:
+    def run(self, fn: Callable, calls: Sequence[tuple[tuple, dict]], on_done: Callable[[int], None], label: str = "") -> list[Outcome]:
         outcomes = []
         for args, kwargs in calls:
             # a copy, as a worker process gets one: no task sees what an earlier task did to its arguments
-            outcomes.append(run_task(fn, *copy.deepcopy((args, kwargs))))
+            outcomes.append(run_task(fn, *copy.deepcopy((args, kwargs)), label))
             on_done(len(outcomes))
         return outcomes
 
-    def submit_each(self, fn: Callable, calls: Sequence[tuple[tuple, dict]], on_done: Callable[[int, Outcome], None]) -> None:
+    def submit_each(self, fn: Callable, calls: Sequence[tuple[tuple, dict]], on_done: Callable[[int, Outcome], None], label: str = "") -> None:
         for index, (args, kwargs) in enumerate(calls):
-            on_done(index, run_task(fn, *copy.deepcopy((args, kwargs))))
+            on_done(index, run_task(fn, *copy.deepcopy((args, kwargs)), label))
 
     def close(self) -> None:
         pass
@@ -212,13 +249,14 @@ def map_tasks(fn: Callable, tasks: Iterable, *, label: str | None = None) -> lis
     the tasks are raised again here in task order; the first task that raised gives TaskFailed.
     """
     calls = _normalise(tasks)
-    name = label or f"{_LABEL + ' ' if _LABEL else ''}{getattr(fn, '__name__', 'task')}"
+    name = label or f"{_LABEL + ' ' if _LABEL else ''}{_name(fn)}"
     if not calls:
         return []
     _report(name, 0, len(calls))
-    outcomes = _EXECUTOR.run(fn, calls, lambda done: _report(name, done, len(calls)))
+    outcomes = _EXECUTOR.run(fn, calls, lambda done: _report(name, done, len(calls)), label=name)
     results = []
     for index, outcome in enumerate(outcomes):
+        _record(outcome)
         _replay(outcome)
         if outcome.error is not None:
             raise TaskFailed(f"task {index + 1} of {len(calls)} of {getattr(fn, '__qualname__', fn)} failed: {outcome.error}",
@@ -230,10 +268,11 @@ def map_tasks(fn: Callable, tasks: Iterable, *, label: str | None = None) -> lis
 class Pending:
     """A task started now, its result collected later by result() (see start)."""
 
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, name: str | None = None):
         self._fn, self._args, self._kwargs = fn, args, kwargs
         starter = getattr(_EXECUTOR, "start", None)
-        self._collect = starter(fn, args, kwargs) if starter is not None else None
+        self._label = f"{_LABEL + ' ' if _LABEL else ''}{name or _name(fn)}"
+        self._collect = starter(fn, args, kwargs, label=self._label) if starter is not None else None
         self._outcome: Outcome | None = None
 
     def result(self):
@@ -242,7 +281,8 @@ class Pending:
             if self._collect is not None:
                 self._outcome = self._collect()
             else:  # inline: run now, on a copy of the arguments as a worker would get them
-                self._outcome = run_task(self._fn, *copy.deepcopy((self._args, self._kwargs)))
+                self._outcome = run_task(self._fn, *copy.deepcopy((self._args, self._kwargs)), self._label)
+            _record(self._outcome)
             _replay(self._outcome)
         if self._outcome.error is not None:
             raise TaskFailed(f"{getattr(self._fn, '__qualname__', self._fn)} failed: {self._outcome.error}",
@@ -256,6 +296,11 @@ def start(fn: Callable, *args, **kwargs) -> Pending:
     its result is asked for. Either way its result and warnings arrive at result(), so where it ran
     does not change the certificate."""
     return Pending(fn, args, kwargs)
+
+
+def start_named(name: str, fn: Callable, *args, **kwargs) -> Pending:
+    """start, with the task named `name` in progress and timings (default: fn's name)."""
+    return Pending(fn, args, kwargs, name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,4 +358,4 @@ def merge_checks(partials: Iterable[Sequence]) -> list:
     return merged or []
 
 
-__all__ = ["Inline", "Outcome", "TaskFailed", "Call", "Chunks", "Pending", "current", "installed", "install_for_process", "reporting", "labelled", "run_task", "one_line", "map_tasks", "map_chunks", "merge_checks", "start"]
+__all__ = ["timing", "Inline", "Outcome", "TaskFailed", "Call", "Chunks", "Pending", "current", "installed", "install_for_process", "reporting", "labelled", "run_task", "one_line", "map_tasks", "map_chunks", "merge_checks", "start", "start_named"]

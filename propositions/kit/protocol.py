@@ -43,6 +43,7 @@ from typing import Any, Callable, ContextManager, Iterable
 
 from .common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
 from .parallel import start as start_task
+from .parallel import start_named
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ class Claim:
     default_options: the keyword options run() takes and their defaults.
     prepare(ctx): checks the options before anything runs and may return a normalised context
     (default known_variant: the optimizer must be a variant of reference_impl).
-    environment(ctx): a context manager the whole run happens inside (e.g. one thread).
+    environment(ctx): a context manager the whole run happens inside (e.g. one thread), and each
+    background part wherever its task runs: a module-level function (a task's arguments are pickled).
     """
 
     id: str
@@ -187,6 +189,13 @@ def _timed(timings: dict, name: str, fn, *args):
         timings[f"{name}_s"] = timings.get(f"{name}_s", 0.0) + time.perf_counter() - started
 
 
+def _in_environment(environment, run: Callable[[Context], Evidence], ctx: Context) -> Evidence:
+    """A background part as a task: it runs inside the claim's environment wherever it runs (a
+    worker process has not entered the claim's)."""
+    with environment(ctx) if environment is not None else contextlib.nullcontext():
+        return run(ctx)
+
+
 def run_claim(claim: Claim, ctx: Context) -> ClaimResult:
     """Run the recipe `claim` in context `ctx` and put its ClaimResult together (module docstring)."""
     if claim.prepare is not None:
@@ -200,7 +209,7 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
     timings: dict[str, float] = {}
     # a tier with nothing to derive is not worth a task
     symbolic = start_task(derive_symbolic, claim.symbolic) if claim.symbolic.derive is not None else None
-    pending = {part.name: start_task(part.run, ctx) for part in claim.parts if part.background}
+    pending = {part.name: start_named(part.name, _in_environment, claim.environment, part.run, ctx) for part in claim.parts if part.background}
     exact = _timed(timings, "exact", claim.exact, ctx.seed) if claim.exact is not None else []
 
     evidence: dict[str, Evidence] = {}

@@ -2,7 +2,7 @@
 that the claims comparing two trajectories share (P2 scales the gradients, P4 rotates the inputs).
 
 `record_trajectory` runs the reference and records the norms that `trajectory_rounding_bound`
-needs; `run_trajectory` runs the optimizer under test; the bound is a first-order recursion over
+needs; `optimizer_trajectory` runs the optimizer under test; the bound is a first-order recursion over
 the steps, each step bounded by the one analysis of the step (kit/step_analysis.step_error), so
 two trajectories that agree in exact arithmetic are compared against the sum of their two bounds.
 """
@@ -141,7 +141,7 @@ def _stepper(optimizer: str):
     return variant.init, variant.step
 
 
-def run_trajectory(optimizer: str, W0: np.ndarray, gradients: np.ndarray, config: StiefelAdamConfig):
+def optimizer_trajectory(optimizer: str, W0: np.ndarray, gradients: np.ndarray, config: StiefelAdamConfig):
     """W_t for t = 1..T, shape (T, n, d, r), and the final states' list, for gradients (T, n, d, r)."""
     init, step = _stepper(optimizer)
     W, state = W0, init(W0)

@@ -30,4 +30,9 @@ class one_thread:
         return False
 
 
-__all__ = ["one_thread"]
+def one_thread_environment(ctx=None) -> one_thread:
+    """one_thread as a claim's environment (Claim.environment: a module-level function of the context)."""
+    return one_thread()
+
+
+__all__ = ["one_thread", "one_thread_environment"]

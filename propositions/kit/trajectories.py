@@ -349,7 +349,7 @@ def _start_batch(checks: _Checks, setting: TrajectorySetting, d: int, r: int, le
     return rng, config, W, scales, int(np.prod(lead, dtype=np.int64)), extra
 
 
-def _run_trajectory(checks: _Checks, variant, setting: TrajectorySetting, d: int, r: int, lead: tuple,
+def _compare_with_model(checks: _Checks, variant, setting: TrajectorySetting, d: int, r: int, lead: tuple,
                     steps: int, key: tuple, twin_dps: int | None) -> None:
     """One batch of trajectories; its samples are added once, in the order (step, frame)."""
     if not observability.state_observable(variant):
@@ -519,7 +519,7 @@ def trajectory_agreement(seed: int, profile: Profile, optimizer, plans: Trajecto
                     lead = tuple(k if x == "k" else x for x in lead)
                     key = ("trajectories", plan.claim, setting.name, d, r, "x".join(map(str, lead)) or "bare")
                     twin_dps = profile.mp_dps if lead == () and (index, (d, r)) in twins else None
-                    _run_trajectory(checks, variant, setting, d, r, lead, steps, key, twin_dps)
+                    _compare_with_model(checks, variant, setting, d, r, lead, steps, key, twin_dps)
     return checks.list()
 
 
