@@ -119,10 +119,6 @@ class Precision:
                            m=m_error + u_state * np.asarray(m_norm, dtype=np.float64),
                            v=v_error + u_state * np.asarray(v, dtype=np.float64))
 
-    def storage_rounding(self, norm) -> np.ndarray:
-        """||fl_s(X) - X||_F <= u_s ||X||_F: one output rounded to storage."""
-        return self.u_s * np.asarray(norm, dtype=np.float64)
-
     @property
     def scale_decades(self) -> int:
         """The decades of per-frame gradient scale the claims draw at this precision (module docstring)."""

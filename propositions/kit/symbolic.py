@@ -154,9 +154,6 @@ class Value:
     def is_zero(self) -> bool:
         return self.num == 0
 
-    def equals(self, other) -> bool:
-        return self.num * other.den == other.num * self.den
-
     def as_expr(self):
         return self.num.as_expr() / self.den.as_expr()
 
