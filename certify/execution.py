@@ -67,7 +67,10 @@ def _worker_start(progress_queue) -> None:
     _limit_worker_blas_threads()
 
     def progress(label: str, done: int, total: int) -> None:
-        progress_queue.put_nowait((label, done, total))
+        try:
+            progress_queue.put_nowait((label, done, total))
+        except Exception:  # progress is a courtesy; a full or closed queue never fails a certificate
+            pass
 
     parallel.install_for_process(Inline(), progress)
 

@@ -637,7 +637,10 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
     Each frame takes a step of the optimizer under test at t = 1 from a fresh state; half of them
     take a second one at t = 2 from the state the first step returned (m non-zero and transported)
     (_chunk_steps). chunks: which chunks this call runs (all by default; one per task under
-    map_chunks, see _step_checks). Returns (the six checks, frames, the sorted direction sources).
+    map_chunks, see _step_checks). Returns (the six checks, frames, the sorted direction sources,
+    (frame-steps whose spread is not observable, frame-steps whose spread has no bound at the
+    precision)); the counts go into the spread check's description once the chunks are merged
+    (describe_left_out), where they add up over every chunk.
     """
     checks = _step_check_set(variant_name(optimizer))
     variant = get_variant(optimizer)
@@ -656,22 +659,30 @@ def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = Non
         coarse_frames += coarse
         sources |= chunk_sources
         total += count
-    spread = checks["preconditioner_spread"]
-    if unrecoverable_frames:
-        spread.description += (f"; {unrecoverable_frames} frame-steps left out: a direction recovered from W_new "
+    return list(checks.values()), total, sorted(sources), (unrecoverable_frames, coarse_frames)
+
+
+def describe_left_out(checks: list[NumericalCheck], optimizer, unrecoverable: int, coarse: int) -> None:
+    """Say in the spread check's description how many frame-steps it left out, and why."""
+    spread = next(check for check in checks if check.name.startswith("preconditioner_spread"))
+    if unrecoverable:
+        spread.description += (f"; {unrecoverable} frame-steps left out: a direction recovered from W_new "
                                "that is not known to half of its entries' size (a step near the rounding of W_new)")
-    if coarse_frames:
-        spread.description += (f"; {coarse_frames} frame-steps left out: at {precision.text()} a ratio's relative "
-                               "error bound reaches 1 (no bound)")
-    return list(checks.values()), total, sorted(sources), coarse_frames
+    if coarse:
+        spread.description += (f"; {coarse} frame-steps left out: at {precisions.of(get_variant(optimizer)).text()} a ratio's "
+                               "relative error bound reaches 1 (no bound)")
 
 
 def _step_checks(seed: int, profile: Profile, optimizer, **plan):
     """step_checks with one task per chunk, merged in chunk order (the direction sources: their union;
-    the frame-steps without a bound at the precision: their sum)."""
+    the frame-steps left out: their sums, described on the merged spread check). Returns (checks,
+    frames, sources, frame-steps without a bound at the precision)."""
     partials = map_chunks(step_checks, seed, profile, optimizer, **plan)
     sources = sorted(set().union(*(p[2] for p in partials)))
-    return merge_checks(p[0] for p in partials), sum(p[1] for p in partials), sources, sum(p[3] for p in partials)
+    checks = merge_checks(p[0] for p in partials)
+    unrecoverable, coarse = sum(p[3][0] for p in partials), sum(p[3][1] for p in partials)
+    describe_left_out(checks, optimizer, unrecoverable, coarse)
+    return checks, sum(p[1] for p in partials), sources, coarse
 
 
 def _conditioning_check_set() -> tuple[NumericalCheck, ...]:

@@ -57,8 +57,20 @@ def imports_of(module: str) -> list[tuple[str, int]]:
             target = _resolve(module, node)
             for alias in node.names:
                 child = f"{target}.{alias.name}"
-                found.append((child if child in MODULES else target, node.lineno))
+                # a project module by its most specific name; a library by the name it may be a
+                # submodule of (`from concurrent import futures` is concurrent.futures)
+                found.append((child if child in MODULES or _project(target) is None else target, node.lineno))
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node):
+            found.append((node.args[0].value, node.lineno))
     return found
+
+
+def _is_dynamic_import(node: ast.Call) -> bool:
+    """importlib.import_module("name") or __import__("name") with the name written out."""
+    function = node.func
+    named = (isinstance(function, ast.Attribute) and function.attr == "import_module") or (
+        isinstance(function, ast.Name) and function.id in ("import_module", "__import__"))
+    return named and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
 
 
 def _project(name: str) -> str | None:
@@ -190,3 +202,12 @@ def test_relative_imports_resolve_to_the_submodule():
     assert {"propositions.kit.observability", "propositions.kit.precision", "propositions.kit.common"} <= names
     assert _is_claim("propositions.p1_steepest_descent") and not _is_claim("propositions._common") and not _is_claim("propositions.kit")
     assert not _is_claim("propositions.attention")  # P6's model of attention: a helper, no CLAIM
+
+
+def test_every_import_form_is_seen(tmp_path, monkeypatch):
+    planted = tmp_path / "planted.py"
+    planted.write_text("from concurrent import futures\nimport importlib\nimportlib.import_module('certify.claims')\n"
+                       "__import__('distributed')\ndef f():\n    from certify import execution\n", encoding="utf-8")
+    monkeypatch.setitem(MODULES, "propositions.kit.planted", planted)
+    names = {name for name, _ in imports_of("propositions.kit.planted")}
+    assert {"concurrent.futures", "certify.claims", "distributed", "certify.execution"} <= names

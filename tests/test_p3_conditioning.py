@@ -74,7 +74,7 @@ def test_random_tangents_stay_below_bound_in_figure():
 
 
 def test_step_checks_read_the_steps_own_direction():
-    checks, frames, sources, coarse = p3.step_checks(0, SMALL, "stiefel_adam", frames=100, large=())
+    checks, frames, sources, (_, coarse) = p3.step_checks(0, SMALL, "stiefel_adam", frames=100, large=())
     assert sources == ["hook"] and frames > 0 and coarse == 0  # float64 bounds every ratio
     by_name = {c.name: c for c in checks}
     assert all(c.passed for c in checks)
@@ -200,3 +200,17 @@ def test_result_is_json_ready_with_figures():
     json.dumps(body)
     assert set(body["figures"]) == {"conditioning_bound", "long_run_feasibility"}
     assert body["extra"]["long_run"]["steps"] == SMALL.long_run_steps
+
+
+def test_the_frame_steps_left_out_are_counted_over_every_chunk():
+    # a black box's direction is recovered from W_new; some frame-steps are left out of the spread,
+    # and the description of the merged check must count those of every chunk, not of the first
+    from certify import adapters
+
+    variant = adapters.resolve("reference_impl")
+    _, _, _, (unrecoverable, coarse) = p3.step_checks(0, SMALL, variant, frames=150, large=())
+    merged, _, _, _ = p3._step_checks(0, SMALL, variant, frames=150, large=())
+    spread = next(check for check in merged if check.name.startswith("preconditioner_spread"))
+    assert unrecoverable > 0 and coarse == 0
+    assert f"; {unrecoverable} frame-steps left out" in spread.description
+    assert spread.description.count("frame-steps left out") == 1

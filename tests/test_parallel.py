@@ -294,3 +294,45 @@ def test_a_certificate_records_its_task_times_outside_the_digest(inline_certific
     # inline, the tasks and the serial work add up to the claim's wall time (rounded to 1e-4 s each)
     total = sum(sum(times) for times in tasks.values())
     assert abs(total - inline_certificates["P5"]["run"]["wall_seconds"]) <= 1e-4 * (1 + sum(len(t) for t in tasks.values()))
+
+
+
+
+_EVENTS: dict = {}  # tasks get copies of their arguments: the events are named, not passed
+
+
+def test_timing_frames_belong_to_their_thread():
+    # a dask worker may start a second claim in the same process while the first waits for its
+    # tasks (worker_client): each thread's timing() must collect its own tasks, and closing one
+    # must not disturb the other
+    import threading
+
+    # A's task is running when B opens its frame and starts a task; A's task ends while B's runs
+    _EVENTS.update(a_inside=threading.Event(), b_inside=threading.Event(), a_finished=threading.Event())
+    found: dict = {}
+
+    def claim_a():
+        with parallel.timing() as timings:
+            parallel.map_tasks(_signal_then_wait, [("a_inside", "b_inside")], label="a")
+        found["a"] = [label for label, _ in timings]
+        _EVENTS["a_finished"].set()
+
+    def claim_b():
+        assert _EVENTS["a_inside"].wait(10)
+        with parallel.timing() as timings:
+            parallel.map_tasks(_signal_then_wait, [("b_inside", "a_finished")], label="b")
+            parallel.map_tasks(_leaf, [1], label="b")
+        found["b"] = [label for label, _ in timings]
+
+    threads = [threading.Thread(target=claim_a), threading.Thread(target=claim_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert found == {"a": ["a"], "b": ["b", "b"]}
+
+
+def _signal_then_wait(inside: str, done: str) -> int:
+    _EVENTS[inside].set()
+    assert _EVENTS[done].wait(10)
+    return 1

@@ -207,11 +207,11 @@ def test_run_trajectory_applies_steps_in_order():
     W = ri.random_point(5, 2, rng)
     gradients = [rng.standard_normal(W.shape) for _ in range(3)]
     config = ri.StiefelAdamConfig(lr=0.05)
-    trajectory, state = ri.optimizer_trajectory(W, gradients, config)
+    trajectory, state = ri.run_trajectory(W, gradients, config)
     W_manual, state_manual = W, ri.init(W)
     for G in gradients:
         W_manual, state_manual = ri.step(W_manual, G, state_manual, config)
     assert len(trajectory) == 4 and state.t == 3
     np.testing.assert_array_equal(trajectory[-1], W_manual)
-    trajectory_callable, _ = ri.optimizer_trajectory(W, [lambda X, G=G: G for G in gradients], config)
+    trajectory_callable, _ = ri.run_trajectory(W, [lambda X, G=G: G for G in gradients], config)
     np.testing.assert_array_equal(trajectory_callable[-1], W_manual)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import threading
 import time
 import traceback
 import warnings
@@ -84,7 +85,9 @@ def run_task(fn: Callable, args: tuple, kwargs: dict, label: str = "") -> Outcom
     of its own work) and, after it, the entries of the tasks it ran in turn."""
     outcome = Outcome()
     started = time.perf_counter()
-    _TIMINGS.append([])
+    frames_open = _timing_frames()
+    nested: list = []
+    frames_open.append(nested)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -95,15 +98,32 @@ def run_task(fn: Callable, args: tuple, kwargs: dict, label: str = "") -> Outcom
             outcome.error = one_line(error) + where
             outcome.error_type, outcome.error_message = type(error).__name__, " ".join(str(error).split())
         finally:
-            nested = _TIMINGS.pop()
+            _close(frames_open, nested)
     outcome.warnings = [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
     own = time.perf_counter() - started - sum(seconds for _, seconds in nested)
     outcome.timings = [(label or _name(fn), max(own, 0.0))] + nested
     return outcome
 
 
-# the timing frames open in this process: run_task's and timing()'s, innermost last
-_TIMINGS: list[list] = []
+# What a thread is running now: its executor (None: the process's), the label of its tasks and its
+# open timing frames (run_task's and timing()'s, innermost last). Per thread, because a dask worker
+# may start another claim in the same process while one waits for its tasks (worker_client).
+_THREAD = threading.local()
+
+
+def _timing_frames() -> list:
+    frames = getattr(_THREAD, "timings", None)
+    if frames is None:
+        frames = _THREAD.timings = []
+    return frames
+
+
+def _close(frames_open: list, frame: list) -> None:
+    """Take `frame` off this thread's open frames (by identity; nothing if it is gone)."""
+    for index in range(len(frames_open) - 1, -1, -1):
+        if frames_open[index] is frame:
+            del frames_open[index]
+            return
 
 
 @contextlib.contextmanager
@@ -112,16 +132,18 @@ def timing():
     a list, filled when the code ends. Entries are each task's own work (a task that maps tasks in
     turn counts its own part only), so that on one worker they add up to the time spent in tasks."""
     frame: list = []
-    _TIMINGS.append(frame)
+    frames_open = _timing_frames()
+    frames_open.append(frame)
     try:
         yield frame
     finally:
-        del _TIMINGS[next(i for i, open_frame in enumerate(_TIMINGS) if open_frame is frame)]
+        _close(frames_open, frame)
 
 
 def _record(outcome: Outcome) -> None:
-    if _TIMINGS:
-        _TIMINGS[-1].extend(outcome.timings)
+    frames_open = _timing_frames()
+    if frames_open:
+        frames_open[-1].extend(outcome.timings)
 
 
 class Inline:
@@ -150,27 +172,30 @@ class Inline:
 # The current executor and progress
 # --------------------------------------------------------------------------------------------
 
-_EXECUTOR: Any = Inline()
+_EXECUTOR: Any = Inline()  # the process's executor; a thread may install its own (installed)
 _PROGRESS: Callable[[str, int, int], None] | None = None  # where progress goes (the command's, or a worker's queue)
-_LABEL = ""  # what the running tasks belong to (a claim id), for progress lines
 
 
 def current():
-    """The executor map_tasks uses now."""
-    return _EXECUTOR
+    """The executor map_tasks uses now, in this thread."""
+    installed_here = getattr(_THREAD, "executor", None)
+    return installed_here if installed_here is not None else _EXECUTOR
+
+
+def _label() -> str:
+    return getattr(_THREAD, "label", "")
 
 
 @contextlib.contextmanager
 def installed(executor):
-    """Run the map_tasks calls of the enclosed code on `executor` (neither set up nor closed here:
-    certify.execution.using does that)."""
-    global _EXECUTOR
-    previous = _EXECUTOR
-    _EXECUTOR = executor
+    """Run the map_tasks calls of the enclosed code, in this thread, on `executor` (neither set up
+    nor closed here: certify.execution.using does that)."""
+    previous = getattr(_THREAD, "executor", None)
+    _THREAD.executor = executor
     try:
         yield executor
     finally:
-        _EXECUTOR = previous
+        _THREAD.executor = previous
 
 
 def install_for_process(executor, progress: Callable[[str, int, int], None] | None = None) -> None:
@@ -193,22 +218,18 @@ def reporting(progress: Callable[[str, int, int], None] | None):
 
 @contextlib.contextmanager
 def labelled(label: str):
-    """Name the enclosed map_tasks calls in progress reports (the claim id)."""
-    global _LABEL
-    previous = _LABEL
-    _LABEL = label
+    """Name the enclosed map_tasks calls, in this thread, in progress reports (the claim id)."""
+    previous = _label()
+    _THREAD.label = label
     try:
         yield
     finally:
-        _LABEL = previous
+        _THREAD.label = previous
 
 
 def _report(label: str, done: int, total: int) -> None:
     if _PROGRESS is not None:
-        try:
-            _PROGRESS(label, done, total)
-        except Exception:  # progress is a courtesy; a full or closed queue never fails a certificate
-            pass
+        _PROGRESS(label, done, total)
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,14 +270,15 @@ def map_tasks(fn: Callable, tasks: Iterable, *, label: str | None = None) -> lis
     the tasks are raised again here in task order; the first task that raised gives TaskFailed.
     """
     calls = _normalise(tasks)
-    name = label or f"{_LABEL + ' ' if _LABEL else ''}{_name(fn)}"
+    name = label or f"{_label() + ' ' if _label() else ''}{_name(fn)}"
     if not calls:
         return []
     _report(name, 0, len(calls))
-    outcomes = _EXECUTOR.run(fn, calls, lambda done: _report(name, done, len(calls)), label=name)
+    outcomes = current().run(fn, calls, lambda done: _report(name, done, len(calls)), label=name)
+    for outcome in outcomes:  # every task's time, those after a failed one included
+        _record(outcome)
     results = []
     for index, outcome in enumerate(outcomes):
-        _record(outcome)
         _replay(outcome)
         if outcome.error is not None:
             raise TaskFailed(f"task {index + 1} of {len(calls)} of {getattr(fn, '__qualname__', fn)} failed: {outcome.error}",
@@ -270,8 +292,8 @@ class Pending:
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict, name: str | None = None):
         self._fn, self._args, self._kwargs = fn, args, kwargs
-        starter = getattr(_EXECUTOR, "start", None)
-        self._label = f"{_LABEL + ' ' if _LABEL else ''}{name or _name(fn)}"
+        starter = getattr(current(), "start", None)
+        self._label = f"{_label() + ' ' if _label() else ''}{name or _name(fn)}"
         self._collect = starter(fn, args, kwargs, label=self._label) if starter is not None else None
         self._outcome: Outcome | None = None
 
@@ -340,7 +362,7 @@ def map_chunks(fn: Callable, *args, task_label: str | None = None, **kwargs) -> 
     """
     counter = Chunks(only=-1)
     fn(*args, chunks=counter, **kwargs)
-    return map_tasks(_chunk_task, [(fn, index, args, kwargs) for index in range(counter.seen)], label=f"{_LABEL + ' ' if _LABEL else ''}{task_label or fn.__name__}")
+    return map_tasks(_chunk_task, [(fn, index, args, kwargs) for index in range(counter.seen)], label=f"{_label() + ' ' if _label() else ''}{task_label or fn.__name__}")
 
 
 def merge_checks(partials: Iterable[Sequence]) -> list:
