@@ -157,3 +157,21 @@ def test_sign_flips_of_a_step_without_hook_are_held_to_the_inverse_bound():
     by_name = {c.name: c for c in checks}
     assert by_name["sign_flip_direction"].passed and by_name["sign_flip_direction"].samples == 2 * frames
     assert by_name["sign_flip_second_moment_bitwise"].passed
+
+
+@pytest.mark.parametrize("side, label", [("left", "left_haar"), ("right", "right_haar")])
+def test_chunk_tasks_draw_what_a_sequential_run_draws(monkeypatch, side, label):
+    # one frame per chunk: a chunk's Haar draws depend on the determinant signs its shape's earlier
+    # chunks met, which a task that runs one chunk replays (_replay_draws); the merged result of the
+    # chunk tasks must be the sequential run's, draw for draw
+    from propositions.kit import running_bounds
+
+    monkeypatch.setattr(running_bounds, "CHUNK_ENTRIES", 16)
+    small = Profile("test", frames=60, steps=2, long_run_steps=10, mp_dps=30, mp_samples=1)
+    sequential_extra: dict = {}
+    sequential, _, _ = p4.action_check(0, small, "stiefel_adam", side, 60, (), label, extra=sequential_extra)
+    chunked_extra: dict = {}
+    chunked, _, _ = p4._action_check(0, small, "stiefel_adam", side, 60, (), label, extra=chunked_extra)
+    assert sum(resampled for _, _, resampled in sequential_extra["by_shape"].values()) > 0  # the replay matters here
+    assert chunked_extra == sequential_extra
+    assert {name: check.to_dict() for name, check in chunked.items()} == {name: check.to_dict() for name, check in sequential.items()}
