@@ -194,10 +194,10 @@ def _closure(optimizer, params, gradients, ordinary_gradient, step, dtype, devic
 def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_class, checks: dict, device: str = "cpu") -> int:
     """The scripted run in one dtype (module docstring); fills checks, returns the frames stepped."""
     import torch
-    from torch_impl import functional
 
     dtype = _torch_dtype(dtype_name)
-    state_dtype = functional.compute_dtype(dtype)
+    # the dtype of m and v as the certifier's analysis takes it (kit/step_analysis), not the kernel's own table
+    state_dtype = _torch_dtype(step_analysis.COMPUTE_DTYPES[dtype_name])
     frames, gradients, ordinary0, ordinary_gradients = _draw(seed, run, dtype_name, steps)
     params = {name: [torch.nn.Parameter(torch.tensor(W, dtype=dtype, device=device)) for W in Ws] for name, Ws in frames.items()}
     params["ordinary"] = [torch.nn.Parameter(torch.tensor(ordinary0, dtype=dtype, device=device))]

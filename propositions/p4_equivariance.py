@@ -324,6 +324,8 @@ def _replay_draws(seed, d, r, steps, label, side, n, earlier, seen: set, frames,
     """Add to `seen` the determinant signs that the Haar draws of the `earlier` chunks of shape
     (d, r) met, drawing them as action_check does (the frames and gradients first: the same
     stream), until both components are seen; their trajectories are not run."""
+    if not earlier or seen >= {-1.0, 1.0}:  # a sequential run, or nothing left to learn: no plan to rebuild
+        return
     sizes = {chunk: count for d_, r_, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)) if (d_, r_) == (d, r)}
     for chunk in earlier:
         if seen >= {-1.0, 1.0}:

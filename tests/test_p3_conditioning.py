@@ -214,3 +214,17 @@ def test_the_frame_steps_left_out_are_counted_over_every_chunk():
     assert unrecoverable > 0 and coarse == 0
     assert f"; {unrecoverable} frame-steps left out" in spread.description
     assert spread.description.count("frame-steps left out") == 1
+
+
+def test_a_spread_without_a_bound_is_left_out_and_counted_not_judged():
+    # two frames (d = r = 1) with the same ratio -xi / m^ = 1: the first's entry error bound,
+    # allowance / (|m| - allowance) = 0.875 with a recovery error 0.43, makes the ratio's relative
+    # error e = 1.68 >= 1, where 2 e / (1 - e) is no bound; the second is an ordinary frame
+    from types import SimpleNamespace
+
+    m = np.array([3.0, 3.0]).reshape(2, 1, 1)
+    step = SimpleNamespace(count=2, d=1, r=1, m=m, m_hat=m, xi=-m, allowance=np.array([1.4, 1e-12]).reshape(2, 1, 1),
+                           recovery_error=np.array([0.9, 0.0]), precision=p3.precisions.FLOAT64)
+    residual, bound, recoverable, coarse = p3._spread(step)
+    assert coarse == 1 and recoverable.tolist() == [False, True]
+    assert residual.shape == (1,) and np.all(bound > 0) and np.all(residual <= bound)
