@@ -1,8 +1,9 @@
 """Where a command's tasks run: this process, a process pool, or a dask.distributed cluster.
 
-The claims hand their independent pieces to propositions.kit.parallel (`map_tasks`, `map_chunks`,
-`start`), which runs them on the executor installed in its slot and knows nothing else. This module
-makes those executors and installs one where a command starts (`using`, from certify/cli.py):
+The claims hand their independent pieces to propositions.kit.parallel (`map_tasks`; `map_chunks`,
+through kit.protocol.map_evidence; `start`), which runs them on the executor installed in its slot
+and knows nothing else. This module makes those executors and installs one where a command starts
+(`using`, from certify/cli.py):
 
 * `Inline()` (propositions.kit.parallel): tasks run one after another in this process.
 * `Pool(workers)`: a ProcessPoolExecutor with the "spawn" start method (torch's and OpenBLAS's

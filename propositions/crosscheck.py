@@ -63,7 +63,7 @@ from propositions.kit.step_analysis import InputErrors, Rounding, kernel_roundin
 from propositions.kit.step_analysis import reference_quantities
 from propositions.kit.figures import LineFigure, Series
 from propositions.kit.threads import one_thread
-from propositions.kit.parallel import map_tasks, merge_checks
+from propositions.kit.parallel import map_tasks
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 
@@ -693,12 +693,19 @@ def _device_threads(device: str):
     return one_thread() if torch.device(device).type == "cpu" else contextlib.nullcontext()
 
 
-def _long_run_task(seed, steps, device, run_dtype, variant):
-    """One dtype's long run, a task of its own: (its check, long_run's measured steps, residuals,
-    seconds, bound), with the threads of the claim's environment wherever it runs."""
+def _long_run_task(seed, steps, device, run_dtype, variant) -> Evidence:
+    """One dtype's long run, a task of its own: its check, and what long_run measured as
+    extra["long_run"][run_dtype], with the threads of the claim's environment wherever it runs."""
     check = _long_run_check(steps)
     with _device_threads(device):
-        return check, long_run(seed, steps, device, run_dtype, variant, check)
+        steps_at, residuals, seconds, bound = long_run(seed, steps, device, run_dtype, variant, check)
+    return Evidence(checks=[check], extra={"long_run": {run_dtype: {
+        "steps": steps_at,
+        "feasibility_max": residuals,
+        "bound": bound,
+        "seconds": seconds,
+        "microseconds_per_step": 1e6 * seconds / steps,
+    }}})
 
 
 def long_run_part(ctx: Context) -> Evidence:
@@ -708,24 +715,17 @@ def long_run_part(ctx: Context) -> Evidence:
     dtype, steps = ctx.option("dtype"), ctx.profile.long_run_steps
     run_dtypes = list(dict.fromkeys(["float64", "float32", dtype]))
     # one task per dtype (independent runs, each serial in its steps), merged in this order
-    runs = map_tasks(_long_run_task, [(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer) for run_dtype in run_dtypes])
-    check = merge_checks([[run_check] for run_check, _ in runs])[0]
-    long_runs, series = {}, []
-    for run_dtype, (_, (steps_at, residuals, seconds, bound)) in zip(run_dtypes, runs):
-        long_runs[run_dtype] = {
-            "steps": steps_at,
-            "feasibility_max": residuals,
-            "bound": bound,
-            "seconds": seconds,
-            "microseconds_per_step": 1e6 * seconds / steps,
-        }
-        series.append(Series([float(s) for s in steps_at], residuals, run_dtype))
+    runs = Evidence.merged(map_tasks(_long_run_task, [(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer)
+                                                      for run_dtype in run_dtypes]))
+    long_runs = runs.extra["long_run"]
+    series = [Series([float(s) for s in long_runs[run_dtype]["steps"]], long_runs[run_dtype]["feasibility_max"], run_dtype)
+              for run_dtype in run_dtypes]
     first = series[0]
     work = _compute_dtype(dtype)
     derived = _iterations(CONFIGS["clip_decay"], dtype, 32, 8)
     kernel_count = functional.newton_schulz_iterations(0.5, work)
     return Evidence(
-        checks=_sampled([check]),
+        checks=_sampled(runs.checks),
         extra={"long_run": long_runs},
         figures={
             "long_run_feasibility": LineFigure(

@@ -50,13 +50,12 @@ from reference_impl.adam import frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from ._common import LARGE_SHAPES, SMALL_SHAPES, NumericalCheck, Profile, SymbolicStep
-from ._common import chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
+from ._common import batch_chunks, chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
 from .kit import precision as precisions
 from .kit import tightness
 from .kit.bounds import gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
 from .kit.figures import LineFigure, Series
-from .kit.parallel import Chunks, map_chunks, merge_checks
-from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic, map_evidence
 from .kit.symbolic import is_zero, reduce_with
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 
@@ -470,21 +469,15 @@ def tangent_dimension(d: int, r: int) -> int:
     return d * r - r * (r + 1) // 2
 
 
-def _frame_chunks(seed: int, label: str, batches, sizes, chunks: Chunks, decades: int = 30):
-    """The chunks of `batches` (shape_plan batches) that `chunks` takes, with their draws.
-
-    sizes(batch) -> the chunk sizes of a batch. Yields (d, r, key, rng, W, G) per chunk taken: key
-    = (CLAIM_ID, label, d, r, chunk_index), rng = rng_for(seed, *key), W (count, d, r) Haar frames and
-    G wide-scale gradients of W's shape (`decades`) drawn from rng in that order (the caller draws on from rng).
-    """
-    for batch in batches:
-        for chunk_index, count in enumerate(sizes(batch)):
-            if not chunks.take():
-                continue
-            key = (CLAIM_ID, label, batch.d, batch.r, chunk_index)
-            rng = rng_for(seed, *key)
-            W = ri.random_point(batch.d, batch.r, rng, (count,))
-            yield batch.d, batch.r, key, rng, W, wide_scale_gradients(rng, W.shape, decades)
+def _frame_draws(seed: int, label: str, chunk, decades: int = 30):
+    """The draws of one chunk (d, r, count, chunk index) of batch_chunks: (key, rng, W, G), key =
+    (CLAIM_ID, label, d, r, chunk index), rng = rng_for(seed, *key), W (count, d, r) Haar frames and
+    G wide-scale gradients of W's shape (`decades`) drawn from rng in that order (the caller draws on from rng)."""
+    d, r, count, index = chunk
+    key = (CLAIM_ID, label, d, r, index)
+    rng = rng_for(seed, *key)
+    W = ri.random_point(d, r, rng, (count,))
+    return key, rng, W, wide_scale_gradients(rng, W.shape, decades)
 
 
 def _by_frame(batch) -> Iterator[int]:
@@ -553,17 +546,20 @@ def _projector_sample(checks, d: int, r: int, W, G, rng: np.random.Generator, **
         gap.add(np.abs(lhs - rhs), 8 * ((e_P + feas) * (rho_Z + rho_G) + gamma(d * r)) * nG, **where)
 
 
-def projector_checks(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], int]:
-    """P_W idempotent, self-adjoint, range T_W, kernel N_W, and the gap identity, over shape_plan.
-
-    chunks: which chunks this call runs (all by default; one per task under map_chunks).
-    """
+def projector_chunk(chunk, seed: int) -> Evidence:
+    """P_W idempotent, self-adjoint, range T_W, kernel N_W, and the gap identity on one chunk
+    (d, r, count, chunk index) of the shape plan."""
+    d, r, count, _ = chunk
     checks = _projector_check_set()
-    frames = 0
-    for d, r, key, rng, W, G in _frame_chunks(seed, "projector", shape_plan(profile), _by_frame, chunks or Chunks()):
-        _projector_sample(checks, d, r, W, G, rng, shape=(d, r), key=key, seed=seed)
-        frames += W.shape[0]
-    return list(checks), frames
+    key, rng, W, G = _frame_draws(seed, "projector", chunk)
+    _projector_sample(checks, d, r, W, G, rng, shape=(d, r), key=key, seed=seed)
+    return Evidence(checks=list(checks), frames=count)
+
+
+def projector_checks(seed: int, profile: Profile) -> Evidence:
+    """The projector identities and the gap identity over shape_plan(profile): one task per chunk
+    (projector_chunk), merged in chunk order."""
+    return map_evidence(projector_chunk, batch_chunks(shape_plan(profile)), seed, task_label="projector_checks")
 
 
 def tangent_constraint_matrix(W: np.ndarray) -> np.ndarray:
@@ -594,11 +590,8 @@ def null_space_batched(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.swapaxes(Vh[:, rank:, :], -1, -2), ranks
 
 
-def minimiser_check(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], dict]:
-    """Independent minimiser of <G, xi> over unit xi in T_W from an orthonormal basis of T_W.
-
-    chunks: which chunks this call runs (all by default; one per task under map_chunks).
-    """
+def _minimiser_checks() -> tuple[NumericalCheck, NumericalCheck]:
+    """The empty checks of minimiser_check: the agreement and the dimension of T_W."""
     agreement = NumericalCheck(
         "minimiser_independent_basis",
         "||xi_basis - (-P_W(G)/||P_W(G)||)||, xi_basis = -B B^T g/||B^T g|| with B an orthonormal null-space "
@@ -616,26 +609,39 @@ def minimiser_check(seed: int, profile: Profile, chunks: Chunks | None = None) -
         "An integer comparison; bound 0.5 requires equality.",
         tightness_note=tightness.EQUALITY,
     )
+    return agreement, dimension
+
+
+def minimiser_chunk(chunk, seed: int) -> Evidence:
+    """Independent minimiser of <G, xi> over unit xi in T_W from an orthonormal basis of T_W, on one
+    chunk (d, r, count, chunk index)."""
+    d, r, count, _ = chunk
+    agreement, dimension = _minimiser_checks()
+    key, _, W, G = _frame_draws(seed, "minimiser", chunk)
+    e_P = projection_error_bound(d, r)
+    expected_dim = tangent_dimension(d, r)
+    M = tangent_constraint_matrix(W)
+    basis, ranks = null_space_batched(M)
+    dimension.add(np.abs((d * r - ranks) - expected_dim).astype(np.float64), 0.5, shape=(d, r), key=key, seed=seed)
+    g = G.reshape(count, d * r)
+    coefficients = np.einsum("nmk,nm->nk", basis, g)
+    xi_basis = -np.einsum("nmk,nk->nm", basis, coefficients) / np.linalg.norm(coefficients, axis=-1)[:, None]
+    PG = project_tangent(W, G, validate=False)
+    xi_star = -(PG / frobenius(PG)[:, None, None]).reshape(count, d * r)
+    feas = feasibility(W, validate=False)
+    bound = 8 * (d * r * u + gamma(d * r) + e_P + feas) * frobenius(G) / frobenius(PG)
+    agreement.add(np.linalg.norm(xi_basis - xi_star, axis=-1), bound, shape=(d, r), key=key, seed=seed)
+    return Evidence(checks=[agreement, dimension], frames=count)
+
+
+def minimiser_check(seed: int, profile: Profile) -> Evidence:
+    """The independent minimiser over the small shapes with d r <= MINIMISER_MAX_DR and T_W != {0}:
+    one task per chunk (minimiser_chunk), merged in chunk order; extra["minimiser"] says where it ran."""
     batches = [batch for batch in shape_plan(profile) if _has_minimiser(batch.d, batch.r)]
-    frames = 0
-    for d, r, key, _, W, G in _frame_chunks(seed, "minimiser", batches, _by_basis, chunks or Chunks()):
-        count = W.shape[0]
-        e_P = projection_error_bound(d, r)
-        expected_dim = tangent_dimension(d, r)
-        M = tangent_constraint_matrix(W)
-        basis, ranks = null_space_batched(M)
-        dimension.add(np.abs((d * r - ranks) - expected_dim).astype(np.float64), 0.5, shape=(d, r), key=key, seed=seed)
-        g = G.reshape(count, d * r)
-        coefficients = np.einsum("nmk,nm->nk", basis, g)
-        xi_basis = -np.einsum("nmk,nk->nm", basis, coefficients) / np.linalg.norm(coefficients, axis=-1)[:, None]
-        PG = project_tangent(W, G, validate=False)
-        xi_star = -(PG / frobenius(PG)[:, None, None]).reshape(count, d * r)
-        feas = feasibility(W, validate=False)
-        bound = 8 * (d * r * u + gamma(d * r) + e_P + feas) * frobenius(G) / frobenius(PG)
-        agreement.add(np.linalg.norm(xi_basis - xi_star, axis=-1), bound, shape=(d, r), key=key, seed=seed)
-        frames += count
+    evidence = map_evidence(minimiser_chunk, batch_chunks(batches, _by_basis), seed, task_label="minimiser_check")
     covered = [[batch.d, batch.r] for batch in batches]
-    return [agreement, dimension], {"shapes": covered, "frames": frames, "max_dr": MINIMISER_MAX_DR}
+    evidence.extra["minimiser"] = {"shapes": covered, "frames": evidence.frames, "max_dr": MINIMISER_MAX_DR}
+    return evidence
 
 
 def _has_minimiser(d: int, r: int) -> bool:
@@ -648,14 +654,8 @@ def _by_basis(batch) -> Iterator[int]:
     return chunk_sizes(batch.count, batch.d * batch.r, batch.d * batch.r)
 
 
-def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | None = None,
-                     large=LARGE_SHAPES, chunks: Chunks | None = None) -> tuple[NumericalCheck, int]:
-    """The first step of `optimizer` from a fresh state against R_W(-min(lr sqrt(d r), Delta) P_W(G)/||P_W(G)||).
-
-    Each chunk of frames is split in halves, one per configuration of FIRST_STEP_CONFIGS.
-    frames / large: the shape plan's total and large shapes (controls run on a smaller plan).
-    chunks: which chunks this call runs (all by default; one per task under map_chunks).
-    """
+def _first_step_check(optimizer) -> NumericalCheck:
+    """The empty check of first_step_check for the optimizer under test."""
     variant = get_variant(optimizer)
     precision = precisions.of(variant)
     check = NumericalCheck(
@@ -671,46 +671,59 @@ def first_step_check(seed: int, profile: Profile, optimizer: str, frames: int | 
         "(factor 2 for the dropped second-order terms).",
         tightness_note=tightness.SAME_ROUNDING,
     )
-    # T_W = {0} (d = r = 1): P_W(G) = 0, the claim's hypothesis fails
-    batches = [batch for batch in shape_plan(profile, frames=frames, large=large) if tangent_dimension(batch.d, batch.r) > 0]
-    total = 0
     if not precision.is_float64:
         check.bound_derivation += (
             f" The optimizer under test at {precision.text()}: its step is within evaluation_bound "
             "(propositions/kit/precision.py: step_error at its unit roundoffs and route, its inputs rounded to "
             "storage) of the exact step, which the float64 bound above holds to the expected frame: the sum.")
-    for d, r, key, _, W_all, G_all in _frame_chunks(seed, "first_step", batches, _two_or_more, chunks or Chunks(),
-                                                    precision.scale_decades):
-        count = W_all.shape[0]
-        halves = np.array_split(np.arange(count), len(FIRST_STEP_CONFIGS))
-        for config_index, (config, frames_of_config) in enumerate(zip(FIRST_STEP_CONFIGS, halves)):
-            if frames_of_config.size == 0:
-                continue
-            W, G = W_all[frames_of_config], G_all[frames_of_config]
-            PG = project_tangent(W, G, validate=False)
-            direction = PG / frobenius(PG)[:, None, None]
-            length = min(config.lr * math.sqrt(d * r), config.trust_radius)
-            W_step, _ = variant.step(W, G, variant.init(W), config)
-            W_expected = polar_retract(W, -length * direction, "svd", validate=False)
-            phi = manifold_tolerance(d, r)
-            bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
-                     + 2 * polar_perturbation_bound((gamma(d * r) + 8 * u) * length, 1 - 2 * phi))
-            if not precision.is_float64:
-                bound = bound + precisions.evaluation_bound(W, G, ri.init(W), config, precision)["W"]
-            check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
-                      extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
-        total += count
-    return check, total
+    return check
+
+
+def first_step_chunk(chunk, seed: int, optimizer) -> Evidence:
+    """The first step of `optimizer` on one chunk (d, r, count, chunk index), its frames split in
+    halves, one per configuration of FIRST_STEP_CONFIGS (first_step_check)."""
+    d, r, count, _ = chunk
+    variant = get_variant(optimizer)
+    precision = precisions.of(variant)
+    check = _first_step_check(optimizer)
+    key, _, W_all, G_all = _frame_draws(seed, "first_step", chunk, precision.scale_decades)
+    halves = np.array_split(np.arange(count), len(FIRST_STEP_CONFIGS))
+    for config_index, (config, frames_of_config) in enumerate(zip(FIRST_STEP_CONFIGS, halves)):
+        if frames_of_config.size == 0:
+            continue
+        W, G = W_all[frames_of_config], G_all[frames_of_config]
+        PG = project_tangent(W, G, validate=False)
+        direction = PG / frobenius(PG)[:, None, None]
+        length = min(config.lr * math.sqrt(d * r), config.trust_radius)
+        W_step, _ = variant.step(W, G, variant.init(W), config)
+        W_expected = polar_retract(W, -length * direction, "svd", validate=False)
+        phi = manifold_tolerance(d, r)
+        bound = (2 * polar_error_bound(d, r, math.sqrt(1 + length**2))
+                 + 2 * polar_perturbation_bound((gamma(d * r) + 8 * u) * length, 1 - 2 * phi))
+        if not precision.is_float64:
+            bound = bound + precisions.evaluation_bound(W, G, ri.init(W), config, precision)["W"]
+        check.add(frobenius(W_step - W_expected), bound, shape=(d, r), key=key, seed=seed,
+                  extra={"config": config_index, "first_frame_of_config": int(frames_of_config[0])})
+    return Evidence(checks=[check], frames=count)
+
+
+def first_step_check(seed: int, profile: Profile, optimizer, frames: int | None = None, large=LARGE_SHAPES) -> Evidence:
+    """The first step of `optimizer` from a fresh state against R_W(-min(lr sqrt(d r), Delta) P_W(G)/||P_W(G)||).
+
+    Each chunk of frames is split in halves, one per configuration of FIRST_STEP_CONFIGS; one task
+    per chunk (first_step_chunk), merged in chunk order. frames / large: the shape plan's total and
+    large shapes (controls run on a smaller plan). d = r = 1 (T_W = {0}: P_W(G) = 0) is outside the
+    claim's hypothesis and left out.
+    """
+    batches = [batch for batch in shape_plan(profile, frames=frames, large=large) if tangent_dimension(batch.d, batch.r) > 0]
+    evidence = map_evidence(first_step_chunk, batch_chunks(batches, _two_or_more), seed, optimizer, task_label="first_step_check")
+    if not evidence.checks:  # no chunk: the check says so with no samples
+        evidence.checks.append(_first_step_check(optimizer))
+    return evidence
 
 
 def _two_or_more(batch) -> Iterator[int]:
     return chunk_sizes(max(batch.count, 2), batch.d, batch.r)
-
-
-def _first_step(seed: int, profile: Profile, optimizer: str, **plan) -> tuple[NumericalCheck, int]:
-    """first_step_check with one task per chunk, merged in chunk order."""
-    partials = map_chunks(first_step_check, seed, profile, optimizer, **plan)
-    return merge_checks([p[0]] for p in partials)[0], sum(p[1] for p in partials)
 
 
 def slope_figures(curves: list[dict]) -> dict:
@@ -740,25 +753,21 @@ def slope_figures(curves: list[dict]) -> dict:
 
 
 def projector_part(ctx: Context) -> Evidence:
-    """The projector identities and the gap identity (the chunks of projector_checks, merged in chunk order)."""
-    partials = map_chunks(projector_checks, ctx.seed, ctx.profile)
-    return Evidence(checks=merge_checks(p[0] for p in partials), frames=sum(p[1] for p in partials))
+    """The projector identities and the gap identity (projector_checks)."""
+    return projector_checks(ctx.seed, ctx.profile)
 
 
 def minimiser_part(ctx: Context) -> Evidence:
-    """The minimiser from an independent basis of T_W (the chunks of minimiser_check)."""
-    partials = map_chunks(minimiser_check, ctx.seed, ctx.profile)
-    minimiser_info = {**partials[-1][1], "frames": sum(p[1]["frames"] for p in partials)}
-    return Evidence(checks=merge_checks(p[0] for p in partials), frames=minimiser_info["frames"],
-                    extra={"minimiser": minimiser_info})
+    """The minimiser from an independent basis of T_W (minimiser_check)."""
+    return minimiser_check(ctx.seed, ctx.profile)
 
 
 def first_step_part(ctx: Context) -> Evidence:
     """The first step of the optimizer under test against the steepest-descent step."""
-    first_step, frames = _first_step(ctx.seed, ctx.profile, ctx.optimizer)
-    configs = [{"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius}
-               for c in FIRST_STEP_CONFIGS]
-    return Evidence(checks=[first_step], frames=frames, extra={"first_step_configs": configs})
+    evidence = first_step_check(ctx.seed, ctx.profile, ctx.optimizer)
+    evidence.extra["first_step_configs"] = [{"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "trust_radius": c.trust_radius}
+                                            for c in FIRST_STEP_CONFIGS]
+    return evidence
 
 
 def slope_part(ctx: Context) -> Evidence:
@@ -776,9 +785,8 @@ def slope_part(ctx: Context) -> Evidence:
 def first_step_control(ctx: Context) -> Evidence:
     """A control (ctx.optimizer) through the first-step check on the control plan: a tenth of the
     frames and the cheaper large shapes (CONTROL_LARGE_SHAPES)."""
-    check, _ = _first_step(ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.control_frames,
-                           large=CONTROL_LARGE_SHAPES)
-    return Evidence(checks=[check])
+    evidence = first_step_check(ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.control_frames, large=CONTROL_LARGE_SHAPES)
+    return Evidence(checks=evidence.checks)
 
 
 CLAIM = Claim(

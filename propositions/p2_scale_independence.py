@@ -71,8 +71,7 @@ from .kit import precision as precisions
 from .kit import observability, tightness
 from .kit.directions import step_direction
 from .kit.figures import LineFigure, Series
-from .kit.parallel import Chunks, map_chunks, merge_checks
-from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic, map_evidence
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold
 from .kit.running_bounds import exact_step_norms, plan_chunks, record_trajectory, optimizer_trajectory
 from .kit.running_bounds import trajectory_rounding_bound, worst_over_steps
@@ -205,15 +204,23 @@ def _draw(seed, d, r, count, steps, label, chunk=0):
 FIGURE_POINTS = 400  # points per figure at most, taken evenly from the shapes of the plan
 
 
-def _collecting(figure) -> bool:
-    return figure is not None and len(figure["c"]) < FIGURE_POINTS
-
-
-def _add_points(figure: dict, batches: int, **series) -> None:
-    """Append the first FIGURE_POINTS // batches values of each series (one batch of the plan)."""
+def _points(batches: int, **series) -> dict:
+    """The figure points of one chunk: the first FIGURE_POINTS // batches values of each series
+    (`batches` the number of batches of the plan)."""
     take = slice(0, max(1, FIGURE_POINTS // batches))
-    for key, values in series.items():
-        figure[key] += np.asarray(values)[take].tolist()
+    return {key: np.asarray(values)[take].tolist() for key, values in series.items()}
+
+
+def _figure_points(evidence: Evidence, keys) -> dict:
+    """The figure's series from the chunks' points (extra["figure_points"], in chunk order): each
+    chunk's points appended while the figure holds fewer than FIGURE_POINTS."""
+    figure = {key: [] for key in keys}
+    for points in evidence.extra.get("figure_points", []):
+        if len(figure["c"]) >= FIGURE_POINTS:
+            break
+        for key in figure:
+            figure[key] += points[key]
+    return figure
 
 
 def _trajectory_checks(label: str, steps: int, weight_decay: float, log10_c_range) -> tuple[NumericalCheck, ...]:
@@ -291,55 +298,63 @@ def _rounding_bounds(norms, W0, d: int, r: int, c, config, precision=precisions.
     return rounding_one, rounding_scaled, power
 
 
-def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_decay: float, frames: int,
-                     label: str, log10_c_range, figure=None, large=LARGE_SHAPES, chunks: Chunks | None = None):
-    """||W_t(c) - W_t(1)|| over T steps against the sum of both runs' rounding bounds.
-
-    Returns (check, frames examined, vacuous count, bitwise stats for pure powers of two or None,
-    the two moment checks). With weight_decay > 0, half of the frames draw c = 2^k (a pure power
-    of two) to report whether bitwise equality survives the unscaled decay term (it need not:
-    fl(c G + lambda W) is not c fl(G + lambda W / c)). chunks: which chunks this call runs (all by
-    default; one per task under map_chunks, see _chunked).
-    """
-    chunks = chunks or Chunks()
+def trajectory_chunk(chunk, seed: int, profile: Profile, optimizer, *, weight_decay: float, label: str,
+                     log10_c_range, batches: int, figure: bool) -> Evidence:
+    """||W_t(c) - W_t(1)|| over the T steps of one chunk (d, r, count, chunk index) against the sum of
+    both runs' rounding bounds, and the moments' scaling (trajectory_check). extra: Counts of the
+    vacuous frames and, with weight decay, of the pure powers of two and how many stayed bitwise;
+    the figure points (a list of one) when `figure`."""
+    d, r, count, index = chunk
     config = dataclasses.replace(CONFIG, eps=0.0, weight_decay=weight_decay)
-    check, m_check, v_check = _trajectory_checks(label, profile.steps, weight_decay, log10_c_range)
-    vacuous = examined = 0
-    power_bitwise = {"frames": 0, "bitwise": 0}
     precision = _precision(optimizer)
+    # the steps and the range of c this run takes (a float32 or bfloat16 one: fewer, and inside its decades)
     log10_c_range = _in_range(log10_c_range, precision)
-    # a float32 or bfloat16 implementation: at most 4 steps on the medium frames (P4's low_precision_plan)
-    profile, large = low_precision_plan(profile, large, precision)
+    check, m_check, v_check = _trajectory_checks(label, profile.steps, weight_decay, log10_c_range)
+    key = (CLAIM_ID, label, d, r, index)
+    rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, index)
+    c, pure_power = _scales(rng, count, log10_c_range, weight_decay)
+    W_one, states_one, norms, W_scaled, states_scaled = _both_runs(optimizer, W0, gradients, c, config)
+    rounding_one, rounding_scaled, power = _rounding_bounds(norms, W0, d, r, c, config, precision)
+    bound = rounding_one["W"] + rounding_scaled["W"]
+    if observability.state_observable(optimizer):
+        _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled,
+                        (d, r), key, seed)
+    else:
+        for hidden in (m_check, v_check):
+            observability.record(hidden.name, "the optimizer's moments m, v are its hidden state")
+    worst_residual, worst_bound, worst_t = worst_over_steps(frame_distance(W_scaled, W_one), bound)
+    # any frame whose bound reaches 2 sqrt(r) (the largest distance between two frames) at any
+    # step is not certified there, whichever step its worst ratio falls on
+    counts = Counts(vacuous=int(np.sum(np.any(bound >= 2 * math.sqrt(r), axis=0))))
+    worst = int(np.argmax(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound))
+    check.add(worst_residual, worst_bound, shape=(d, r), key=key, seed=seed,
+              extra={"c": float(c[worst]), "step": int(worst_t[worst]) + 1})
+    if weight_decay > 0:
+        counts.add({"power_frames": int(np.sum(pure_power)),
+                    "power_bitwise": int(np.sum(np.all(W_scaled == W_one, axis=(0, -2, -1))[pure_power]))})
+    extra = {"counts": counts}
+    if figure:
+        extra["figure_points"] = [_points(batches, c=c, residual=np.nan_to_num(worst_residual, nan=-1.0), bound=worst_bound)]
+    return Evidence(checks=[check, m_check, v_check], frames=count, extra=extra)
+
+
+def trajectory_check(seed: int, profile: Profile, optimizer: str, *, weight_decay: float, frames: int,
+                     label: str, log10_c_range, figure: bool = False, large=LARGE_SHAPES) -> Evidence:
+    """||W_t(c) - W_t(1)|| over T steps against the sum of both runs' rounding bounds, one task per
+    chunk (trajectory_chunk), merged in chunk order.
+
+    Checks: the frames, the first moment and the second moment. With weight_decay > 0, half of the
+    frames draw c = 2^k (a pure power of two) to report whether bitwise equality survives the
+    unscaled decay term (it need not: fl(c G + lambda W) is not c fl(G + lambda W / c)):
+    extra["counts"] holds power_frames and power_bitwise beside vacuous (frames whose bound reaches
+    2 sqrt(r)). A float32 or bfloat16 implementation runs at most 4 steps on the medium frames
+    (P4's low_precision_plan).
+    """
+    profile, large = low_precision_plan(profile, large, _precision(optimizer))
     plan = shape_plan(profile, frames=frames, large=large)
-    for d, r, count, chunk in plan_chunks(plan):
-        if not chunks.take():
-            continue
-        key = (CLAIM_ID, label, d, r, chunk)
-        rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
-        c, pure_power = _scales(rng, count, log10_c_range, weight_decay)
-        W_one, states_one, norms, W_scaled, states_scaled = _both_runs(optimizer, W0, gradients, c, config)
-        rounding_one, rounding_scaled, power = _rounding_bounds(norms, W0, d, r, c, config, precision)
-        bound = rounding_one["W"] + rounding_scaled["W"]
-        if observability.state_observable(optimizer):
-            _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled,
-                            (d, r), key, seed)
-        else:
-            for hidden in (m_check, v_check):
-                observability.record(hidden.name, "the optimizer's moments m, v are its hidden state")
-        worst_residual, worst_bound, worst_t = worst_over_steps(frame_distance(W_scaled, W_one), bound)
-        # any frame whose bound reaches 2 sqrt(r) (the largest distance between two frames) at any
-        # step is not certified there, whichever step its worst ratio falls on
-        vacuous += int(np.sum(np.any(bound >= 2 * math.sqrt(r), axis=0)))
-        index = int(np.argmax(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound))
-        check.add(worst_residual, worst_bound, shape=(d, r), key=key, seed=seed,
-                  extra={"c": float(c[index]), "step": int(worst_t[index]) + 1})
-        if weight_decay > 0:
-            power_bitwise["frames"] += int(np.sum(pure_power))
-            power_bitwise["bitwise"] += int(np.sum(np.all(W_scaled == W_one, axis=(0, -2, -1))[pure_power]))
-        if _collecting(figure):
-            _add_points(figure, len(plan), c=c, residual=np.nan_to_num(worst_residual, nan=-1.0), bound=worst_bound)
-        examined += count
-    return check, examined, vacuous, power_bitwise if weight_decay > 0 else None, [m_check, v_check]
+    return map_evidence(trajectory_chunk, plan_chunks(plan), seed, profile, optimizer, weight_decay=weight_decay,
+                        label=label, log10_c_range=log10_c_range, batches=len(plan), figure=figure,
+                        task_label="trajectory_check")
 
 
 def _moment_scaling(m_check, v_check, states_one, states_scaled, c, power, rounding_one, rounding_scaled, shape, key, seed):
@@ -398,79 +413,47 @@ def _moment_ulps(states_one, states_scaled, c, count: int) -> np.ndarray:
     return np.max(np.stack(moment_ulps), axis=0)
 
 
-def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int, chunks: Chunks | None = None):
-    """c = 2^k, lambda = 0: trajectories bit-identical (max ulps over t and entries, bound 0.5).
+def bitwise_chunk(chunk, seed: int, profile: Profile, optimizer) -> Evidence:
+    """bitwise_check on one chunk (d, r, count, chunk index): the frames' and the moments' checks."""
+    d, r, count, index = chunk
+    check, moments = _bitwise_checks(profile.steps)
+    observable = observability.state_observable(optimizer)
+    # float32 and bfloat16 hold fewer powers of two (kit/precision.py): k inside the dtype's decades
+    log2_range = tuple(round(x / math.log10(2.0)) for x in _in_range(
+        tuple(k * math.log10(2.0) for k in LOG2_C_RANGE_BITWISE), _precision(optimizer)))
+    key = (CLAIM_ID, "bitwise", d, r, index)
+    rng, W0, gradients = _draw(seed, d, r, count, profile.steps, "bitwise", index)
+    k = rng.integers(log2_range[0], log2_range[1] + 1, size=count)
+    c = np.ldexp(1.0, k)
+    W_one, states_one = optimizer_trajectory(optimizer, W0, gradients, CONFIG)
+    W_scaled, states_scaled = optimizer_trajectory(optimizer, W0, c[None, :, None, None] * gradients, CONFIG)
+    if not observable:
+        observability.record(moments.name, "the optimizer's moments m, v are its hidden state")
+    with np.errstate(invalid="ignore"):
+        ulps = np.max(np.stack([ulps_apart(W_scaled[t], W_one[t]) for t in range(len(W_one))]), axis=0)
+        moment_ulps = _moment_ulps(states_one, states_scaled, c, count) if observable else np.zeros(count)
+    ulps = np.where(np.isnan(ulps), np.inf, ulps)
+    moment_ulps = np.where(np.isnan(moment_ulps), np.inf, moment_ulps)
+    check.add(ulps, 0.5, shape=(d, r), key=key, seed=seed, extra={"log2_c": int(k[int(np.argmax(ulps))])})
+    if observable:
+        moments.add(moment_ulps, 0.5, shape=(d, r), key=key, seed=seed,
+                    extra={"log2_c": int(k[int(np.argmax(moment_ulps))])})
+    return Evidence(checks=[check, moments], frames=count)
+
+
+def bitwise_check(seed: int, profile: Profile, optimizer: str, frames: int) -> Evidence:
+    """c = 2^k, lambda = 0: trajectories bit-identical (max ulps over t and entries, bound 0.5), one
+    task per chunk (bitwise_chunk), merged in chunk order.
 
     Multiplying by a power of two is exact and commutes with rounding to nearest (the significands
     are unchanged) as long as no value leaves the normal range: fl(c G) = c G, P_W(c G) computes
     c P_W(G) bit for bit, m scales by c, the sum of squares by c^2, sqrt(c^2 v^) = c sqrt(v^)
     exactly (correctly rounded square root of a power of four times v^), and c m^ / (c sqrt(v^))
     rounds to the same quotient. Hence xi, the trust region, the retraction and W_t are identical.
-    Returns (check, frames examined, moment check). chunks: which chunks this call runs (all by
-    default; one per task under map_chunks).
+    Checks: the frames, and the moments.
     """
-    chunks = chunks or Chunks()
-    check, moments = _bitwise_checks(profile.steps)
-    observable = observability.state_observable(optimizer)
-    examined = 0
-    # float32 and bfloat16 hold fewer powers of two (kit/precision.py): k inside the dtype's decades
-    log2_range = tuple(round(x / math.log10(2.0)) for x in _in_range(
-        tuple(k * math.log10(2.0) for k in LOG2_C_RANGE_BITWISE), _precision(optimizer)))
-    for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
-        if not chunks.take():
-            continue
-        key = (CLAIM_ID, "bitwise", d, r, chunk)
-        rng, W0, gradients = _draw(seed, d, r, count, profile.steps, "bitwise", chunk)
-        k = rng.integers(log2_range[0], log2_range[1] + 1, size=count)
-        c = np.ldexp(1.0, k)
-        W_one, states_one = optimizer_trajectory(optimizer, W0, gradients, CONFIG)
-        W_scaled, states_scaled = optimizer_trajectory(optimizer, W0, c[None, :, None, None] * gradients, CONFIG)
-        if not observable:
-            observability.record(moments.name, "the optimizer's moments m, v are its hidden state")
-        with np.errstate(invalid="ignore"):
-            ulps = np.max(np.stack([ulps_apart(W_scaled[t], W_one[t]) for t in range(len(W_one))]), axis=0)
-            moment_ulps = _moment_ulps(states_one, states_scaled, c, count) if observable else np.zeros(count)
-        ulps = np.where(np.isnan(ulps), np.inf, ulps)
-        moment_ulps = np.where(np.isnan(moment_ulps), np.inf, moment_ulps)
-        check.add(ulps, 0.5, shape=(d, r), key=key, seed=seed, extra={"log2_c": int(k[int(np.argmax(ulps))])})
-        if observable:
-            moments.add(moment_ulps, 0.5, shape=(d, r), key=key, seed=seed,
-                        extra={"log2_c": int(k[int(np.argmax(moment_ulps))])})
-        examined += count
-    return check, examined, moments
-
-
-def _with_figure(fn, *args, chunks: Chunks, figure=None, **kwargs):
-    """One chunk of fn with a figure of its own: (fn's result, the figure points it collected)."""
-    if figure is None:
-        return fn(*args, chunks=chunks, **kwargs), None
-    figure = {key: [] for key in figure}
-    return fn(*args, chunks=chunks, figure=figure, **kwargs), figure
-
-
-def _chunked(fn, *args, figure=None, **kwargs):
-    """fn(*args, figure=figure, **kwargs) with one task per chunk (propositions.kit.parallel), merged
-    in chunk order: checks by NumericalCheck.merge, counts added, power_bitwise counts added, and
-    each chunk's figure points appended while the figure holds fewer than FIGURE_POINTS (fn's own rule)."""
-    partials = map_chunks(_with_figure, fn, *args, figure=figure, task_label=fn.__name__, **kwargs)
-    merged = None
-    for result, points in partials:
-        if merged is None:
-            merged = list(result)
-        else:
-            for position, (mine, theirs) in enumerate(zip(merged, result)):
-                if isinstance(mine, list):
-                    merge_checks([mine, theirs])
-                elif hasattr(mine, "merge"):
-                    mine.merge(theirs)
-                elif isinstance(mine, dict):
-                    merged[position] = {key: mine[key] + theirs[key] for key in mine}
-                elif mine is not None:
-                    merged[position] = mine + theirs
-        if _collecting(figure):
-            for key in figure:
-                figure[key] += points[key]
-    return tuple(merged)
+    chunks = plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES))
+    return map_evidence(bitwise_chunk, chunks, seed, profile, optimizer, task_label="bitwise_check")
 
 
 def eps_prediction_factor(L, trust_radius: float, x):
@@ -532,7 +515,40 @@ def _eps_prediction_error(d: int, r: int, zero, bound_zero, phi, moving, norms, 
             + polar_error_bound(d, r, cond))
 
 
-def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None, chunks: Chunks | None = None):
+def eps_chunk(chunk, seed: int, optimizer, batches: int, figure: bool) -> Evidence:
+    """eps_check on one chunk (d, r, count, chunk index); the figure points (a list of one) when `figure`."""
+    d, r, count, index = chunk
+    config_eps = dataclasses.replace(CONFIG, eps=EPS)
+    check = _eps_deviation_check()
+    variant = get_variant(optimizer)
+    precision = _precision(optimizer)
+    rng, W0, gradients = _draw(seed, d, r, count, 1, "eps", index)
+    c = 10.0 ** rng.uniform(*LOG10_C_RANGE_EPS, size=count)
+    norms = first_step_norms(W0, gradients[0], CONFIG)
+    with np.errstate(all="ignore"):
+        zero = step_direction(variant, W0, gradients[0], variant.init(W0), CONFIG)
+        eps_W, _ = variant.step(W0, c[:, None, None] * gradients[0], variant.init(W0), config_eps)
+    a0 = initial_distance_to_manifold(W0)
+    bound_zero = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0, precision=precision)["W"][0]
+    bound_eps = trajectory_rounding_bound(norms, d, r, config_eps, input_relative_error=u, initial_distance=a0,
+                                          precision=precision)["W"][0]
+    x, moving, G_over_g = _eps_ratio(norms, c)
+    phi = eps_prediction_factor(CONFIG.lr * math.sqrt(d * r), CONFIG.trust_radius, x)
+    predicted = polar_retract(W0, phi[:, None, None] * zero.xi, "svd", validate=False)
+    residual = frame_distance(eps_W, predicted)
+    bound = bound_eps + _eps_prediction_error(d, r, zero, bound_zero, phi, moving, norms, a0)
+    worst = int(np.argmax(np.where(np.isnan(residual), np.inf, residual) / bound))
+    check.add(residual, bound, shape=(d, r), key=(CLAIM_ID, "eps", d, r, index), seed=seed,
+              extra={"c": float(c[worst]), "x": float(x[worst])})
+    extra = {}
+    if figure:
+        extra["figure_points"] = [_points(batches, c=c, deviation=np.nan_to_num(frame_distance(eps_W, zero.W_new), nan=-1.0),
+                                          predicted=frame_distance(predicted, zero.W_new),
+                                          residual=np.nan_to_num(residual, nan=-1.0), bound=bound, x=x)]
+    return Evidence(checks=[check], frames=count, extra=extra)
+
+
+def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure: bool = False) -> Evidence:
     """One step from a fresh state: eps > 0 with gradient c G against the prediction from eps = 0.
 
     The claim says exactly where the eps step lands: W_1(c, eps) = R_W(phi xi_0) with xi_0 the
@@ -541,43 +557,10 @@ def eps_check(seed: int, profile: Profile, optimizer, frames: int, figure=None, 
     (at t = 1 the unclipped eps = 0 step has length lr ||g|| / s = lr sqrt(d r) for every g).
     The residual ||W_1(c, eps) - fl(R_W(fl(phi xi_0)))|| is two-sided (a step that moves less, or
     more, than predicted misses it) and rounding-level in every regime, also where eps dominates
-    and the step is tiny. Returns (check, frames examined). chunks: which chunks this call runs
-    (all by default; see _chunked).
+    and the step is tiny. One task per chunk (eps_chunk), merged in chunk order.
     """
-    chunks = chunks or Chunks()
-    config_eps = dataclasses.replace(CONFIG, eps=EPS)
-    check = _eps_deviation_check()
-    examined = 0
     plan = shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)
-    variant = get_variant(optimizer)
-    precision = _precision(optimizer)
-    for d, r, count, chunk in plan_chunks(plan):
-        if not chunks.take():
-            continue
-        rng, W0, gradients = _draw(seed, d, r, count, 1, "eps", chunk)
-        c = 10.0 ** rng.uniform(*LOG10_C_RANGE_EPS, size=count)
-        norms = first_step_norms(W0, gradients[0], CONFIG)
-        with np.errstate(all="ignore"):
-            zero = step_direction(variant, W0, gradients[0], variant.init(W0), CONFIG)
-            eps_W, _ = variant.step(W0, c[:, None, None] * gradients[0], variant.init(W0), config_eps)
-        a0 = initial_distance_to_manifold(W0)
-        bound_zero = trajectory_rounding_bound(norms, d, r, CONFIG, initial_distance=a0, precision=precision)["W"][0]
-        bound_eps = trajectory_rounding_bound(norms, d, r, config_eps, input_relative_error=u, initial_distance=a0,
-                                              precision=precision)["W"][0]
-        x, moving, G_over_g = _eps_ratio(norms, c)
-        phi = eps_prediction_factor(CONFIG.lr * math.sqrt(d * r), CONFIG.trust_radius, x)
-        predicted = polar_retract(W0, phi[:, None, None] * zero.xi, "svd", validate=False)
-        residual = frame_distance(eps_W, predicted)
-        bound = bound_eps + _eps_prediction_error(d, r, zero, bound_zero, phi, moving, norms, a0)
-        index = int(np.argmax(np.where(np.isnan(residual), np.inf, residual) / bound))
-        check.add(residual, bound, shape=(d, r), key=(CLAIM_ID, "eps", d, r, chunk), seed=seed,
-                  extra={"c": float(c[index]), "x": float(x[index])})
-        if _collecting(figure):
-            _add_points(figure, len(plan), c=c, deviation=np.nan_to_num(frame_distance(eps_W, zero.W_new), nan=-1.0),
-                        predicted=frame_distance(predicted, zero.W_new), residual=np.nan_to_num(residual, nan=-1.0),
-                        bound=bound, x=x)
-        examined += count
-    return check, examined
+    return map_evidence(eps_chunk, plan_chunks(plan), seed, optimizer, batches=len(plan), figure=figure, task_label="eps_check")
 
 
 # --------------------------------------------------------------------------------------------
@@ -847,19 +830,20 @@ def scaled_trajectories_part(ctx: Context) -> Evidence:
     c = 10^U(LOG10_C_RANGE_DECAY) with lambda = WEIGHT_DECAY (2/5 and 1/5 of the profile's frames).
     Frames whose bound is vacuous make the certificate inconclusive."""
     frames = ctx.profile.frames
-    figure_scale = {"c": [], "residual": [], "bound": []}
-    figure_decay = {"c": [], "residual": [], "bound": []}
-    scale_check, n_scale, vacuous_scale, _, scale_moments = _chunked(
-        trajectory_check, ctx.seed, ctx.profile, ctx.optimizer, weight_decay=0.0, frames=frames * 2 // 5,
-        label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, figure=figure_scale)
-    decay_check, n_decay, vacuous_decay, decay_bitwise, decay_moments = _chunked(
-        trajectory_check, ctx.seed, ctx.profile, ctx.optimizer, weight_decay=WEIGHT_DECAY, frames=frames // 5,
-        label="trajectory_scale_invariance_decay", log10_c_range=LOG10_C_RANGE_DECAY, figure=figure_decay,
-        large=MEDIUM_SHAPES)
-    vacuous = vacuous_scale + vacuous_decay
+    scale = trajectory_check(ctx.seed, ctx.profile, ctx.optimizer, weight_decay=0.0, frames=frames * 2 // 5,
+                             label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, figure=True)
+    decay = trajectory_check(ctx.seed, ctx.profile, ctx.optimizer, weight_decay=WEIGHT_DECAY, frames=frames // 5,
+                             label="trajectory_scale_invariance_decay", log10_c_range=LOG10_C_RANGE_DECAY, figure=True,
+                             large=MEDIUM_SHAPES)
+    vacuous = scale.extra["counts"]["vacuous"] + decay.extra["counts"]["vacuous"]
+    decay_bitwise = {"frames": decay.extra["counts"]["power_frames"], "bitwise": decay.extra["counts"]["power_bitwise"]}
+    figure_scale = _figure_points(scale, ("c", "residual", "bound"))
+    figure_decay = _figure_points(decay, ("c", "residual", "bound"))
+    scale_check, scale_m, scale_v = scale.checks
+    decay_check, decay_m, decay_v = decay.checks
     return Evidence(
-        checks=[scale_check, decay_check] + scale_moments + decay_moments,
-        frames=n_scale + n_decay,
+        checks=[scale_check, decay_check, scale_m, scale_v, decay_m, decay_v],
+        frames=scale.frames + decay.frames,
         extra={
             "config": {"lr": CONFIG.lr, "betas": list(CONFIG.betas), "trust_radius": CONFIG.trust_radius,
                        "weight_decay_checked": WEIGHT_DECAY, "eps_checked": EPS},
@@ -884,18 +868,16 @@ def scaled_trajectories_part(ctx: Context) -> Evidence:
 
 def power_of_two_part(ctx: Context) -> Evidence:
     """c = 2^k, lambda = 0: bit-identical trajectories and moments (bitwise_check, 1/5 of the frames)."""
-    check, examined, moments = _chunked(bitwise_check, ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.frames // 5)
-    return Evidence(checks=[check, moments], frames=examined)
+    return bitwise_check(ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.frames // 5)
 
 
 def eps_part(ctx: Context) -> Evidence:
     """eps > 0: the one step lands where the claim predicts (eps_check, 1/5 of the frames)."""
-    figure = {"c": [], "deviation": [], "predicted": [], "residual": [], "bound": [], "x": []}
-    check, examined = _chunked(eps_check, ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.frames // 5,
-                               figure=figure)
+    evidence = eps_check(ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.frames // 5, figure=True)
+    figure = _figure_points(evidence, ("c", "deviation", "predicted", "residual", "bound", "x"))
     return Evidence(
-        checks=[check],
-        frames=examined,
+        checks=evidence.checks,
+        frames=evidence.frames,
         figures={
             "eps_deviation": _against(figure, "x", ["deviation", "predicted", "residual", "bound"],
                                       f"one step with eps = {EPS:g}: deviation from the eps = 0 step, its "
@@ -956,9 +938,9 @@ def fixed_step_sgd(ctx: Context) -> Evidence:
     """The control: the lambda = 0 trajectory check with the control's step on profile.control_frames
     frames of the small shapes (ctx.optimizer is the control)."""
     profile = dataclasses.replace(ctx.profile, frames=ctx.profile.control_frames)
-    check, *_ = _chunked(trajectory_check, ctx.seed, profile, ctx.optimizer, weight_decay=0.0, frames=profile.frames,
-                         label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, large=())
-    return Evidence(checks=[check])
+    evidence = trajectory_check(ctx.seed, profile, ctx.optimizer, weight_decay=0.0, frames=profile.frames,
+                                label="trajectory_scale_invariance", log10_c_range=LOG10_C_RANGE, large=())
+    return Evidence(checks=evidence.checks[:1])
 
 
 CLAIM = Claim(

@@ -66,7 +66,7 @@ from reference_impl import StiefelAdamConfig, get_variant
 from reference_impl.adam import clip_to_trust_region, frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan, u
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_chunks, rng_for, shape_plan, u
 from ._common import wide_scale_gradients
 from .kit import observability, tightness
 from .kit import precision as precisions
@@ -75,8 +75,7 @@ from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, g
 from .kit.bounds import projection_error_bound
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
-from .kit.parallel import Chunks, map_chunks, merge_checks
-from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic, map_evidence
 from .kit.symbolic import is_zero, reduce_with
 from .kit.trajectories import INF, TrajectoryPlan, TrajectorySetting, trajectory_part
 
@@ -616,50 +615,67 @@ def _chunk_steps(checks, variant, W, G, G_second, key: tuple, seed: int) -> tupl
     return unrecoverable + more_unrecoverable, coarse + more_coarse, {first.source, second.source}
 
 
-def _tangent_chunks(seed: int, label: str, batches, chunks: Chunks):
-    """(d, r, key, rng, W) per chunk that `chunks` takes of the batches with T_W != {0} (d = r = 1
-    has g = 0: no step, no tangent); W (count, d, r) Haar frames drawn first from rng = rng_for(seed,
-    *key), key = (CLAIM_ID, label, d, r, chunk_index)."""
-    for batch in batches:
-        d, r = batch.d, batch.r
-        if d * r - r * (r + 1) // 2 == 0:
-            continue
-        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
-            if chunks.take():
-                key = (CLAIM_ID, label, d, r, chunk_index)
-                rng = rng_for(seed, *key)
-                yield d, r, key, rng, ri.random_point(d, r, rng, (count,))
+def _tangent_chunks(batches) -> list[tuple[int, int, int, int]]:
+    """The chunks (d, r, count, chunk index) of the batches with T_W != {0} (d = r = 1 has g = 0: no
+    step, no tangent)."""
+    return batch_chunks([batch for batch in batches if batch.d * batch.r - batch.r * (batch.r + 1) // 2 > 0])
 
 
-def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = None, large=LARGE_SHAPES, chunks: Chunks | None = None):
-    """Checks (a) and the conditioning of the step's own W + xi, over shape_plan(profile, frames, large).
+def _tangent_draws(seed: int, label: str, chunk):
+    """(key, rng, W) of one chunk: W (count, d, r) Haar frames drawn first from rng = rng_for(seed,
+    *key), key = (CLAIM_ID, label, d, r, chunk index)."""
+    d, r, count, index = chunk
+    key = (CLAIM_ID, label, d, r, index)
+    rng = rng_for(seed, *key)
+    return key, rng, ri.random_point(d, r, rng, (count,))
 
-    Each frame takes a step of the optimizer under test at t = 1 from a fresh state; half of them
-    take a second one at t = 2 from the state the first step returned (m non-zero and transported)
-    (_chunk_steps). chunks: which chunks this call runs (all by default; one per task under
-    map_chunks, see _step_checks). Returns (the six checks, frames, the sorted direction sources,
-    (frame-steps whose spread is not observable, frame-steps whose spread has no bound at the
-    precision)); the counts go into the spread check's description once the chunks are merged
-    (describe_left_out), where they add up over every chunk.
-    """
+
+def _step_checks_of(optimizer) -> dict[str, NumericalCheck]:
+    """The empty step checks of the optimizer under test, their derivation at its precision."""
     checks = _step_check_set(variant_name(optimizer))
-    variant = get_variant(optimizer)
-    precision = precisions.of(variant)
+    precision = precisions.of(get_variant(optimizer))
     if not precision.is_float64:
         for check in checks.values():
             check.bound_derivation += (f" The optimizer under test at {precision.text()}: the same derivation with u = u_c + u_s "
                                        "(kit/precision.py), its retraction's rounding on its declared route plus W_new's storage.")
-    total, unrecoverable_frames, coarse_frames, sources = 0, 0, 0, set()
-    for d, r, key, rng, W in _tangent_chunks(seed, "step", shape_plan(profile, frames=frames, large=large), chunks or Chunks()):
-        count = W.shape[0]
-        G = wide_scale_gradients(rng, W.shape, precision.scale_decades)
-        G_second = G * (10.0 ** rng.uniform(-1.0, 1.0, size=(count, 1, 1))) * rng.standard_normal(W.shape)
-        unrecoverable, coarse, chunk_sources = _chunk_steps(checks, variant, W, G, G_second, key, seed)
-        unrecoverable_frames += unrecoverable
-        coarse_frames += coarse
-        sources |= chunk_sources
-        total += count
-    return list(checks.values()), total, sorted(sources), (unrecoverable_frames, coarse_frames)
+    return checks
+
+
+def step_chunk(chunk, seed: int, optimizer) -> Evidence:
+    """Checks (a) and the conditioning of the step's own W + xi on one chunk (d, r, count, chunk
+    index): a step at t = 1 from a fresh state for every frame, one at t = 2 for half of them
+    (_chunk_steps). extra["direction_source"]: Counts of the chunk's direction sources;
+    extra["left_out"]: Counts of the frame-steps whose spread is not observable (unrecoverable) or
+    has no bound at the precision (coarse)."""
+    checks = _step_checks_of(optimizer)
+    variant = get_variant(optimizer)
+    key, rng, W = _tangent_draws(seed, "step", chunk)
+    count = W.shape[0]
+    G = wide_scale_gradients(rng, W.shape, precisions.of(variant).scale_decades)
+    G_second = G * (10.0 ** rng.uniform(-1.0, 1.0, size=(count, 1, 1))) * rng.standard_normal(W.shape)
+    unrecoverable, coarse, sources = _chunk_steps(checks, variant, W, G, G_second, key, seed)
+    return Evidence(checks=list(checks.values()), frames=count,
+                    extra={"direction_source": Counts(dict.fromkeys(sources, 1)),
+                           "left_out": Counts(unrecoverable=unrecoverable, coarse=coarse)})
+
+
+def step_checks(seed: int, profile: Profile, optimizer, frames: int | None = None, large=LARGE_SHAPES) -> Evidence:
+    """Checks (a) and the conditioning of the step's own W + xi, over shape_plan(profile, frames, large).
+
+    Each frame takes a step of the optimizer under test at t = 1 from a fresh state; half of them
+    take a second one at t = 2 from the state the first step returned (m non-zero and transported).
+    One task per chunk (step_chunk), merged in chunk order: the six checks, and in extra the
+    direction sources (Counts by source) and the frame-steps left out (Counts: unrecoverable,
+    coarse), summed over every chunk; the spread check's description says how many were left out
+    (describe_left_out).
+    """
+    chunks = _tangent_chunks(shape_plan(profile, frames=frames, large=large))
+    evidence = map_evidence(step_chunk, chunks, seed, optimizer, task_label="step_checks")
+    if not evidence.checks:  # no chunk: the checks say so with no samples
+        evidence.checks = list(_step_checks_of(optimizer).values())
+    left_out = evidence.extra.setdefault("left_out", Counts(unrecoverable=0, coarse=0))
+    describe_left_out(evidence.checks, optimizer, left_out["unrecoverable"], left_out["coarse"])
+    return evidence
 
 
 def describe_left_out(checks: list[NumericalCheck], optimizer, unrecoverable: int, coarse: int) -> None:
@@ -671,18 +687,6 @@ def describe_left_out(checks: list[NumericalCheck], optimizer, unrecoverable: in
     if coarse:
         spread.description += (f"; {coarse} frame-steps left out: at {precisions.of(get_variant(optimizer)).text()} a ratio's "
                                "relative error bound reaches 1 (no bound)")
-
-
-def _step_checks(seed: int, profile: Profile, optimizer, **plan):
-    """step_checks with one task per chunk, merged in chunk order (the direction sources: their union;
-    the frame-steps left out: their sums, described on the merged spread check). Returns (checks,
-    frames, sources, frame-steps without a bound at the precision)."""
-    partials = map_chunks(step_checks, seed, profile, optimizer, **plan)
-    sources = sorted(set().union(*(p[2] for p in partials)))
-    checks = merge_checks(p[0] for p in partials)
-    unrecoverable, coarse = sum(p[3][0] for p in partials), sum(p[3][1] for p in partials)
-    describe_left_out(checks, optimizer, unrecoverable, coarse)
-    return checks, sum(p[1] for p in partials), sources, coarse
 
 
 def _conditioning_check_set() -> tuple[NumericalCheck, ...]:
@@ -759,20 +763,22 @@ def _rank_one_tangents(attained: NumericalCheck, W, rng: np.random.Generator, **
     attained.add(np.abs(cond_one - kappa), bound_one, **where)
 
 
-def conditioning_checks(seed: int, profile: Profile, chunks: Chunks | None = None):
-    """Check (b) over random tangents of norm up to Delta, and the attainment by rank-one tangents.
-
-    chunks: which chunks this call runs (all by default; one per task under map_chunks).
-    Returns (the four checks, frames).
-    """
+def conditioning_chunk(chunk, seed: int) -> Evidence:
+    """Check (b) over random tangents of norm up to Delta on one chunk (d, r, count, chunk index),
+    and the attainment by rank-one tangents where d > r >= 2."""
+    d, r, count, _ = chunk
     checks = _conditioning_check_set()
-    total = 0
-    for d, r, key, rng, W in _tangent_chunks(seed, "conditioning", shape_plan(profile), chunks or Chunks()):
-        _random_tangents(checks, W, rng, shape=(d, r), key=key, seed=seed)
-        if d > r >= 2:
-            _rank_one_tangents(checks[-1], W, rng, shape=(d, r), key=key, seed=seed)
-        total += W.shape[0]
-    return list(checks), total
+    key, rng, W = _tangent_draws(seed, "conditioning", chunk)
+    _random_tangents(checks, W, rng, shape=(d, r), key=key, seed=seed)
+    if d > r >= 2:
+        _rank_one_tangents(checks[-1], W, rng, shape=(d, r), key=key, seed=seed)
+    return Evidence(checks=list(checks), frames=count)
+
+
+def conditioning_checks(seed: int, profile: Profile) -> Evidence:
+    """Check (b) and its attainment over shape_plan(profile): one task per chunk (conditioning_chunk),
+    merged in chunk order; the four checks."""
+    return map_evidence(conditioning_chunk, _tangent_chunks(shape_plan(profile)), seed, task_label="conditioning_checks")
 
 
 def conditioning_figure(seed: int) -> dict:
@@ -920,11 +926,13 @@ def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalChec
 
 def step_part(ctx: Context) -> Evidence:
     """Checks (a) on the steps of the optimizer under test (the chunks of step_checks)."""
-    step, step_frames, direction_sources, coarse = _step_checks(ctx.seed, ctx.profile, ctx.optimizer)
+    evidence = step_checks(ctx.seed, ctx.profile, ctx.optimizer)
+    direction_sources = sorted(evidence.extra.get("direction_source", {}))
+    coarse = evidence.extra["left_out"]["coarse"]
     config = STEP_CONFIG
     return Evidence(
-        checks=step,
-        frames=step_frames,
+        checks=evidence.checks,
+        frames=evidence.frames,
         inconclusive=[f"preconditioner_spread: {coarse} frame-steps have no bound at the implementation's precision (a ratio's "
                       "relative error reaches 1, kit/precision.py); the spread is not certified for them"] if coarse else [],
         extra={
@@ -945,11 +953,11 @@ def step_part(ctx: Context) -> Evidence:
 
 def conditioning_part(ctx: Context) -> Evidence:
     """Check (b) over random and rank-one tangents (the chunks of conditioning_checks), and its figure."""
-    partials = map_chunks(conditioning_checks, ctx.seed, ctx.profile)
+    evidence = conditioning_checks(ctx.seed, ctx.profile)
     figure = conditioning_figure(ctx.seed)
     return Evidence(
-        checks=merge_checks(p[0] for p in partials),
-        frames=sum(p[1] for p in partials),
+        checks=evidence.checks,
+        frames=evidence.frames,
         figures={
             "conditioning_bound": LineFigure(
                 title=f"cond(W + xi) against the trust radius, shape {tuple(figure['shape'])}",
@@ -995,9 +1003,8 @@ def step_control(ctx: Context) -> Evidence:
     """A control (ctx.optimizer) through the step checks on the control plan (the control frames, the
     two cheaper large shapes). The reconstruction check confirms which xi was retracted; it is not
     what the control breaks, so it is left out of the control's checks."""
-    control_checks, _, _, _ = _step_checks(ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.control_frames,
-                                        large=LARGE_SHAPES[:2])
-    return Evidence(checks=control_checks[1:])
+    evidence = step_checks(ctx.seed, ctx.profile, ctx.optimizer, frames=ctx.profile.control_frames, large=LARGE_SHAPES[:2])
+    return Evidence(checks=evidence.checks[1:])
 
 
 CLAIM = Claim(

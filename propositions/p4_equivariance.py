@@ -73,8 +73,7 @@ from .kit import observability, tightness
 from .kit import precision as precisions
 from .kit.directions import step_direction
 from .kit.figures import DataFigure
-from .kit.parallel import Chunks, map_chunks, merge_checks
-from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic, map_evidence
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
 from .kit.running_bounds import record_trajectory, optimizer_trajectory, trajectory_rounding_bound, worst_over_steps
 from .kit.symbolic import is_zero
@@ -222,18 +221,16 @@ def _transform(side: str, transform: str, n: int, rng: np.random.Generator, coun
     return act, product_rounding(n), O, resampled
 
 
-def _record_draws(extra: dict, name: str, O: np.ndarray, resampled: int, square: bool) -> None:
-    """Count the Haar draws of one chunk by determinant, overall and per shape (`name`)."""
+def _record_draws(name: str, O: np.ndarray, resampled: int, square: bool) -> Counts:
+    """The Haar draws of one chunk counted by determinant, overall and per shape (`name`: [det -1,
+    det +1, extra draws made to find a missing component])."""
     count = len(O)
     negative = int(np.sum(np.linalg.slogdet(O)[0] < 0))
-    extra["det_minus_one"] = extra.get("det_minus_one", 0) + negative
-    extra["det_plus_one"] = extra.get("det_plus_one", 0) + count - negative
-    per_shape = extra.setdefault("by_shape", {}).setdefault(name, [0, 0, 0])
-    per_shape[0] += negative
-    per_shape[1] += count - negative
-    per_shape[2] += resampled
+    draws = Counts(det_minus_one=negative, det_plus_one=count - negative,
+                   by_shape=Counts({name: [negative, count - negative, resampled]}))
     if square:
-        extra["square_frames"] = extra.get("square_frames", 0) + count
+        draws["square_frames"] = count
+    return draws
 
 
 def _comparisons(optimizer, W0, gradients, act, rounding: float, checks: dict) -> dict:
@@ -270,61 +267,62 @@ def _comparisons(optimizer, W0, gradients, act, rounding: float, checks: dict) -
     return comparisons
 
 
+def action_chunk(chunk, seed: int, profile: Profile, optimizer, side: str, frames: int, large, label: str,
+                 transform: str = "haar") -> Evidence:
+    """The trajectories of one chunk (d, r, count, chunk index) of action_check: the three checks (W,
+    m, v); extra: Counts of the vacuous frames, of the Haar draws (haar_draws), and the figure's
+    record of the frame check (the label, the shape and the worst residual / bound).
+
+    `profile` and `large` are the plan's as action_check adjusted them; frames and large rebuild the
+    plan when the earlier chunks' Haar draws are replayed (_replay_draws)."""
+    d, r, count, index = chunk
+    checks = _checks(label, side)
+    n = d if side == "left" else r
+    seen: set = set()
+    if transform == "haar":
+        _replay_draws(seed, d, r, profile.steps, label, side, n, range(index), seen, frames, large, profile)
+    rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, index)
+    act, rounding, O, resampled = _transform(side, transform, n, rng, count, seen)
+    extra: dict = {"counts": Counts(vacuous=0)}
+    if O is not None:
+        extra["haar_draws"] = _record_draws(f"{label} ({d}, {r}) O({n})", O, resampled, d == r)
+    for key, (residual, bound) in _comparisons(optimizer, W0, gradients, act, rounding, checks).items():
+        # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
+        # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
+        bound = np.where(bound > 0, bound, u)
+        if key == "W":  # a bound of 2 sqrt(r) or more (two frames are never further apart) certifies nothing
+            extra["counts"]["vacuous"] += int(np.sum(np.any(~(bound < 2 * math.sqrt(r)), axis=0)))
+        worst_residual, worst_bound, _ = worst_over_steps(residual, bound)
+        checks[key].add(worst_residual, worst_bound, shape=(d, r), key=(CLAIM_ID, label, d, r, index), seed=seed)
+        if key == "W":
+            ratio = float(np.max(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound))
+            extra["figure"] = {"check": [label], "d": [d], "r": [r], "max_ratio": [ratio]}
+    return Evidence(checks=list(checks.values()), frames=count, extra=extra)
+
+
 def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames: int, large, label: str,
-                 transform: str = "haar", extra: dict | None = None, figure: dict | None = None,
-                 chunks: Chunks | None = None) -> tuple[dict, int]:
+                 transform: str = "haar") -> Evidence:
     """Trajectories of (W, G_t) and of the transformed (Q W, Q G_t) or (W R, G_t R).
 
     side: "left" (Q in O(d)) or "right" (R in O(r)); transform: "haar" (Haar on O(n), both
-    components) or "signed_permutation" (exact products: no input rounding). Returns the three
-    checks (W, m, v) and the number of frames. extra, when given, counts the Haar draws
-    (_record_draws); figure, when given, collects per chunk the shape and the worst residual /
-    bound of the frame check. chunks: which chunks this call runs (all by default; one chunk per
-    task under map_chunks, see _action_check). The Haar draws of a chunk depend on the determinant
-    signs that its shape's earlier chunks met (_transform): a call that starts mid-shape replays
-    those chunks' draws, not their trajectories, until both components are seen, so that every
-    chunk draws what a sequential run draws.
+    components) or "signed_permutation" (exact products: no input rounding). One task per chunk
+    (action_chunk), merged in chunk order: the three checks (W, m, v), the frames, and in extra
+    the Counts of vacuous frames and of the Haar draws, and the figure's records. The Haar draws of a
+    chunk depend on the determinant signs that its shape's earlier chunks met (_transform): a
+    chunk replays those chunks' draws, not their trajectories, until both components are seen, so
+    that every chunk draws what one loop over the chunks would draw.
     """
-    chunks = chunks or Chunks()
-    checks = _checks(label, side)
-    examined = vacuous = 0
-    components_seen: dict = {}
-    accounted: dict = {}  # per shape: the chunks whose draws are in components_seen
     profile, large = low_precision_plan(profile, large, precisions.of(get_variant(optimizer)))
-    for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)):
-        if not chunks.take():
-            continue
-        n = d if side == "left" else r
-        seen = components_seen.setdefault((d, r), set())
-        if transform == "haar":
-            _replay_draws(seed, d, r, profile.steps, label, side, n, range(accounted.get((d, r), 0), chunk), seen, frames, large, profile)
-        accounted[(d, r)] = chunk + 1
-        rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, chunk)
-        act, rounding, O, resampled = _transform(side, transform, n, rng, count, seen)
-        if extra is not None and O is not None:
-            _record_draws(extra, f"{label} ({d}, {r}) O({n})", O, resampled, d == r)
-        for key, (residual, bound) in _comparisons(optimizer, W0, gradients, act, rounding, checks).items():
-            # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
-            # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
-            bound = np.where(bound > 0, bound, u)
-            if key == "W":  # a bound of 2 sqrt(r) or more (two frames are never further apart) certifies nothing
-                vacuous += int(np.sum(np.any(~(bound < 2 * math.sqrt(r)), axis=0)))
-            worst_residual, worst_bound, _ = worst_over_steps(residual, bound)
-            checks[key].add(worst_residual, worst_bound, shape=(d, r), key=(CLAIM_ID, label, d, r, chunk), seed=seed)
-            if key == "W" and figure is not None:
-                figure["check"].append(label)
-                figure["d"].append(d)
-                figure["r"].append(r)
-                figure["max_ratio"].append(float(np.max(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound)))
-        examined += count
-    return checks, examined, vacuous
+    chunks = plan_chunks(shape_plan(profile, frames=frames, large=large))
+    return map_evidence(action_chunk, chunks, seed, profile, optimizer, side, frames, large, label, transform,
+                        task_label=f"action_check[{label}]")
 
 
 def _replay_draws(seed, d, r, steps, label, side, n, earlier, seen: set, frames, large, profile) -> None:
     """Add to `seen` the determinant signs that the Haar draws of the `earlier` chunks of shape
-    (d, r) met, drawing them as action_check does (the frames and gradients first: the same
+    (d, r) met, drawing them as action_chunk does (the frames and gradients first: the same
     stream), until both components are seen; their trajectories are not run."""
-    if not earlier or seen >= {-1.0, 1.0}:  # a sequential run, or nothing left to learn: no plan to rebuild
+    if not earlier:  # the shape's first chunk: no plan to rebuild
         return
     sizes = {chunk: count for d_, r_, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)) if (d_, r_) == (d, r)}
     for chunk in earlier:
@@ -332,41 +330,6 @@ def _replay_draws(seed, d, r, steps, label, side, n, earlier, seen: set, frames,
             return
         rng, _, _ = _draw(seed, d, r, sizes[chunk], steps, label, chunk)
         _transform(side, "haar", n, rng, sizes[chunk], seen)
-
-
-def _merge_counts(into: dict, part: dict) -> None:
-    """Add the counts of `part` into `into`: integers, and the [negative, positive, resampled] lists of by_shape."""
-    for key, value in part.items():
-        if isinstance(value, dict):
-            _merge_counts(into.setdefault(key, {}), value)
-        elif isinstance(value, list):
-            into[key] = [a + b for a, b in zip(into.get(key, [0] * len(value)), value)]
-        else:
-            into[key] = into.get(key, 0) + value
-
-
-def _with_records(seed, profile, optimizer, side, frames, large, label, *, chunks, extra=None, figure=None, **kwargs):
-    """One task of action_check: its result with the extra and figure records of its own."""
-    extra = None if extra is None else {}
-    figure = None if figure is None else {key: [] for key in figure}
-    result = action_check(seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure, chunks=chunks, **kwargs)
-    return result, extra, figure
-
-
-def _action_check(seed, profile, optimizer, side, frames, large, label, *, extra=None, figure=None, **kwargs):
-    """action_check with one task per chunk, merged in chunk order into `extra` and `figure`."""
-    partials = map_chunks(_with_records, seed, profile, optimizer, side, frames, large, label, extra=extra, figure=figure,
-                          task_label=f"action_check[{label}]", **kwargs)
-    names = list(partials[0][0][0])
-    merged = merge_checks([[checks[name] for name in names] for (checks, _, _), _, _ in partials])
-    for _, part_extra, part_figure in partials:
-        if extra is not None:
-            _merge_counts(extra, part_extra)
-        if figure is not None:
-            for key in figure:
-                figure[key] += part_figure[key]
-    return (dict(zip(names, merged)), sum(examined for (_, examined, _), _, _ in partials),
-            sum(vacuous for (_, _, vacuous), _, _ in partials))
 
 
 def _sign_flip_checks(hooked: bool) -> tuple[NumericalCheck, NumericalCheck]:
@@ -444,7 +407,39 @@ def _count_permutations(counts: dict, variant, W0, G, W1, P_left, P_right) -> No
         _count(counts, f"projection_signed_permutation_{side}", riemannian_gradient(permute(W0), permute(G)) == permute(g), count)
 
 
-def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunks: Chunks | None = None) -> tuple[list, int, dict]:
+def sign_flip_chunk(chunk, seed: int, optimizer) -> Evidence:
+    """sign_flip_bitwise on one chunk (d, r, count, chunk index); extra["bitwise_counts"]: Counts of
+    [bit-identical, frames] per BITWISE_COUNTS key."""
+    d, r, count, index = chunk
+    variant = get_variant(optimizer)
+    hooked = variant.step_with_direction is not None
+    observable = observability.state_observable(variant)
+    direction_check, second_moment = _sign_flip_checks(hooked)
+    counts = Counts({key: [0, 0] for key in BITWISE_COUNTS})
+    rng, W0, gradients = _draw(seed, d, r, count, 2, "bitwise", index)
+    signs_left = rng.choice([-1.0, 1.0], size=(count, d, 1))
+    signs_right = rng.choice([-1.0, 1.0], size=(count, 1, r))
+    P_left = random_signed_permutation(d, rng, (count,))
+    P_right = random_signed_permutation(r, rng, (count,))
+    W1, state1 = variant.step(W0, gradients[0], variant.init(W0), CONFIG)
+    start = (W1, gradients[1], state1) if observable else (W0, gradients[0], variant.init(W0))
+    base = step_direction(variant, *start, CONFIG)
+    for side, flip in (("left", lambda A: signs_left * A), ("right", lambda A: A * signs_right)):
+        moved = step_direction(variant, *_flipped(variant, flip, *start, observable), CONFIG)
+        key = (CLAIM_ID, "bitwise", d, r, index, side)
+        _add_direction(direction_check, hooked, moved, base, flip, (d, r), key, seed)
+        _count(counts, f"full_step_sign_flip_{side}", moved.W_new == flip(base.W_new), count)
+        if not observable:
+            observability.record(second_moment.name, "v+ and t+ are the optimizer's hidden state")
+            continue
+        _add_second_moment(second_moment, moved, base, count, (d, r), key, seed)
+        same_m = np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m))
+        _count(counts, f"first_moment_sign_flip_{side}", same_m, count)
+    _count_permutations(counts, variant, W0, gradients[0], W1, P_left, P_right)
+    return Evidence(checks=[direction_check, second_moment], frames=count, extra={"bitwise_counts": counts})
+
+
+def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> Evidence:
     """Sign flips D = diag(+-1) on both sides, through the step under test, from a non-fresh state.
 
     Each frame takes one step from a fresh state, (W1, (m1, v1, t1)) = step(W0, G1, init); then the
@@ -459,53 +454,14 @@ def sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer, chunk
     bitwise: its check then holds ||xi(flipped) - D xi|| to both inverses' error bounds plus the
     inverse's sensitivity times ||W+(flipped) - D W+||. A black box (state not observable) is
     flipped on its first step, from fresh states. Also measures how often a general signed
-    permutation leaves the full step and the projection bit-identical. Returns ([direction, second
-    moment], frames, the bit-identical fractions of BITWISE_COUNTS). chunks: which chunks this call
-    runs (all by default; one per task under map_chunks, see _sign_flip_bitwise).
+    permutation leaves the full step and the projection bit-identical. One task per chunk
+    (sign_flip_chunk), merged in chunk order: the checks [direction, second moment], the frames, and
+    extra["bitwise_fractions"], the bit-identical fractions of BITWISE_COUNTS over every chunk.
     """
-    chunks = chunks or Chunks()
-    variant = get_variant(optimizer)
-    hooked = variant.step_with_direction is not None
-    observable = observability.state_observable(variant)
-    direction_check, second_moment = _sign_flip_checks(hooked)
-    counts = {key: [0, 0] for key in BITWISE_COUNTS}
-    examined = 0
-    for d, r, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES)):
-        if not chunks.take():
-            continue
-        rng, W0, gradients = _draw(seed, d, r, count, 2, "bitwise", chunk)
-        signs_left = rng.choice([-1.0, 1.0], size=(count, d, 1))
-        signs_right = rng.choice([-1.0, 1.0], size=(count, 1, r))
-        P_left = random_signed_permutation(d, rng, (count,))
-        P_right = random_signed_permutation(r, rng, (count,))
-        W1, state1 = variant.step(W0, gradients[0], variant.init(W0), CONFIG)
-        start = (W1, gradients[1], state1) if observable else (W0, gradients[0], variant.init(W0))
-        base = step_direction(variant, *start, CONFIG)
-        for side, flip in (("left", lambda A: signs_left * A), ("right", lambda A: A * signs_right)):
-            moved = step_direction(variant, *_flipped(variant, flip, *start, observable), CONFIG)
-            key = (CLAIM_ID, "bitwise", d, r, chunk, side)
-            _add_direction(direction_check, hooked, moved, base, flip, (d, r), key, seed)
-            _count(counts, f"full_step_sign_flip_{side}", moved.W_new == flip(base.W_new), count)
-            if not observable:
-                observability.record(second_moment.name, "v+ and t+ are the optimizer's hidden state")
-                continue
-            _add_second_moment(second_moment, moved, base, count, (d, r), key, seed)
-            same_m = np.asarray(moved.state_new.m) == flip(np.asarray(base.state_new.m))
-            _count(counts, f"first_moment_sign_flip_{side}", same_m, count)
-        _count_permutations(counts, variant, W0, gradients[0], W1, P_left, P_right)
-        examined += count
-    return [direction_check, second_moment], examined, _fractions(counts)
-
-
-def _sign_flip_bitwise(seed: int, frames: int, profile: Profile, optimizer) -> tuple[list, int, dict]:
-    """sign_flip_bitwise with one task per chunk, merged in chunk order (the fractions from the summed counts)."""
-    partials = map_chunks(sign_flip_bitwise, seed, frames, profile, optimizer)
-    counts: dict = {}
-    for _, _, fractions in partials:
-        for key, entry in fractions.items():
-            hit, total = counts.get(key, (0, 0))
-            counts[key] = (hit + entry["bitwise"], total + entry["frames"])
-    return merge_checks(p[0] for p in partials), sum(p[1] for p in partials), _fractions(counts)
+    chunks = plan_chunks(shape_plan(profile, frames=frames, large=MEDIUM_SHAPES))
+    evidence = map_evidence(sign_flip_chunk, chunks, seed, optimizer, task_label="sign_flip_bitwise")
+    evidence.extra["bitwise_fractions"] = _fractions(evidence.extra.pop("bitwise_counts", {key: [0, 0] for key in BITWISE_COUNTS}))
+    return evidence
 
 
 # --------------------------------------------------------------------------------------------
@@ -624,17 +580,16 @@ def haar_part(ctx: Context) -> Evidence:
     R on O(r) (every shape, (1024, 128) included), 2/5 of the profile's frames each. A shape whose
     draws miss a component of O(n) makes the certificate inconclusive."""
     frames = ctx.profile.frames
-    draws: dict = {}
-    ratio_by_shape = {"check": [], "d": [], "r": [], "max_ratio": []}
-    left, n_left, vacuous_left = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES,
-                                 "left_haar", extra=draws, figure=ratio_by_shape)
-    right, n_right, vacuous_right = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames * 2 // 5, LARGE_SHAPES,
-                                   "right_haar", extra=draws, figure=ratio_by_shape)
+    left = action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES, "left_haar")
+    right = action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames * 2 // 5, LARGE_SHAPES, "right_haar")
+    both = Evidence.merged([Evidence(extra=left.extra), Evidence(extra=right.extra)]).extra
+    draws, ratio_by_shape = both.get("haar_draws", Counts()), both["figure"]
+    vacuous = both["counts"]["vacuous"]
     by_shape = draws.get("by_shape", {})
     missing = component_coverage(draws)
     return Evidence(
-        checks=list(left.values()) + list(right.values()),
-        frames=n_left + n_right,
+        checks=left.checks + right.checks,
+        frames=left.frames + right.frames,
         extra={
             "config": {"lr": CONFIG.lr, "betas": list(CONFIG.betas), "eps": CONFIG.eps,
                        "trust_radius": CONFIG.trust_radius, "weight_decay": CONFIG.weight_decay},
@@ -649,7 +604,7 @@ def haar_part(ctx: Context) -> Evidence:
             "(St(d, d) = O(d)).",
         ],
         inconclusive=(["the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
-                       + "; ".join(missing)] if missing else []) + _vacuous_reason(vacuous_left + vacuous_right),
+                       + "; ".join(missing)] if missing else []) + _vacuous_reason(vacuous),
     )
 
 
@@ -660,17 +615,18 @@ def _vacuous_reason(vacuous: int) -> list[str]:
 
 def signed_permutation_part(ctx: Context) -> Evidence:
     """Left signed permutations (exact products) through the same trajectory check, 1/10 of the frames."""
-    checks, examined, vacuous = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", ctx.profile.frames // 10,
-                                              MEDIUM_SHAPES, "left_signed_permutation", transform="signed_permutation")
-    return Evidence(checks=list(checks.values()), frames=examined, inconclusive=_vacuous_reason(vacuous))
+    evidence = action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", ctx.profile.frames // 10, MEDIUM_SHAPES,
+                            "left_signed_permutation", transform="signed_permutation")
+    return Evidence(checks=evidence.checks, frames=evidence.frames, inconclusive=_vacuous_reason(evidence.extra["counts"]["vacuous"]))
 
 
 def sign_flips_part(ctx: Context) -> Evidence:
     """The bitwise tier (sign_flip_bitwise, 1/10 of the frames) and the bit-identical fractions it measured."""
-    checks, examined, fractions = _sign_flip_bitwise(ctx.seed, ctx.profile.frames // 10, ctx.profile, ctx.optimizer)
+    evidence = sign_flip_bitwise(ctx.seed, ctx.profile.frames // 10, ctx.profile, ctx.optimizer)
+    fractions = evidence.extra["bitwise_fractions"]
     return Evidence(
-        checks=checks,
-        frames=examined,
+        checks=evidence.checks,
+        frames=evidence.frames,
         extra={"bitwise_fractions": fractions},
         notes=[
             "Signed permutations do not make the float64 step bitwise for this reference: BLAS accumulates "
@@ -694,9 +650,9 @@ def haar_control(ctx: Context) -> Evidence:
     """A control: the frame checks of both Haar actions with the control's step (ctx.optimizer) on
     profile.control_frames frames of the small shapes."""
     frames = ctx.profile.control_frames
-    left, _, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames, (), "left_haar")
-    right, _, _ = _action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames, (), "right_haar")
-    return Evidence(checks=[left["W"], right["W"]])
+    left = action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames, (), "left_haar")
+    right = action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames, (), "right_haar")
+    return Evidence(checks=[left.checks[0], right.checks[0]])
 
 
 CLAIM = Claim(

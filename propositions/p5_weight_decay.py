@@ -46,13 +46,12 @@ from reference_impl.manifold import polar_retract, project_tangent
 
 from .kit import precision as precisions
 from .kit import observability, tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.figures import LineFigure, Series
-from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic, map_evidence
 from .kit.symbolic import is_zero
 from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_chunks, rng_for, shape_plan
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P5"
@@ -403,30 +402,32 @@ def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
     }
 
 
-def _optimizer_checks(
-    seed: int, profile: Profile, optimizer: str, frames: int, prefix: str, key: str, large=LARGE_SHAPES,
-    chunks: Chunks | None = None,
-) -> list[NumericalCheck]:
-    """Steps of `optimizer` with lambda against lambda = 0 (one step and trajectories), ||W_t||^2.
-
-    Returns the three checks (step, trajectory, norm) filled over shape_plan(profile, large=large,
-    frames=frames). Each chunk is split into one group per weight decay of LAMBDA_GRID (_lambda_group).
-    chunks: which chunks this call runs (all by default; one per task under map_chunks).
-    """
-    chunks = chunks or Chunks()
+def _optimizer_chunk(chunk, seed: int, profile: Profile, optimizer: str, prefix: str, key: str) -> Evidence:
+    """One chunk (d, r, count, chunk index, batch index) of _optimizer_checks: split into one group
+    per weight decay of LAMBDA_GRID (_lambda_group), the grid entry rotating with the batch, the
+    chunk and the group."""
+    d, r, count, chunk_index, shape_index = chunk
     variant = get_variant(optimizer)
     checks = _new_checks(prefix)
-    for shape_index, batch in enumerate(shape_plan(profile, large=large, frames=frames)):
-        d, r = batch.d, batch.r
-        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
-            if not chunks.take():
-                continue
-            groups = np.array_split(np.arange(count), min(len(LAMBDA_GRID), count))
-            for group_index, group in enumerate(groups):
-                lam = LAMBDA_GRID[(shape_index + chunk_index + group_index) % len(LAMBDA_GRID)]
-                draw_key = (CLAIM_ID, key, d, r, chunk_index, group_index)
-                _lambda_group(checks, variant, seed, profile.steps, d, r, len(group), lam, draw_key)
-    return list(checks.values())
+    groups = np.array_split(np.arange(count), min(len(LAMBDA_GRID), count))
+    for group_index, group in enumerate(groups):
+        lam = LAMBDA_GRID[(shape_index + chunk_index + group_index) % len(LAMBDA_GRID)]
+        draw_key = (CLAIM_ID, key, d, r, chunk_index, group_index)
+        _lambda_group(checks, variant, seed, profile.steps, d, r, len(group), lam, draw_key)
+    return Evidence(checks=list(checks.values()), frames=count)
+
+
+def _optimizer_checks(seed: int, profile: Profile, optimizer: str, frames: int, prefix: str, key: str,
+                      large=LARGE_SHAPES) -> Evidence:
+    """Steps of `optimizer` with lambda against lambda = 0 (one step and trajectories), ||W_t||^2.
+
+    The three checks (step, trajectory, norm) over shape_plan(profile, large=large, frames=frames),
+    one task per chunk (_optimizer_chunk), merged in chunk order.
+    """
+    chunks = [(d, r, count, index, shape_index)
+              for shape_index, batch in enumerate(shape_plan(profile, large=large, frames=frames))
+              for d, r, count, index in batch_chunks([batch])]
+    return map_evidence(_optimizer_chunk, chunks, seed, profile, optimizer, prefix, key, task_label="_optimizer_checks")
 
 
 def _lambda_group(checks, variant, seed: int, steps: int, d: int, r: int, size: int, lam: float, draw_key: tuple) -> None:
@@ -514,12 +515,9 @@ def _random_frames(rng: np.random.Generator, d: int, r: int, count: int) -> np.n
     return random_point(d, r, rng, batch=(count,))
 
 
-def _manifold_checks(seed: int, profile: Profile, chunks: Chunks | None = None) -> tuple[list[NumericalCheck], int]:
-    """fl(P_W(W)) and polar of a decoupled decay, over shape_plan(profile). Optimizer-independent.
-
-    chunks: which chunks this call runs (all by default; one per task under map_chunks).
-    """
-    chunks = chunks or Chunks()
+def _manifold_chunk(chunk, seed: int) -> Evidence:
+    """fl(P_W(W)) and polar of a decoupled decay on one chunk (d, r, count, chunk index). Optimizer-independent."""
+    d, r, count, chunk_index = chunk
     projection = NumericalCheck(
         "decay_projection_zero",
         "||fl(P_W(W))||_F = ||W - W sym(W^T W)||_F for float64 frames",
@@ -533,28 +531,27 @@ def _manifold_checks(seed: int, profile: Profile, chunks: Chunks | None = None) 
         "factor, one retraction's rounding, " + POLAR_ERROR_TEXT,
         tightness_note=tightness.WORST_CASE_SUMS,
     )
-    frames = 0
-    for batch in shape_plan(profile):
-        d, r = batch.d, batch.r
-        for chunk_index, count in enumerate(chunk_sizes(batch.count, d, r)):
-            if not chunks.take():
-                continue
-            draw_key = (CLAIM_ID, "manifold", d, r, chunk_index)
-            rng = rng_for(seed, *draw_key)
-            W = _random_frames(rng, d, r, count)
-            projection.add(
-                frobenius(project_tangent(W, W, validate=False)), decay_projection_bound(d, r),
-                shape=(d, r), key=draw_key, seed=seed,
-            )
-            decay = 10.0 ** rng.uniform(-9.0, math.log10(0.9), size=(count, 1, 1))
-            W_decayed = (1.0 - decay) * W
-            retracted = polar_retract(W_decayed, np.zeros_like(W), "svd", validate=False)
-            decoupled.add(
-                frobenius(retracted - W), decoupled_decay_bound(d, r),
-                shape=(d, r), key=draw_key, seed=seed,
-            )
-            frames += count
-    return [projection, decoupled], frames
+    draw_key = (CLAIM_ID, "manifold", d, r, chunk_index)
+    rng = rng_for(seed, *draw_key)
+    W = _random_frames(rng, d, r, count)
+    projection.add(
+        frobenius(project_tangent(W, W, validate=False)), decay_projection_bound(d, r),
+        shape=(d, r), key=draw_key, seed=seed,
+    )
+    decay = 10.0 ** rng.uniform(-9.0, math.log10(0.9), size=(count, 1, 1))
+    W_decayed = (1.0 - decay) * W
+    retracted = polar_retract(W_decayed, np.zeros_like(W), "svd", validate=False)
+    decoupled.add(
+        frobenius(retracted - W), decoupled_decay_bound(d, r),
+        shape=(d, r), key=draw_key, seed=seed,
+    )
+    return Evidence(checks=[projection, decoupled], frames=count)
+
+
+def _manifold_checks(seed: int, profile: Profile) -> Evidence:
+    """fl(P_W(W)) and polar of a decoupled decay, over shape_plan(profile): one task per chunk
+    (_manifold_chunk), merged in chunk order."""
+    return map_evidence(_manifold_chunk, batch_chunks(shape_plan(profile)), seed, task_label="_manifold_checks")
 
 
 FIGURE_SHAPE = (16, 4)
@@ -593,16 +590,14 @@ def norm_figure(seed: int, optimizer: str) -> dict:
 def manifold_part(ctx: Context) -> Evidence:
     """fl(P_W(W)) and polar of a decoupled decay over shape_plan (the chunks of _manifold_checks,
     merged in chunk order): properties of P_W and of the retraction, whatever the optimizer."""
-    partials = map_chunks(_manifold_checks, ctx.seed, ctx.profile)
-    return Evidence(checks=merge_checks(p[0] for p in partials), frames=sum(p[1] for p in partials))
+    return _manifold_checks(ctx.seed, ctx.profile)
 
 
 def steps_part(ctx: Context) -> Evidence:
     """The optimizer's steps with lambda against lambda = 0, one step and trajectories, and ||W_t||^2
     (the chunks of _optimizer_checks over the profile's frames)."""
-    checks = merge_checks(map_chunks(_optimizer_checks, ctx.seed, ctx.profile, ctx.optimizer, ctx.profile.frames, "", "step"))
     return Evidence(
-        checks=checks,
+        checks=_optimizer_checks(ctx.seed, ctx.profile, ctx.optimizer, ctx.profile.frames, "", "step").checks,
         extra={
             "weight_decay_grid": list(LAMBDA_GRID),
             "gradient_log10_scale": list(GRADIENT_LOG10_SCALE),
@@ -649,9 +644,7 @@ def control_part(ctx: Context) -> Evidence:
     miss the bound clearly, not be measured everywhere."""
     name = ctx.optimizer
     frames = ctx.profile.control_frames
-    return Evidence(checks=merge_checks(
-        map_chunks(_optimizer_checks, ctx.seed, ctx.profile, name, frames, f"{name}:", f"control:{name}", large=())
-    ))
+    return Evidence(checks=_optimizer_checks(ctx.seed, ctx.profile, name, frames, f"{name}:", f"control:{name}", large=()).checks)
 
 
 CLAIM = Claim(

@@ -54,11 +54,10 @@ import sympy as sp
 from reference_impl import UNIT_ROUNDOFF, feasibility, manifold_tolerance, random_point, riemannian_gradient
 
 from .kit import tightness
-from .kit.parallel import Chunks, map_chunks, merge_checks
 from .kit.figures import HistogramFigure
 from .kit.symbolic import is_zero
 from . import attention
-from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic, map_evidence
 from .kit.bounds import gamma
 from ._common import NumericalCheck, Profile, SymbolicStep, chunk_sizes, rng_for, shape_plan
 
@@ -376,14 +375,12 @@ def _plan(profile: Profile, frames: int | None = None, large=None):
                     yield batch.d, batch.r, n, chunk_index * len(TOKEN_COUNTS) + part_index, part.size
 
 
-def layer_checks(seed: int, profile: Profile, optimizer: str, use_torch: bool, chunks: Chunks | None = None):
-    """The gauge checks, finite differences and (use_torch) torch autograd over random attention layers.
-
-    Returns ([gauge_residual, gauge_inner_product, finite_difference, torch_autograd_gradient],
-    torch_available (None: not tried), frames). chunks: which chunks this call runs (all by default;
-    one per task under map_chunks).
-    """
-    chunks = chunks or Chunks()
+def layer_chunk(chunk, seed: int, optimizer: str, use_torch: bool) -> Evidence:
+    """The gauge checks, finite differences and (use_torch) torch autograd over the random attention
+    layers of one chunk (d, r, n, chunk index, count) of _plan: the checks [gauge_residual,
+    gauge_inner_product, finite_difference, torch_autograd_gradient]; extra["torch_available"]
+    (None: not tried)."""
+    d, r, n, chunk_index, count = chunk
     checks = _gauge_checks("")
     finite_difference = NumericalCheck(
         "finite_difference_gradient",
@@ -398,43 +395,45 @@ def layer_checks(seed: int, profile: Profile, optimizer: str, use_torch: bool, c
         "||G_hand - G_torch||_F per parameter, torch autograd in float64",
         "torch_bound: both within the running error bound e_G of attention.rounding_bounds; 4 ||e_G||_F",
     )
+    key = (CLAIM_ID, "layers", d, r, n, chunk_index)
+    rng = rng_for(seed, *key)
+    X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r)
+    _, grads, fwd = attention.loss_and_gradients(X, W_Q, W_K, W_V, Y)
+    omega, omega_norm = random_skew(rng, count, r)
+    _gauge_sample(checks, optimizer, X, W_Q, W_K, grads.W_Q, grads.W_K, fwd, grads, omega, omega_norm,
+                  shape=(d, r), key=key, seed=seed)
+    directions = {"W_Q": _unit(rng, W_Q.shape), "W_K": _unit(rng, W_K.shape), "W_V": _unit(rng, W_V.shape)}
+    for name, (residual, bound) in attention.finite_difference_check(X, W_Q, W_K, W_V, Y, directions).items():
+        finite_difference.add(
+            residual, bound, shape=(d, r), key=key, seed=seed, extra={"parameter": name, "n": n}
+        )
     torch_available = None
-    frames = 0
-    for d, r, n, chunk_index, count in _plan(profile):
-        if not chunks.take():
-            continue
-        key = (CLAIM_ID, "layers", d, r, n, chunk_index)
-        rng = rng_for(seed, *key)
-        X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r)
-        _, grads, fwd = attention.loss_and_gradients(X, W_Q, W_K, W_V, Y)
-        omega, omega_norm = random_skew(rng, count, r)
-        _gauge_sample(checks, optimizer, X, W_Q, W_K, grads.W_Q, grads.W_K, fwd, grads, omega, omega_norm,
-                      shape=(d, r), key=key, seed=seed)
-        directions = {"W_Q": _unit(rng, W_Q.shape), "W_K": _unit(rng, W_K.shape), "W_V": _unit(rng, W_V.shape)}
-        for name, (residual, bound) in attention.finite_difference_check(X, W_Q, W_K, W_V, Y, directions).items():
-            finite_difference.add(
-                residual, bound, shape=(d, r), key=key, seed=seed, extra={"parameter": name, "n": n}
-            )
-        if use_torch and torch_available is not False:
-            torch_grads = attention.torch_gradients(X, W_Q, W_K, W_V, Y)
-            torch_available = torch_grads is not None
-            if torch_available:
-                errors = attention.rounding_bounds(X, W_Q, W_K, W_V, fwd, grads)
-                for name in ("W_Q", "W_K", "W_V"):
-                    difference = np.linalg.norm(getattr(grads, name) - getattr(torch_grads, name), axis=(-2, -1))
-                    torch_check.add(difference, torch_bound(errors, name), shape=(d, r), key=key, seed=seed,
-                                    extra={"parameter": name, "n": n})
-        frames += count
-    return [checks["gauge_residual"], checks["gauge_inner_product"], finite_difference, torch_check], torch_available, frames
+    if use_torch:
+        torch_grads = attention.torch_gradients(X, W_Q, W_K, W_V, Y)
+        torch_available = torch_grads is not None
+        if torch_available:
+            errors = attention.rounding_bounds(X, W_Q, W_K, W_V, fwd, grads)
+            for name in ("W_Q", "W_K", "W_V"):
+                difference = np.linalg.norm(getattr(grads, name) - getattr(torch_grads, name), axis=(-2, -1))
+                torch_check.add(difference, torch_bound(errors, name), shape=(d, r), key=key, seed=seed,
+                                extra={"parameter": name, "n": n})
+    return Evidence(checks=[checks["gauge_residual"], checks["gauge_inner_product"], finite_difference, torch_check],
+                    frames=count, extra={"torch_available": torch_available})
+
+
+def layer_checks(seed: int, profile: Profile, optimizer: str, use_torch: bool) -> Evidence:
+    """The gauge checks, finite differences and (use_torch) torch autograd over random attention
+    layers: one task per chunk of _plan(profile) (layer_chunk), merged in chunk order."""
+    return map_evidence(layer_chunk, list(_plan(profile)), seed, optimizer, use_torch, task_label="layer_checks")
 
 
 def layers_part(ctx: Context) -> Evidence:
     """The gauge checks, finite differences and, in the thorough profile, torch autograd over random
     attention layers (the chunks of layer_checks, merged in chunk order)."""
     use_torch = ctx.profile.name == "thorough"
-    partials = map_chunks(layer_checks, ctx.seed, ctx.profile, ctx.optimizer, use_torch)
-    gauge_residual, gauge_inner_product, finite_difference, torch_check = merge_checks(p[0] for p in partials)
-    torch_available = partials[0][1]
+    evidence = layer_checks(ctx.seed, ctx.profile, ctx.optimizer, use_torch)
+    gauge_residual, gauge_inner_product, finite_difference, torch_check = evidence.checks
+    torch_available = evidence.extra["torch_available"]
     checks = [gauge_residual, gauge_inner_product, finite_difference]
     if use_torch and torch_available:
         checks.append(torch_check)
@@ -449,7 +448,7 @@ def layers_part(ctx: Context) -> Evidence:
         )
     return Evidence(
         checks=checks,
-        frames=sum(p[2] for p in partials),
+        frames=evidence.frames,
         notes=[note],
         extra={
             "gradient_map": f"riemannian_gradient(W, G, 0, variant={getattr(ctx.optimizer, 'name', ctx.optimizer)!r})",

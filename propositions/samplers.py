@@ -67,8 +67,7 @@ from scipy import stats
 from reference_impl import VARIANTS, manifold, manifold_tolerance
 from reference_impl.manifold import haar_from_gaussian
 
-from .kit.parallel import Chunks, map_chunks, merge_checks
-from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic, map_evidence
 from ._common import NumericalCheck, chunk_sizes, rng_for
 
 CLAIM_ID = "samplers"
@@ -278,71 +277,65 @@ def _draw(sampler: Sampler, source: str, d: int, r: int, count: int, seed: int, 
         yield key, np.asarray(frames, dtype=np.float64)
 
 
-def run_tests(sampler: Sampler, seed: int, samples: int, prefix: str = "", label: str = "real",
-              chunks: Chunks | None = None) -> tuple[list[NumericalCheck], list[dict]]:
-    """All checks of the plan for `sampler`, `samples` draws per shape. Returns (checks, per-test records).
+def _shapes() -> list[tuple[str, int, int]]:
+    """(source, d, r) of every shape of the plan, the random points first: the chunks of run_tests."""
+    return sorted({(source, shape[0], shape[1]) for _, source, shape in statistical_plan()}, key=lambda x: (x[0] != "point", x[1], x[2]))
 
-    chunks: which shapes this call tests (all by default; one shape per task under map_chunks, see
-    _run_tests: a shape's statistics need all of its draws at once).
-    """
-    chunks = chunks or Chunks()
+
+def shape_tests(shape, sampler: Sampler | str, seed: int, samples: int, prefix: str = "", label: str = "real") -> Evidence:
+    """Every test of the plan at one shape (source, d, r) for `sampler` (a Sampler, or a registered
+    sampler's name: "reference" or a control's), `samples` draws: its checks, and its per-test
+    records in extra["tests_of_sampler"]. A shape's statistics need all of its draws at once."""
+    if not isinstance(sampler, Sampler):  # a name travels to a worker; a sampler's lambdas cannot
+        sampler = reference_sampler() if sampler == "reference" else CONTROL_SAMPLERS[sampler]
+    source, d, r = shape
     checks = _new_checks(prefix)
     bound = -math.log10(alpha_per_test())
     records = []
-    plan = statistical_plan()
-    for source, d, r in sorted({(source, shape[0], shape[1]) for _, source, shape in plan}, key=lambda x: (x[0] != "point", x[1], x[2])):
-        if not chunks.take():
-            continue
-        first, last, negative_det, angle = [], [], [], []
-        first_key = None
-        for key, W in _draw(sampler, source, d, r, samples, seed, label):
-            first_key = first_key or key
-            if W.shape[-2:] != (d, r):
-                raise ValueError(f"sampler {sampler.name} returned shape {W.shape[-2:]} for ({d}, {r})")
-            residual = np.linalg.norm(np.swapaxes(W, -1, -2) @ W - np.eye(r), axis=(-2, -1))
-            checks["orthonormality"].add(residual, manifold_tolerance(d, r), shape=(d, r), key=key, seed=seed)
-            first.append(W[:, 0, 0])
-            last.append(W[:, d - 1, r - 1])
-            if d == r:
-                det = np.linalg.det(W)
-                negative_det.append(det < 0)
-                if d == ROTATION_ANGLE_SIZE:
-                    rotation = W * np.where(det < 0, -1.0, 1.0)[:, None, None]
-                    cosine = (np.trace(rotation, axis1=-2, axis2=-1) - 1.0) / 2.0
-                    angle.append(np.arccos(np.clip(cosine, -1.0, 1.0)))
-        first, last = np.concatenate(first), np.concatenate(last)
-        beta = stats.beta(0.5, (d - 1) / 2.0).cdf
-        results = {
-            "first_entry_beta": ks_residual(first**2, beta),
-            "last_entry_beta": ks_residual(last**2, beta),
-            "first_entry_sign": sign_residual(first > 0),
-            "corner_sign_product": sign_residual(first * last > 0),
-        }
-        if source == "orthogonal":
-            results["det_sign"] = sign_residual(np.concatenate(negative_det))
+    first, last, negative_det, angle = [], [], [], []
+    first_key = None
+    for key, W in _draw(sampler, source, d, r, samples, seed, label):
+        first_key = first_key or key
+        if W.shape[-2:] != (d, r):
+            raise ValueError(f"sampler {sampler.name} returned shape {W.shape[-2:]} for ({d}, {r})")
+        residual = np.linalg.norm(np.swapaxes(W, -1, -2) @ W - np.eye(r), axis=(-2, -1))
+        checks["orthonormality"].add(residual, manifold_tolerance(d, r), shape=(d, r), key=key, seed=seed)
+        first.append(W[:, 0, 0])
+        last.append(W[:, d - 1, r - 1])
+        if d == r:
+            det = np.linalg.det(W)
+            negative_det.append(det < 0)
             if d == ROTATION_ANGLE_SIZE:
-                results["so3_rotation_angle"] = ks_residual(np.concatenate(angle), so3_angle_cdf)
-        for name, (minus_log10_p, statistic) in results.items():
-            checks[name].add([minus_log10_p], bound, shape=(d, r), key=first_key, seed=seed,
-                             extra={"source": source, "statistic": statistic, "samples": first.size})
-            records.append({"check": f"{prefix}{name}", "source": source, "shape": [d, r], "samples": int(first.size),
-                            "minus_log10_p": minus_log10_p, "statistic": statistic, "rejected": minus_log10_p > bound})
-    return list(checks.values()), records
+                rotation = W * np.where(det < 0, -1.0, 1.0)[:, None, None]
+                cosine = (np.trace(rotation, axis1=-2, axis2=-1) - 1.0) / 2.0
+                angle.append(np.arccos(np.clip(cosine, -1.0, 1.0)))
+    first, last = np.concatenate(first), np.concatenate(last)
+    beta = stats.beta(0.5, (d - 1) / 2.0).cdf
+    results = {
+        "first_entry_beta": ks_residual(first**2, beta),
+        "last_entry_beta": ks_residual(last**2, beta),
+        "first_entry_sign": sign_residual(first > 0),
+        "corner_sign_product": sign_residual(first * last > 0),
+    }
+    if source == "orthogonal":
+        results["det_sign"] = sign_residual(np.concatenate(negative_det))
+        if d == ROTATION_ANGLE_SIZE:
+            results["so3_rotation_angle"] = ks_residual(np.concatenate(angle), so3_angle_cdf)
+    for name, (minus_log10_p, statistic) in results.items():
+        checks[name].add([minus_log10_p], bound, shape=(d, r), key=first_key, seed=seed,
+                         extra={"source": source, "statistic": statistic, "samples": first.size})
+        records.append({"check": f"{prefix}{name}", "source": source, "shape": [d, r], "samples": int(first.size),
+                        "minus_log10_p": minus_log10_p, "statistic": statistic, "rejected": minus_log10_p > bound})
+    return Evidence(checks=list(checks.values()), extra={"tests_of_sampler": records})
 
 
-def _named_sampler_tests(name: str, *args, chunks: Chunks, **kwargs):
-    """One task of _run_tests: the registered sampler `name` (its lambdas cannot travel to a worker; its name can)."""
-    sampler = reference_sampler() if name == "reference" else CONTROL_SAMPLERS[name]
-    return run_tests(sampler, *args, chunks=chunks, **kwargs)
-
-
-def _run_tests(sampler: Sampler | str, seed: int, samples: int, **kwargs) -> tuple[list[NumericalCheck], list[dict]]:
-    """run_tests with one task per shape for a registered sampler ("reference" or a control's name),
-    merged in shape order; a Sampler object given by the caller runs here, untasked."""
+def run_tests(sampler: Sampler | str, seed: int, samples: int, prefix: str = "", label: str = "real") -> Evidence:
+    """All checks of the plan for `sampler`, `samples` draws per shape (shape_tests): one task per
+    shape for a registered sampler (its name), merged in shape order; a Sampler object given by the
+    caller runs here, untasked."""
     if isinstance(sampler, Sampler):
-        return run_tests(sampler, seed, samples, **kwargs)
-    partials = map_chunks(_named_sampler_tests, sampler, seed, samples, task_label="run_tests", **kwargs)
-    return merge_checks(p[0] for p in partials), [record for p in partials for record in p[1]]
+        return Evidence.merged(shape_tests(shape, sampler, seed, samples, prefix, label) for shape in _shapes())
+    return map_evidence(shape_tests, _shapes(), sampler, seed, samples, prefix, label, task_label="run_tests")
 
 
 def resolve_sampler(optimizer: str, sampler) -> tuple[Sampler, list[str]]:
@@ -380,9 +373,10 @@ def statistics_part(ctx: Context) -> Evidence:
     under_test = ctx.option("sampler")
     samples = max(CONTROL_SAMPLES, ctx.profile.frames)
     # the shapes are tasks of the current executor (propositions.kit.parallel)
-    checks, records = _run_tests(under_test.name if ctx.option("registered") else under_test, ctx.seed, samples)
+    evidence = run_tests(under_test.name if ctx.option("registered") else under_test, ctx.seed, samples)
+    records = evidence.extra["tests_of_sampler"]
     return Evidence(
-        checks=checks,
+        checks=evidence.checks,
         frames=samples * len({(source, shape) for _, source, shape in statistical_plan()}),
         notes=list(ctx.option("sampler_notes")),
         extra={
@@ -403,8 +397,9 @@ def broken_sampler(ctx: Context) -> Evidence:
     """A control: the broken sampler named ctx.optimizer through the same tests at CONTROL_SAMPLES
     draws per shape; its extra records how many tests rejected it (the measured power)."""
     name = ctx.optimizer
-    checks, records = _run_tests(name, ctx.seed, CONTROL_SAMPLES, prefix=f"{name}:", label=f"control:{name}")
-    return Evidence(checks=checks, extra={"rejected_tests": sum(record["rejected"] for record in records),
+    evidence = run_tests(name, ctx.seed, CONTROL_SAMPLES, prefix=f"{name}:", label=f"control:{name}")
+    records = evidence.extra["tests_of_sampler"]
+    return Evidence(checks=evidence.checks, extra={"rejected_tests": sum(record["rejected"] for record in records),
                                           "tests": len(records)})
 
 

@@ -74,7 +74,9 @@ def test_random_tangents_stay_below_bound_in_figure():
 
 
 def test_step_checks_read_the_steps_own_direction():
-    checks, frames, sources, (_, coarse) = p3.step_checks(0, SMALL, "stiefel_adam", frames=100, large=())
+    evidence = p3.step_checks(0, SMALL, "stiefel_adam", frames=100, large=())
+    checks, frames = evidence.checks, evidence.frames
+    sources, coarse = sorted(evidence.extra["direction_source"]), evidence.extra["left_out"]["coarse"]
     assert sources == ["hook"] and frames > 0 and coarse == 0  # float64 bounds every ratio
     by_name = {c.name: c for c in checks}
     assert all(c.passed for c in checks)
@@ -134,9 +136,9 @@ def test_untransported_first_moment_fails():
 
 def test_per_column_preconditioner_fails_on_the_spread():
     variant = ri.Variant("per_column", "per-column preconditioner, scalar v stored", ("P3",), ri.init, _per_column_step)
-    checks, _, sources, _ = p3.step_checks(1, SMALL, variant, frames=100, large=())
-    by_name = {c.name: c for c in checks}
-    assert sources == ["inverse"]
+    evidence = p3.step_checks(1, SMALL, variant, frames=100, large=())
+    by_name = {c.name: c for c in evidence.checks}
+    assert sorted(evidence.extra["direction_source"]) == ["inverse"]
     assert by_name["preconditioner_spread[per_column]"].max_ratio > 1e6
     assert by_name["direction_matches_state[per_column]"].max_ratio > 1e3
     # the direction recovered from W_new is the one retracted: only the preconditioner is wrong
@@ -145,9 +147,9 @@ def test_per_column_preconditioner_fails_on_the_spread():
 
 def test_step_whose_reported_xi_was_not_retracted_fails_reconstruction():
     variant = ri.Variant("qr_hooked", "reports xi, retracts by QR", ("P3",), ri.init, step_with_direction=_qr_with_hook)
-    checks, _, sources, _ = p3.step_checks(2, SMALL, variant, frames=100, large=())
-    by_name = {c.name: c for c in checks}
-    assert sources == ["hook"]
+    evidence = p3.step_checks(2, SMALL, variant, frames=100, large=())
+    by_name = {c.name: c for c in evidence.checks}
+    assert sorted(evidence.extra["direction_source"]) == ["hook"]
     assert by_name["step_reconstruction[qr_hooked]"].max_ratio > 1e6
     assert by_name["preconditioner_spread[qr_hooked]"].passed
 
@@ -208,9 +210,12 @@ def test_the_frame_steps_left_out_are_counted_over_every_chunk():
     from certify import adapters
 
     variant = adapters.resolve("reference_impl")
-    _, _, _, (unrecoverable, coarse) = p3.step_checks(0, SMALL, variant, frames=150, large=())
-    merged, _, _, _ = p3._step_checks(0, SMALL, variant, frames=150, large=())
+    chunks = p3._tangent_chunks(p3.shape_plan(SMALL, frames=150, large=()))
+    per_chunk = [p3.step_chunk(chunk, 0, variant).extra["left_out"] for chunk in chunks]
+    unrecoverable, coarse = sum(c["unrecoverable"] for c in per_chunk), sum(c["coarse"] for c in per_chunk)
+    merged = p3.step_checks(0, SMALL, variant, frames=150, large=()).checks
     spread = next(check for check in merged if check.name.startswith("preconditioner_spread"))
+    assert sum(c["unrecoverable"] > 0 for c in per_chunk) >= 2  # more than the first chunk's count is at stake
     assert unrecoverable > 0 and coarse == 0
     assert f"; {unrecoverable} frame-steps left out" in spread.description
     assert spread.description.count("frame-steps left out") == 1

@@ -93,7 +93,8 @@ def test_product_rounding_bounds_a_haar_product():
 
 
 def test_sign_flips_are_bitwise_on_the_certified_stages_and_permutations_are_not():
-    checks, frames, fractions = p4.sign_flip_bitwise(0, 200, SMALL, "stiefel_adam")
+    evidence = p4.sign_flip_bitwise(0, 200, SMALL, "stiefel_adam")
+    checks, frames, fractions = evidence.checks, evidence.frames, evidence.extra["bitwise_fractions"]
     assert [c.name for c in checks] == ["sign_flip_direction_bitwise", "sign_flip_second_moment_bitwise"]
     assert frames >= 200 and all(c.passed and c.max_ratio == 0 for c in checks)
     # the honest part: a general signed permutation changes the summation order of W^T G
@@ -153,7 +154,8 @@ def test_exact_tier_covers_both_determinants():
 
 def test_sign_flips_of_a_step_without_hook_are_held_to_the_inverse_bound():
     plain = ri.Variant("plain", "the real step without its hook", (), ri.init, ri.step)
-    checks, frames, _ = p4.sign_flip_bitwise(0, 100, SMALL, plain)
+    evidence = p4.sign_flip_bitwise(0, 100, SMALL, plain)
+    checks, frames = evidence.checks, evidence.frames
     by_name = {c.name: c for c in checks}
     assert by_name["sign_flip_direction"].passed and by_name["sign_flip_direction"].samples == 2 * frames
     assert by_name["sign_flip_second_moment_bitwise"].passed
@@ -162,16 +164,27 @@ def test_sign_flips_of_a_step_without_hook_are_held_to_the_inverse_bound():
 @pytest.mark.parametrize("side, label", [("left", "left_haar"), ("right", "right_haar")])
 def test_chunk_tasks_draw_what_a_sequential_run_draws(monkeypatch, side, label):
     # one frame per chunk: a chunk's Haar draws depend on the determinant signs its shape's earlier
-    # chunks met, which a task that runs one chunk replays (_replay_draws); the merged result of the
-    # chunk tasks must be the sequential run's, draw for draw
+    # chunks met, which a task that runs one chunk replays (_replay_draws); every chunk must draw
+    # the matrices that one loop over the chunks, carrying the signs seen, draws
     from propositions.kit import running_bounds
 
     monkeypatch.setattr(running_bounds, "CHUNK_ENTRIES", 16)
     small = Profile("test", frames=60, steps=2, long_run_steps=10, mp_dps=30, mp_samples=1)
-    sequential_extra: dict = {}
-    sequential, _, _ = p4.action_check(0, small, "stiefel_adam", side, 60, (), label, extra=sequential_extra)
-    chunked_extra: dict = {}
-    chunked, _, _ = p4._action_check(0, small, "stiefel_adam", side, 60, (), label, extra=chunked_extra)
-    assert sum(resampled for _, _, resampled in sequential_extra["by_shape"].values()) > 0  # the replay matters here
-    assert chunked_extra == sequential_extra
-    assert {name: check.to_dict() for name, check in chunked.items()} == {name: check.to_dict() for name, check in sequential.items()}
+    sequential, seen = [], {}
+    for d, r, count, index in running_bounds.plan_chunks(p4.shape_plan(small, frames=60, large=())):
+        n = d if side == "left" else r
+        rng, _, _ = p4._draw(0, d, r, count, small.steps, label, index)
+        _, _, O, resampled = p4._transform(side, "haar", n, rng, count, seen.setdefault((d, r), set()))
+        sequential.append((d, r, index, O.tobytes(), resampled))
+    drawn = []
+    record = p4._record_draws
+
+    def recording(name, O, resampled, square):
+        drawn.append((O.tobytes(), resampled))
+        return record(name, O, resampled, square)
+
+    monkeypatch.setattr(p4, "_record_draws", recording)
+    evidence = p4.action_check(0, small, "stiefel_adam", side, 60, (), label)
+    assert sum(resampled for *_, resampled in sequential) > 0  # the replay matters here
+    assert drawn == [(O, resampled) for *_, O, resampled in sequential]
+    assert evidence.extra["haar_draws"]["by_shape"] and all(check.samples for check in evidence.checks)

@@ -21,6 +21,7 @@ from certify import certificate as certificate_format
 from certify import claims, cli, execution
 from propositions._common import NumericalCheck, to_jsonable
 from propositions.kit import parallel
+from propositions.kit.protocol import Counts, Evidence
 
 CLAIMS = ("P1", "P5")  # chunked claims, about three seconds each at the quick profile
 
@@ -223,20 +224,54 @@ def test_warnings_come_back_in_task_order(make):
     assert all(w.category is RuntimeWarning for w in caught)
 
 
-def test_the_chunk_count_does_not_depend_on_the_workers():
-    """map_chunks counts the chunks with a call that runs none (a chunk key never depends on N)."""
-    seen = []
+def _filled(name: str, residuals) -> NumericalCheck:
+    check = NumericalCheck(name, "a residual", "a bound of 1")
+    check.add(np.asarray(residuals, dtype=float), 1.0, shape=(2, 1))
+    return check
 
-    def loop(total, chunks):
-        for index in range(total):
-            if chunks.take():
-                seen.append(index)
-        return index
 
-    counter = parallel.Chunks(only=-1)
-    loop(5, chunks=counter)
-    assert counter.seen == 5 and seen == []
-    assert [parallel._chunk_task(loop, k, (5,), {}) for k in range(5)] == [4] * 5 and seen == [0, 1, 2, 3, 4]
+def test_evidence_merges_checks_counts_records_and_agreed_values():
+    first = Evidence(checks=[_filled("a", [0.1, 0.5]), _filled("b", [0.2])], frames=3,
+                     extra={"counts": Counts(vacuous=1, by_shape=Counts({"x": [1, 0, 2]})), "records": [1], "setting": {"lr": 0.1}},
+                     notes=["same note"], inconclusive=["a reason"])
+    second = Evidence(checks=[_filled("b", [0.9]), _filled("c", [0.3])], frames=2,
+                      extra={"counts": Counts(vacuous=2, by_shape=Counts({"x": [0, 1, 0], "y": [1, 1, 1]})), "records": [2, 3],
+                             "setting": {"lr": 0.1}}, notes=["same note", "another"])
+    merged = Evidence.merged([first, second])
+    assert [check.name for check in merged.checks] == ["a", "b", "c"]
+    assert merged.check("b").samples == 2 and merged.check("b").max_ratio == 0.9
+    assert merged.frames == 5
+    assert merged.extra == {"counts": {"vacuous": 3, "by_shape": {"x": [1, 1, 2], "y": [1, 1, 1]}}, "records": [1, 2, 3],
+                            "setting": {"lr": 0.1}}
+    assert merged.notes == ["same note", "another"] and merged.inconclusive == ["a reason"]
+    # the partials' own extra is not changed by the merge (a copy is taken of what is merged into)
+    assert first.extra["counts"] == {"vacuous": 1, "by_shape": {"x": [1, 0, 2]}} and first.extra["records"] == [1]
+    assert Evidence.merged([]).checks == [] and Evidence.merged([]).frames == 0
+    with pytest.raises(KeyError, match="no check 'z'"):
+        merged.check("z")
+
+
+def test_evidence_refuses_chunks_that_disagree():
+    with pytest.raises(ValueError, match=r"extra\['setting'\]\['lr'\]: 0.1 in one chunk, 0.2 in a later one"):
+        Evidence.merged([Evidence(extra={"setting": {"lr": 0.1}}), Evidence(extra={"setting": {"lr": 0.2}})])
+    with pytest.raises(ValueError, match="two chunks draw the figure"):
+        Evidence.merged([Evidence(figures={"f": 1}), Evidence(figures={"f": 2})])
+    with pytest.raises(ValueError, match="tally of 2 entries to one of 3"):
+        Counts(x=[1, 2, 3]).add({"x": [1, 2]})
+
+
+@given(st.lists(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=5), min_size=1, max_size=6), st.data())
+def test_merged_chunk_evidence_is_the_same_however_the_chunks_are_grouped(chunks, data):
+    """Merging the chunks in order, all at once or first in groups, gives the same certificate entry."""
+    cut = data.draw(st.integers(0, len(chunks)))
+
+    def evidence(residuals):
+        return Evidence(checks=[_filled("a", residuals)], frames=len(residuals), extra={"counts": Counts(n=len(residuals))})
+
+    at_once = Evidence.merged(evidence(r) for r in chunks)
+    grouped = Evidence.merged([Evidence.merged(evidence(r) for r in chunks[:cut]), Evidence.merged(evidence(r) for r in chunks[cut:])])
+    assert to_jsonable(grouped.check("a").to_dict()) == to_jsonable(at_once.check("a").to_dict())
+    assert grouped.frames == at_once.frames and grouped.extra == at_once.extra
 
 
 def test_a_failing_claim_task_is_an_inconclusive_certificate_with_one_line(monkeypatch, tmp_path):
@@ -245,7 +280,7 @@ def test_a_failing_claim_task_is_an_inconclusive_certificate_with_one_line(monke
     def failing(*args, **kwargs):
         raise parallel.TaskFailed("task 2 of 9 of projector_checks failed: MemoryError")
 
-    monkeypatch.setattr("propositions.p1_steepest_descent.map_chunks", failing)
+    monkeypatch.setattr("propositions.p1_steepest_descent.map_evidence", failing)
     sealed, internal_error = claims.certify_claim("P1", seed=0, profile="quick", command="test")
     assert internal_error is None and sealed["verdict"] == "inconclusive"
     reason = sealed["inconclusive"][0]

@@ -38,8 +38,8 @@ def test_each_control_is_caught_by_the_check_that_sees_its_defect(real_result):
 
 
 def _checks_of_reference(seed=0):
-    checks, _ = samplers.run_tests(samplers.reference_sampler(), seed, samplers.CONTROL_SAMPLES)
-    return {c.name: c for c in checks}
+    evidence = samplers.run_tests(samplers.reference_sampler(), seed, samplers.CONTROL_SAMPLES)
+    return {c.name: c for c in evidence.checks}
 
 
 def test_a_sampler_without_the_sign_fix_fails(monkeypatch):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -155,6 +155,14 @@ def chunk_sizes(count: int, d: int, r: int, max_entries: int = 2**21) -> Iterato
         size = min(per_chunk, count - done)
         yield size
         done += size
+
+
+def batch_chunks(batches: Iterable, sizes: Callable[[Any], Iterable[int]] | None = None) -> list[tuple[int, int, int, int]]:
+    """(d, r, count, chunk index) for every chunk of every ShapeBatch of `batches`, in order: the
+    chunks a claim maps as tasks (kit.parallel.map_chunks). sizes(batch): the batch's chunk sizes
+    (default chunk_sizes(batch.count, batch.d, batch.r))."""
+    sizes = sizes or (lambda batch: chunk_sizes(batch.count, batch.d, batch.r))
+    return [(batch.d, batch.r, count, index) for batch in batches for index, count in enumerate(sizes(batch))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,7 +545,7 @@ def to_jsonable(obj):
 __all__ = [
     'u', 'DETECTION_FACTOR', 'RATIO_BINS', 'QUANTILE_POOL_SIZE', 'TIGHTNESS_THRESHOLD',
     'wide_scale_gradients', 'Profile', 'PROFILES', 'get_profile', 'SMALL_SHAPES', 'LARGE_SHAPES',
-    'ShapeBatch', 'shape_plan', 'chunk_sizes', 'spawn_key', 'rng_for', 'ulps_apart',
+    'ShapeBatch', 'shape_plan', 'chunk_sizes', 'batch_chunks', 'spawn_key', 'rng_for', 'ulps_apart',
     'NumericalCheck', 'ControlResult', 'SymbolicStep', 'SymbolicResult', 'ClaimResult',
     'decide_verdict', 'to_jsonable',
 ]

@@ -2,11 +2,11 @@
 
 Every frame of a claim is drawn from `rng_for(seed, *key)` with a key made of labels (claim, check,
 shape, chunk), never from a generator shared between chunks, so the chunks of a loop over
-`shape_plan(profile)` are independent computations. A claim hands such a loop to `map_chunks` (or a
-list of calls to `map_tasks`): each task is one call of a top-level function that returns fresh
-partial results (NumericalCheck objects filled by that chunk alone, counts), and the caller merges
-the partials in *task order*, never in completion order, with `NumericalCheck.merge`, which
-reproduces the sequential adds exactly. What a task computes does not depend on how many workers
+`shape_plan(profile)` are independent computations. A claim lists the chunks of such a loop and
+hands them to `map_chunks` (or a list of calls to `map_tasks`): each task is one call of a
+top-level function on one chunk that returns its own evidence (kit.protocol.Evidence: checks filled
+by that chunk alone, counts), and the caller merges them in *task order*, never in completion
+order, with `Evidence.merged`, whose `NumericalCheck.merge` reproduces the sequential adds exactly. What a task computes does not depend on how many workers
 there are, and one worker goes through the same task-and-merge path (inline), so a certificate is
 bit for bit the same for any number of workers and on a cluster.
 
@@ -281,7 +281,7 @@ def map_tasks(fn: Callable, tasks: Iterable, *, label: str | None = None) -> lis
     for index, outcome in enumerate(outcomes):
         _replay(outcome)
         if outcome.error is not None:
-            raise TaskFailed(f"task {index + 1} of {len(calls)} of {getattr(fn, '__qualname__', fn)} failed: {outcome.error}",
+            raise TaskFailed(f"task {index + 1} of {len(calls)} of {name} failed: {outcome.error}",
                              outcome.error_type, outcome.error_message)
         results.append(outcome.result)
     return results
@@ -330,54 +330,20 @@ def start_named(name: str, fn: Callable, *args, **kwargs) -> Pending:
 # --------------------------------------------------------------------------------------------
 
 
-class Chunks:
-    """Which chunks of a chunked loop one call runs: every chunk (only=None), or the only-th.
+def _chunk_task(fn: Callable, chunk, args: tuple, kwargs: dict):
+    return fn(chunk, *args, **kwargs)
 
-    A loop over shape_plan(profile) and chunk_sizes(...) calls `take()` once per chunk, first
-    thing in the loop body, and skips the chunk when it returns False. With only=-1 no chunk runs
-    and `seen` counts them: that is how map_chunks learns how many tasks there are.
+
+def map_chunks(fn: Callable, chunks: Sequence, *args, task_label: str | None = None, **kwargs) -> list:
+    """fn(chunk, *args, **kwargs) for every chunk of `chunks`, one task each; the results in chunk order.
+
+    chunks: the descriptors of a chunked loop (for example kit.running_bounds.plan_chunks of a
+    shape plan), listed by the caller before anything runs, so that their number and order never
+    depend on the executor. The caller merges the results in the order returned
+    (kit.protocol.Evidence.merged). task_label: what progress reports call these tasks (default fn's name).
     """
-
-    def __init__(self, only: int | None = None):
-        self.only = only
-        self.seen = 0
-
-    def take(self) -> bool:
-        index = self.seen
-        self.seen += 1
-        return self.only is None or index == self.only
+    return map_tasks(_chunk_task, [(fn, chunk, args, kwargs) for chunk in chunks],
+                     label=f"{_label() + ' ' if _label() else ''}{task_label or fn.__name__}")
 
 
-def _chunk_task(fn: Callable, index: int, args: tuple, kwargs: dict):
-    return fn(*args, chunks=Chunks(index), **kwargs)
-
-
-def map_chunks(fn: Callable, *args, task_label: str | None = None, **kwargs) -> list:
-    """fn(*args, chunks=Chunks(k), **kwargs) for every chunk k of fn's loop, as tasks; the results in chunk order.
-
-    fn must take a keyword `chunks` (a Chunks) and call chunks.take() once per chunk in a fixed
-    order; it is called once first with no chunk taken, to count them (its own setup outside the
-    chunk loop must be cheap). The caller merges the partial results in the order returned.
-    task_label: what progress reports call these tasks (default fn's name).
-    """
-    counter = Chunks(only=-1)
-    fn(*args, chunks=counter, **kwargs)
-    return map_tasks(_chunk_task, [(fn, index, args, kwargs) for index in range(counter.seen)], label=f"{_label() + ' ' if _label() else ''}{task_label or fn.__name__}")
-
-
-def merge_checks(partials: Iterable[Sequence]) -> list:
-    """Each position's NumericalCheck merged over the partials, in the partials' order.
-
-    partials: per task, a sequence of NumericalCheck (the same names in the same positions).
-    """
-    merged = None
-    for checks in partials:
-        if merged is None:
-            merged = list(checks)
-            continue
-        for mine, theirs in zip(merged, checks):
-            mine.merge(theirs)
-    return merged or []
-
-
-__all__ = ["timing", "Inline", "Outcome", "TaskFailed", "Call", "Chunks", "Pending", "current", "installed", "install_for_process", "reporting", "labelled", "run_task", "one_line", "map_tasks", "map_chunks", "merge_checks", "start", "start_named"]
+__all__ = ["timing", "Inline", "Outcome", "TaskFailed", "Call", "Pending", "current", "installed", "install_for_process", "reporting", "labelled", "run_task", "one_line", "map_tasks", "map_chunks", "start", "start_named"]

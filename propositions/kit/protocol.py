@@ -39,9 +39,10 @@ import contextlib
 import functools
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ContextManager, Iterable
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 from .common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
+from .parallel import map_chunks
 from .parallel import start as start_task
 from .parallel import start_named
 
@@ -63,9 +64,60 @@ class Context:
         return replace(self, optimizer=optimizer)
 
 
+class Counts(dict):
+    """Tallies that add up when evidence merges (Evidence.merge): a number adds, a list of numbers
+    adds entry by entry, a nested Counts merges the same way. A plain dict in an extra is not a
+    tally: its keys merge one by one."""
+
+    def add(self, other: dict) -> "Counts":
+        """Add the tallies of `other` into self; returns self."""
+        for key, value in other.items():
+            mine = self.get(key)
+            if mine is None:
+                self[key] = Counts().add(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
+            elif isinstance(mine, Counts):
+                mine.add(value)
+            elif isinstance(mine, list):
+                if len(mine) != len(value):
+                    raise ValueError(f"cannot add a tally of {len(value)} entries to one of {len(mine)} ({key!r})")
+                self[key] = [a + b for a, b in zip(mine, value)]
+            else:
+                self[key] = mine + value
+        return self
+
+
+def _merge_extra(mine: dict, theirs: dict, where: str = "extra") -> None:
+    """Fold the extra `theirs` into `mine` (Evidence.merge): Counts add, lists concatenate, dicts
+    merge key by key, anything else must be equal in both (a chunk that disagrees is a bug)."""
+    for key, value in theirs.items():
+        if key not in mine:  # a copy: a later merge must not change the chunk's own evidence
+            if isinstance(value, Counts):
+                mine[key] = Counts().add(value)
+            elif isinstance(value, dict):
+                mine[key] = {}
+                _merge_extra(mine[key], value, f"{where}[{key!r}]")
+            else:
+                mine[key] = list(value) if isinstance(value, list) else value
+            continue
+        here = mine[key]
+        if isinstance(here, Counts):
+            here.add(value)
+        elif isinstance(here, list):
+            here.extend(value)
+        elif isinstance(here, dict):
+            _merge_extra(here, value, f"{where}[{key!r}]")
+        elif here != value:
+            raise ValueError(f"cannot merge {where}[{key!r}]: {here!r} in one chunk, {value!r} in a later one")
+
+
 @dataclass
 class Evidence:
-    """What one part of a claim (or one control) produced."""
+    """What one part of a claim (or one control), or one chunk of a part, produced.
+
+    The chunks of a part (propositions.kit.parallel.map_chunks) each return an Evidence, and
+    `Evidence.merged` folds them in chunk order into the part's: the same Evidence that one loop
+    over every chunk would have produced, however the chunks were split between tasks.
+    """
 
     checks: list[NumericalCheck] = field(default_factory=list)
     frames: int = 0  # random frames this part drew (independent of every other part's)
@@ -73,6 +125,52 @@ class Evidence:
     figures: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     inconclusive: list[str] = field(default_factory=list)
+
+    def merge(self, other: "Evidence") -> "Evidence":
+        """Fold in `other`, the evidence of a later chunk; returns self.
+
+        checks: one of the same name merges (NumericalCheck.merge reproduces the sequential adds),
+        a new name is appended; frames add; extra merges key by key (Counts add, lists concatenate,
+        dicts merge, other values must agree); figures must not share a name; notes and reasons
+        for inconclusive are appended, each once.
+        """
+        by_name = {check.name: check for check in self.checks}
+        for check in other.checks:
+            if check.name in by_name:
+                by_name[check.name].merge(check)
+            else:
+                self.checks.append(check)
+                by_name[check.name] = check
+        self.frames += other.frames
+        _merge_extra(self.extra, other.extra)
+        clash = set(self.figures) & set(other.figures)
+        if clash:
+            raise ValueError(f"two chunks draw the figure(s) {sorted(clash)}")
+        self.figures.update(other.figures)
+        self.notes += [note for note in other.notes if note not in self.notes]
+        self.inconclusive += [reason for reason in other.inconclusive if reason not in self.inconclusive]
+        return self
+
+    @classmethod
+    def merged(cls, partials: Iterable["Evidence"]) -> "Evidence":
+        """The partials folded in order into a fresh Evidence (empty when there are none)."""
+        total = cls()
+        for partial in partials:
+            total.merge(partial)
+        return total
+
+    def check(self, name: str) -> NumericalCheck:
+        """The check called `name` (KeyError naming the checks there are)."""
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(f"no check {name!r} (there are {[check.name for check in self.checks]})")
+
+
+def map_evidence(fn: Callable, chunks: Sequence, *args, task_label: str | None = None, **kwargs) -> Evidence:
+    """fn(chunk, *args, **kwargs) -> Evidence for every chunk of `chunks`, as tasks of the current
+    executor (kit.parallel.map_chunks), merged in chunk order (Evidence.merged)."""
+    return Evidence.merged(map_chunks(fn, chunks, *args, task_label=task_label, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -269,4 +367,4 @@ def _assemble(claim: Claim, ctx: Context, symbolic_result, exact, evidence: dict
     )
 
 
-__all__ = ["Claim", "Context", "Control", "Evidence", "Part", "Symbolic", "derive_symbolic", "known_variant", "run_claim"]
+__all__ = ["Claim", "Context", "Control", "Counts", "Evidence", "map_evidence", "Part", "Symbolic", "derive_symbolic", "known_variant", "run_claim"]

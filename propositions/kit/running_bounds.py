@@ -19,7 +19,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
-from .common import chunk_sizes, u
+from .common import batch_chunks, chunk_sizes, u
 from . import precision as precisions
 from .bounds import gram
 from .step_analysis import InputErrors, Rounding, StepNorms, step_error, step_error_text
@@ -196,15 +196,13 @@ def worst_over_steps(residual: np.ndarray, bound: np.ndarray):
     return residual[t, columns], bound[t, columns], t
 
 
-def plan_chunks(plan):
-    """(d, r, count, chunk index) for every chunk of every ShapeBatch of a shape plan.
+def plan_chunks(plan) -> list[tuple[int, int, int, int]]:
+    """(d, r, count, chunk index) for every chunk of every ShapeBatch of a shape plan (batch_chunks).
 
     Chunks hold at most CHUNK_ENTRIES entries per matrix, so that a trajectory of T steps keeps
     T * CHUNK_ENTRIES * 8 bytes per stacked array (32 MiB at T = 16) whatever the profile.
     """
-    for batch in plan:
-        for index, size in enumerate(chunk_sizes(batch.count, batch.d, batch.r, CHUNK_ENTRIES)):
-            yield batch.d, batch.r, size, index
+    return batch_chunks(plan, lambda batch: chunk_sizes(batch.count, batch.d, batch.r, CHUNK_ENTRIES))
 
 
 def initial_distance_to_manifold(W0):
