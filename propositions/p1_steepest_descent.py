@@ -480,10 +480,6 @@ def _frame_draws(seed: int, label: str, chunk, decades: int = 30):
     return key, rng, W, wide_scale_gradients(rng, W.shape, decades)
 
 
-def _by_frame(batch) -> Iterator[int]:
-    return chunk_sizes(batch.count, batch.d, batch.r)
-
-
 def _projector_check_set() -> tuple[NumericalCheck, ...]:
     """The empty checks of projector_checks: idempotent, self-adjoint, range, kernel, gap."""
     bound_note = (

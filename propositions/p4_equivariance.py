@@ -321,8 +321,10 @@ def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames:
 def _replay_draws(seed, d, r, steps, label, side, n, earlier, seen: set, frames, large, profile) -> None:
     """Add to `seen` the determinant signs that the Haar draws of the `earlier` chunks of shape
     (d, r) met, drawing them as action_chunk does (the frames and gradients first: the same
-    stream), until both components are seen; their trajectories are not run."""
-    if not earlier:  # the shape's first chunk: no plan to rebuild
+    stream), until both components are seen; their trajectories are not run. Every chunk after the
+    shape's first does this, inline or as a task, so that its draws never depend on where it runs;
+    the first chunk usually holds both components, and the replay stops there."""
+    if not earlier:  # the shape's first chunk: nothing to replay
         return
     sizes = {chunk: count for d_, r_, count, chunk in plan_chunks(shape_plan(profile, frames=frames, large=large)) if (d_, r_) == (d, r)}
     for chunk in earlier:

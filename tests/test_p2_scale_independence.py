@@ -253,3 +253,33 @@ def test_moment_checks_pass_for_the_real_step(real_run):
                  "trajectory_scale_invariance_decay_first_moment", "trajectory_scale_invariance_decay_second_moment"):
         assert by_name[name].passed and by_name[name].samples > 0
     assert by_name["power_of_two_moments_bitwise"].passed and by_name["power_of_two_moments_bitwise"].max_ratio == 0
+
+
+def test_vacuous_frames_are_counted_in_every_chunk(monkeypatch):
+    """A frame whose bound reaches 2 sqrt(r) is counted wherever its chunk falls: with bounds made
+    vacuous everywhere and several chunks per shape, every frame is counted once."""
+    from propositions.kit import running_bounds
+
+    monkeypatch.setattr(running_bounds, "CHUNK_ENTRIES", 64)
+    original = p2._rounding_bounds
+
+    def vacuous(*args, **kwargs):
+        one, scaled, power = original(*args, **kwargs)
+        return {**one, "W": one["W"] + 10.0}, scaled, power
+
+    monkeypatch.setattr(p2, "_rounding_bounds", vacuous)
+    profile = Profile("test", frames=60, steps=2, long_run_steps=10, mp_dps=30, mp_samples=1)
+    plan = p2.shape_plan(profile, frames=60, large=())
+    assert len(running_bounds.plan_chunks(plan)) > 2 * len(plan)  # several chunks per shape
+    evidence = p2.trajectory_check(0, profile, "stiefel_adam", weight_decay=0.0, frames=60, label="t",
+                                   log10_c_range=p2.LOG10_C_RANGE, large=())
+    assert evidence.extra["counts"]["vacuous"] == evidence.frames >= 60
+
+
+def test_figure_points_stop_once_the_figure_is_full():
+    def chunks(count, size):
+        return p2.Evidence(extra={"figure_points": [{"c": [1.0] * size, "x": [2.0] * size} for _ in range(count)]})
+
+    assert len(p2._figure_points(chunks(3, 300), ("c", "x"))["x"]) == 600  # a chunk is appended while < FIGURE_POINTS
+    assert len(p2._figure_points(chunks(5, 100), ("c", "x"))["c"]) == p2.FIGURE_POINTS == 400
+    assert p2._figure_points(chunks(0, 1), ("c",)) == {"c": []}

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 
 import reference_impl as ri
 from propositions import p5_weight_decay as p5
-from propositions._common import Profile, rng_for
+from propositions._common import Profile, chunk_sizes, rng_for
 from propositions.kit.protocol import derive_symbolic
 from reference_impl.manifold import polar_retract, project_tangent
 
@@ -176,3 +176,17 @@ def test_symbolic_and_exact_tiers():
     assert symbolic.status == "proved"
     assert len(symbolic.steps) >= 5
     assert all(record["passed"] for record in p5.exact_checks(11))
+
+
+def test_each_chunk_takes_the_weight_decay_of_its_batch_chunk_and_group(monkeypatch):
+    """lambda rotates through LAMBDA_GRID with the batch of the shape plan, the chunk and the group."""
+    calls = []
+    monkeypatch.setattr(p5, "_lambda_group", lambda checks, variant, seed, steps, d, r, size, lam, key: calls.append((d, r, lam, key)))
+    p5._optimizer_checks(0, SMALL, "stiefel_adam", SMALL.frames, "", "step")
+    expected = []
+    for shape_index, batch in enumerate(p5.shape_plan(SMALL, frames=SMALL.frames)):
+        for chunk_index, count in enumerate(chunk_sizes(batch.count, batch.d, batch.r)):
+            for group_index in range(min(len(p5.LAMBDA_GRID), count)):
+                lam = p5.LAMBDA_GRID[(shape_index + chunk_index + group_index) % len(p5.LAMBDA_GRID)]
+                expected.append((batch.d, batch.r, lam, (p5.CLAIM_ID, "step", batch.d, batch.r, chunk_index, group_index)))
+    assert calls == expected and len({lam for _, _, lam, _ in calls}) == len(p5.LAMBDA_GRID)

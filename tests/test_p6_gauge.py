@@ -137,3 +137,32 @@ def test_gauge_bounds_positive_and_riemannian_gradient_is_gauge_orthogonal():
 def test_symbolic_tier_proves_the_identity():
     symbolic = derive_symbolic(p6.CLAIM.symbolic)
     assert symbolic.status == "proved" and len(symbolic.steps) >= 5
+
+
+def test_every_layer_of_the_plan_is_drawn_once_at_its_token_count():
+    """The chunks of layer_checks are (d, r, n, index, count): the evidence counts every frame of the
+    plan once, and each token count gets the frames the plan gives it."""
+    chunks = list(p6._plan(SMALL))
+    seen = []
+    original = p6.random_layers
+
+    def recording(rng, count, n, d, r):
+        seen.append((d, r, n, count))
+        return original(rng, count, n, d, r)
+
+    p6.random_layers = recording
+    try:
+        evidence = p6.layer_checks(0, SMALL, "stiefel_adam", False)
+    finally:
+        p6.random_layers = original
+    assert seen == [(d, r, n, count) for d, r, n, _, count in chunks]
+    assert evidence.frames == sum(count for *_, count in chunks) == evidence.checks[0].samples
+
+
+def test_the_torch_cross_check_runs_on_every_chunk():
+    pytest.importorskip("torch")
+    profile = Profile("test", frames=40, steps=2, long_run_steps=10, mp_dps=30, mp_samples=2)
+    evidence = p6.layer_checks(0, profile, "stiefel_adam", True)
+    torch_check = evidence.check("torch_autograd_gradient")
+    assert evidence.extra["torch_available"] is True
+    assert torch_check.passed and torch_check.samples == 3 * evidence.frames  # W_Q, W_K, W_V of every frame

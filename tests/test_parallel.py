@@ -247,6 +247,15 @@ def test_evidence_merges_checks_counts_records_and_agreed_values():
     # the partials' own extra is not changed by the merge (a copy is taken of what is merged into)
     assert first.extra["counts"] == {"vacuous": 1, "by_shape": {"x": [1, 0, 2]}} and first.extra["records"] == [1]
     assert Evidence.merged([]).checks == [] and Evidence.merged([]).frames == 0
+    # merging never changes a partial: the same partials merged again give the same evidence
+    assert first.check("a").samples == 2 and second.check("b").samples == 1
+    assert Evidence.merged([first, second]).check("b").samples == 2
+    assert merged.extra["setting"] is not first.extra["setting"]
+    # the order of the checks is that of their first appearance
+    assert [c.name for c in Evidence.merged([Evidence(checks=[_filled("a", [0.1]), _filled("b", [0.1])]),
+                                             Evidence(checks=[_filled("a", [0.1]), _filled("c", [0.1])])]).checks] == ["a", "b", "c"]
+    assert Evidence.merged([Evidence(notes=["n", "n"]), Evidence(notes=["n"])]).notes == ["n"]
+    assert Evidence.merged([Evidence(extra={"x": float("nan")}), Evidence(extra={"x": float("nan")})]).extra["x"] != 0
     with pytest.raises(KeyError, match="no check 'z'"):
         merged.check("z")
 
@@ -256,6 +265,8 @@ def test_evidence_refuses_chunks_that_disagree():
         Evidence.merged([Evidence(extra={"setting": {"lr": 0.1}}), Evidence(extra={"setting": {"lr": 0.2}})])
     with pytest.raises(ValueError, match="two chunks draw the figure"):
         Evidence.merged([Evidence(figures={"f": 1}), Evidence(figures={"f": 2})])
+    with pytest.raises(ValueError, match=r"extra\['counts'\]: a Counts in one chunk, a dict in a later one"):
+        Evidence.merged([Evidence(extra={"counts": Counts(n=1)}), Evidence(extra={"counts": {"n": 1}})])
     with pytest.raises(ValueError, match="tally of 2 entries to one of 3"):
         Counts(x=[1, 2, 3]).add({"x": [1, 2]})
 

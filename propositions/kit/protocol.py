@@ -36,7 +36,9 @@ that write the same extra or figure key are a programming error, raised at once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Iterable, Sequence
@@ -100,14 +102,26 @@ def _merge_extra(mine: dict, theirs: dict, where: str = "extra") -> None:
                 mine[key] = list(value) if isinstance(value, list) else value
             continue
         here = mine[key]
+        kinds = [Counts if isinstance(x, Counts) else list if isinstance(x, list) else dict if isinstance(x, dict) else None
+                 for x in (here, value)]
+        if kinds[0] != kinds[1]:
+            raise ValueError(f"cannot merge {where}[{key!r}]: a {type(here).__name__} in one chunk, a "
+                             f"{type(value).__name__} in a later one")
         if isinstance(here, Counts):
             here.add(value)
         elif isinstance(here, list):
             here.extend(value)
         elif isinstance(here, dict):
             _merge_extra(here, value, f"{where}[{key!r}]")
-        elif here != value:
+        elif not _same(here, value):
             raise ValueError(f"cannot merge {where}[{key!r}]: {here!r} in one chunk, {value!r} in a later one")
+
+
+def _same(a, b) -> bool:
+    """Equal values, NaN equal to NaN."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
 
 
 @dataclass
@@ -130,25 +144,26 @@ class Evidence:
         """Fold in `other`, the evidence of a later chunk; returns self.
 
         checks: one of the same name merges (NumericalCheck.merge reproduces the sequential adds),
-        a new name is appended; frames add; extra merges key by key (Counts add, lists concatenate,
-        dicts merge, other values must agree); figures must not share a name; notes and reasons
-        for inconclusive are appended, each once.
+        a new name is appended as a copy (`other` is never changed by this or a later merge); frames
+        add; extra merges key by key (Counts add, lists concatenate, dicts merge, other values must
+        agree); figures must not share a name; notes and reasons for inconclusive are appended,
+        each once.
         """
         by_name = {check.name: check for check in self.checks}
         for check in other.checks:
             if check.name in by_name:
                 by_name[check.name].merge(check)
             else:
-                self.checks.append(check)
-                by_name[check.name] = check
+                self.checks.append(copy.deepcopy(check))
+                by_name[check.name] = self.checks[-1]
         self.frames += other.frames
         _merge_extra(self.extra, other.extra)
         clash = set(self.figures) & set(other.figures)
         if clash:
             raise ValueError(f"two chunks draw the figure(s) {sorted(clash)}")
         self.figures.update(other.figures)
-        self.notes += [note for note in other.notes if note not in self.notes]
-        self.inconclusive += [reason for reason in other.inconclusive if reason not in self.inconclusive]
+        self.notes += [note for note in dict.fromkeys(other.notes) if note not in self.notes]
+        self.inconclusive += [reason for reason in dict.fromkeys(other.inconclusive) if reason not in self.inconclusive]
         return self
 
     @classmethod
