@@ -50,7 +50,7 @@ from reference_impl.adam import frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from ._common import LARGE_SHAPES, SMALL_SHAPES, NumericalCheck, Profile, SymbolicStep
-from ._common import batch_chunks, chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
+from ._common import batch_chunks, chunk_frames, chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
 from .kit import precision as precisions
 from .kit import tightness
 from .kit.bounds import gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
@@ -473,10 +473,7 @@ def _frame_draws(seed: int, label: str, chunk, decades: int = 30):
     """The draws of one chunk (d, r, count, chunk index) of batch_chunks: (key, rng, W, G), key =
     (CLAIM_ID, label, d, r, chunk index), rng = rng_for(seed, *key), W (count, d, r) Haar frames and
     G wide-scale gradients of W's shape (`decades`) drawn from rng in that order (the caller draws on from rng)."""
-    d, r, count, index = chunk
-    key = (CLAIM_ID, label, d, r, index)
-    rng = rng_for(seed, *key)
-    W = ri.random_point(d, r, rng, (count,))
+    key, rng, W = chunk_frames(seed, CLAIM_ID, label, chunk)
     return key, rng, W, wide_scale_gradients(rng, W.shape, decades)
 
 

@@ -79,7 +79,7 @@ from .kit.bounds import polar_error_bound
 from .kit.step_analysis import InputErrors, Rounding, step_error, step_error_text
 from .kit.symbolic import is_zero, scale_steps
 from .kit.trajectories import INF, TrajectoryPlan, TrajectorySetting, trajectory_part
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, rng_for, shape_plan, u, ulps_apart
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_trajectories, rng_for, shape_plan, u, ulps_apart
 
 CLAIM_ID = "P2"
 
@@ -195,10 +195,8 @@ def first_step_norms(W0: np.ndarray, G: np.ndarray, config: StiefelAdamConfig) -
 
 
 def _draw(seed, d, r, count, steps, label, chunk=0):
-    rng = rng_for(seed, CLAIM_ID, label, d, r, chunk)
-    W0 = random_point(d, r, rng, (count,))
-    gradients = rng.standard_normal((steps, count, d, r))
-    return rng, W0, gradients
+    """(rng, W0, gradients) of the chunk's trajectories (kit.common.chunk_trajectories)."""
+    return chunk_trajectories(seed, CLAIM_ID, label, (d, r, count, chunk), steps)
 
 
 FIGURE_POINTS = 400  # points per figure at most, taken evenly from the shapes of the plan

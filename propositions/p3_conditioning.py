@@ -66,7 +66,7 @@ from reference_impl import StiefelAdamConfig, get_variant
 from reference_impl.adam import clip_to_trust_region, frobenius
 from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_chunks, rng_for, shape_plan, u
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_chunks, chunk_frames, rng_for, shape_plan, u
 from ._common import wide_scale_gradients
 from .kit import observability, tightness
 from .kit import precision as precisions
@@ -621,15 +621,6 @@ def _tangent_chunks(batches) -> list[tuple[int, int, int, int]]:
     return batch_chunks([batch for batch in batches if batch.d * batch.r - batch.r * (batch.r + 1) // 2 > 0])
 
 
-def _tangent_draws(seed: int, label: str, chunk):
-    """(key, rng, W) of one chunk: W (count, d, r) Haar frames drawn first from rng = rng_for(seed,
-    *key), key = (CLAIM_ID, label, d, r, chunk index)."""
-    d, r, count, index = chunk
-    key = (CLAIM_ID, label, d, r, index)
-    rng = rng_for(seed, *key)
-    return key, rng, ri.random_point(d, r, rng, (count,))
-
-
 def _step_checks_of(optimizer) -> dict[str, NumericalCheck]:
     """The empty step checks of the optimizer under test, their derivation at its precision."""
     checks = _step_check_set(variant_name(optimizer))
@@ -649,7 +640,7 @@ def step_chunk(chunk, seed: int, optimizer) -> Evidence:
     has no bound at the precision (coarse)."""
     checks = _step_checks_of(optimizer)
     variant = get_variant(optimizer)
-    key, rng, W = _tangent_draws(seed, "step", chunk)
+    key, rng, W = chunk_frames(seed, CLAIM_ID, "step", chunk)
     count = W.shape[0]
     G = wide_scale_gradients(rng, W.shape, precisions.of(variant).scale_decades)
     G_second = G * (10.0 ** rng.uniform(-1.0, 1.0, size=(count, 1, 1))) * rng.standard_normal(W.shape)
@@ -768,7 +759,7 @@ def conditioning_chunk(chunk, seed: int) -> Evidence:
     and the attainment by rank-one tangents where d > r >= 2."""
     d, r, count, _ = chunk
     checks = _conditioning_check_set()
-    key, rng, W = _tangent_draws(seed, "conditioning", chunk)
+    key, rng, W = chunk_frames(seed, CLAIM_ID, "conditioning", chunk)
     _random_tangents(checks, W, rng, shape=(d, r), key=key, seed=seed)
     if d > r >= 2:
         _rank_one_tangents(checks[-1], W, rng, shape=(d, r), key=key, seed=seed)

@@ -67,7 +67,7 @@ import reference_impl as ri
 from reference_impl import exact
 from reference_impl.adam import StiefelAdamConfig, StiefelAdamState
 from reference_impl.controls import get_variant, riemannian_gradient
-from reference_impl.manifold import random_point, random_signed_permutation
+from reference_impl.manifold import random_signed_permutation
 
 from .kit import observability, tightness
 from .kit import precision as precisions
@@ -79,7 +79,7 @@ from .kit.running_bounds import record_trajectory, optimizer_trajectory, traject
 from .kit.symbolic import is_zero
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 from .kit.bounds import gamma
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, rng_for, shape_plan, u, ulps_apart
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, chunk_trajectories, rng_for, shape_plan, u, ulps_apart
 
 CLAIM_ID = "P4"
 
@@ -174,10 +174,8 @@ def component_coverage(haar_extra: dict) -> list[str]:
 
 
 def _draw(seed, d, r, count, steps, label, chunk=0):
-    rng = rng_for(seed, CLAIM_ID, label, d, r, chunk)
-    W0 = random_point(d, r, rng, (count,))
-    gradients = rng.standard_normal((steps, count, d, r))
-    return rng, W0, gradients
+    """(rng, W0, gradients) of the chunk's trajectories (kit.common.chunk_trajectories)."""
+    return chunk_trajectories(seed, CLAIM_ID, label, (d, r, count, chunk), steps)
 
 
 def _moment_distance(A, B):

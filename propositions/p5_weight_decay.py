@@ -51,7 +51,7 @@ from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic, map
 from .kit.symbolic import is_zero
 from .kit.bounds import POLAR_ERROR_TEXT, PROJECTION_TEXT, gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
-from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_chunks, rng_for, shape_plan
+from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_chunks, chunk_frames, rng_for, shape_plan
 
 u = UNIT_ROUNDOFF
 CLAIM_ID = "P5"
@@ -531,9 +531,7 @@ def _manifold_chunk(chunk, seed: int) -> Evidence:
         "factor, one retraction's rounding, " + POLAR_ERROR_TEXT,
         tightness_note=tightness.WORST_CASE_SUMS,
     )
-    draw_key = (CLAIM_ID, "manifold", d, r, chunk_index)
-    rng = rng_for(seed, *draw_key)
-    W = _random_frames(rng, d, r, count)
+    draw_key, rng, W = chunk_frames(seed, CLAIM_ID, "manifold", chunk)
     projection.add(
         frobenius(project_tangent(W, W, validate=False)), decay_projection_bound(d, r),
         shape=(d, r), key=draw_key, seed=seed,

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from reference_impl import UNIT_ROUNDOFF
+from reference_impl import UNIT_ROUNDOFF, random_point
 
 from .figures import figures_to_dict
 
@@ -185,6 +185,24 @@ def spawn_key(*key: Any) -> list[int]:
 def rng_for(seed: int, *key: Any) -> np.random.Generator:
     """Generator for the draw identified by (seed, key): independent streams for distinct keys."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=spawn_key(*key))))
+
+
+def chunk_frames(seed: int, claim_id: str, label: str, chunk) -> tuple[tuple, np.random.Generator, np.ndarray]:
+    """The frames of one chunk (d, r, count, chunk index): (key, rng, W) with key = (claim_id, label,
+    d, r, chunk index), rng = rng_for(seed, *key) and W (count, d, r) Haar frames drawn first from
+    rng; the caller draws the chunk's other inputs on from rng."""
+    d, r, count, index = chunk[:4]
+    key = (claim_id, label, d, r, index)
+    rng = rng_for(seed, *key)
+    return key, rng, random_point(d, r, rng, (count,))
+
+
+def chunk_trajectories(seed: int, claim_id: str, label: str, chunk, steps: int) -> tuple[np.random.Generator, np.ndarray, np.ndarray]:
+    """The start frames and Gaussian gradients of one chunk's trajectories: (rng, W0 (count, d, r),
+    gradients (steps, count, d, r)), drawn in that order after chunk_frames."""
+    d, r, count, _ = chunk[:4]
+    _, rng, W0 = chunk_frames(seed, claim_id, label, chunk)
+    return rng, W0, rng.standard_normal((steps, count, d, r))
 
 
 # --------------------------------------------------------------------------------------------
@@ -545,7 +563,7 @@ def to_jsonable(obj):
 __all__ = [
     'u', 'DETECTION_FACTOR', 'RATIO_BINS', 'QUANTILE_POOL_SIZE', 'TIGHTNESS_THRESHOLD',
     'wide_scale_gradients', 'Profile', 'PROFILES', 'get_profile', 'SMALL_SHAPES', 'LARGE_SHAPES',
-    'ShapeBatch', 'shape_plan', 'chunk_sizes', 'batch_chunks', 'spawn_key', 'rng_for', 'ulps_apart',
+    'ShapeBatch', 'shape_plan', 'chunk_sizes', 'batch_chunks', 'chunk_frames', 'chunk_trajectories', 'spawn_key', 'rng_for', 'ulps_apart',
     'NumericalCheck', 'ControlResult', 'SymbolicStep', 'SymbolicResult', 'ClaimResult',
     'decide_verdict', 'to_jsonable',
 ]

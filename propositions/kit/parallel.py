@@ -6,9 +6,10 @@ shape, chunk), never from a generator shared between chunks, so the chunks of a 
 hands them to `map_chunks` (or a list of calls to `map_tasks`): each task is one call of a
 top-level function on one chunk that returns its own evidence (kit.protocol.Evidence: checks filled
 by that chunk alone, counts), and the caller merges them in *task order*, never in completion
-order, with `Evidence.merged`, whose `NumericalCheck.merge` reproduces the sequential adds exactly. What a task computes does not depend on how many workers
-there are, and one worker goes through the same task-and-merge path (inline), so a certificate is
-bit for bit the same for any number of workers and on a cluster.
+order, with `Evidence.merged`, whose `NumericalCheck.merge` reproduces the sequential adds exactly.
+What a task computes does not depend on how many workers there are, and one worker goes through
+the same task-and-merge path (inline), so a certificate is bit for bit the same for any number of
+workers and on a cluster.
 
 This module knows nothing about processes or clusters. It holds the slot of the current executor
 (`current()`, `installed(executor)`), which is `Inline()` unless a caller installs another; the

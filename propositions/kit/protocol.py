@@ -102,9 +102,7 @@ def _merge_extra(mine: dict, theirs: dict, where: str = "extra") -> None:
                 mine[key] = list(value) if isinstance(value, list) else value
             continue
         here = mine[key]
-        kinds = [Counts if isinstance(x, Counts) else list if isinstance(x, list) else dict if isinstance(x, dict) else None
-                 for x in (here, value)]
-        if kinds[0] != kinds[1]:
+        if _kind(here) is not _kind(value):
             raise ValueError(f"cannot merge {where}[{key!r}]: a {type(here).__name__} in one chunk, a "
                              f"{type(value).__name__} in a later one")
         if isinstance(here, Counts):
@@ -115,6 +113,11 @@ def _merge_extra(mine: dict, theirs: dict, where: str = "extra") -> None:
             _merge_extra(here, value, f"{where}[{key!r}]")
         elif not _same(here, value):
             raise ValueError(f"cannot merge {where}[{key!r}]: {here!r} in one chunk, {value!r} in a later one")
+
+
+def _kind(value) -> type | None:
+    """How a value of an extra merges: as Counts, as a list, as a dict, or by equality (None)."""
+    return next((kind for kind in (Counts, list, dict) if isinstance(value, kind)), None)
 
 
 def _same(a, b) -> bool:
