@@ -207,6 +207,11 @@ def test_a_failing_task_is_one_line_naming_it(make):
     assert failure.value.error_message == "three is not allowed second line"
 
 
+def test_a_failing_chunk_task_names_the_check_not_the_wrapper():
+    with pytest.raises(parallel.TaskFailed, match=r"^task 4 of 5 of projector_checks failed: ArithmeticError"):
+        parallel.map_chunks(_square_or_fail, [0, 1, 2, 3, 4], task_label="projector_checks")
+
+
 def test_a_dying_worker_is_reported_not_waited_for():
     with execution.using(execution.Pool(2)):
         with pytest.raises(parallel.TaskFailed, match="a worker process died while it ran a task"):
