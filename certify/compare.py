@@ -25,6 +25,7 @@ from pathlib import Path
 
 from certify import certificate as certificate_format
 from certify import claims
+from certify.counterexample import counterexamples_of
 
 MATRIX_BEGIN = "<!-- certify compare: begin -->"
 MATRIX_END = "<!-- certify compare: end -->"
@@ -121,9 +122,9 @@ def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_secon
             hidden = certificate.get("extra", {}).get("not_observable", [])
             if failures:
                 lines.append(f"- {claim_id} failures: " + "; ".join(_escape(f) for f in failures[:4]) + (" ..." if len(failures) > 4 else ""))
-                found = certificate.get("extra", {}).get("counterexample")
-                if found and found.get("found"):
-                    lines.append(f"- {claim_id} minimal counterexample: {_escape(found['summary'])}")
+                for found in counterexamples_of(certificate):
+                    if found.get("found"):
+                        lines.append(f"- {claim_id} minimal counterexample: {_escape(found['summary'])}")
             if certificate["verdict"] == "inconclusive":
                 lines.append(f"- {claim_id}: " + "; ".join(_escape(r) for r in certificate.get("inconclusive", [])[:2]))
             if hidden:

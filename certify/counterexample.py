@@ -403,10 +403,25 @@ def summary_line(found: dict) -> str:
             f"first diverging step {found['first_diverging_step']}, {outcome}{stage}")
 
 
+def counterexamples_of(certificate: dict) -> list[dict]:
+    """Every counterexample a certificate records: extra["counterexample"] (an outside implementation's
+    trajectory case) and extra["counterexample_<dtype>"] (the optimizer claim's shrunk scenario runs)."""
+    extra = certificate.get("extra", {}) or {}
+    return [extra[key] for key in sorted(extra) if (key == "counterexample" or key.startswith("counterexample_")) and extra[key]]
+
+
 def block(found: dict) -> list[str]:
     """The counterexample as a few lines for the terminal and REPORT.md."""
     if not found.get("found"):
         return [f"no minimal counterexample: {found.get('reason')}"]
+    if found["replay"].get("quantity") == "scenario":  # a shrunk run of the optimizer class
+        lines = [found["summary"]]
+        worst = found.get("worst") or {}
+        if worst:
+            lines.append("  at " + ", ".join(f"{key} {worst[key]}" for key in ("op", "parameter", "frame", "raised", "residual", "bound")
+                                             if worst.get(key) is not None))
+        lines.append(f"  ({found['replays']} replays, {'minimal' if found.get('minimal') else 'the search budget ran out'})")
+        return lines
     k, gradients = found["first_diverging_step"], found["replay"]["gradients"]
     lines = [found["summary"]]
     if 1 <= k <= len(gradients):

@@ -57,11 +57,11 @@ def _float(value) -> float:
 
 def cases_of(certificate: dict, source: str) -> list[dict]:
     """The replayable counterexample of one certificate (zero or one), as written into the file."""
-    found = certificate.get("extra", {}).get("counterexample")
-    if not found or not found.get("found"):
-        return []
+    from certify.counterexample import counterexamples_of
+
     return [{"id": f"{certificate['id']}-{found['replayed_check']}-{source}", "claim": certificate["id"], "summary": found["summary"],
-             "implementation": certificate["provenance"]["optimizer"], **found["replay"]}]
+             "implementation": certificate["provenance"]["optimizer"], **found["replay"]}
+            for found in counterexamples_of(certificate) if found.get("found")]
 
 
 def render(certificates: list[tuple[str, dict]]) -> str:
@@ -85,6 +85,10 @@ def replay_recorded(spec: str, recorded: dict):
     from certify import adapters
     from certify.counterexample import replay_inputs
 
+    if recorded.get("quantity") == "scenario":  # a shrunk run of the optimizer class (propositions/optimizer_class.py)
+        from propositions.optimizer_class import replay
+
+        return replay(recorded)
     variant = adapters.resolve(spec)
     config = recorded["config"]
     config = ri.StiefelAdamConfig(lr=_float(config["lr"]), betas=tuple(config["betas"]), eps=_float(config["eps"]),

@@ -47,15 +47,15 @@ def error_line(message: str) -> None:
 
 def print_counterexamples(out: Output, results: dict) -> None:
     """The minimal counterexample of each failing pair, one block each."""
-    from certify.counterexample import block
+    from certify.counterexample import block, counterexamples_of
 
     for spec, row in results.items():
         for claim_id, certificate in row.items():
-            found = certificate.get("extra", {}).get("counterexample")
-            if found and found.get("found"):
-                out.line(f"{spec} {claim_id}: minimal counterexample:")
-                for line in block(found):
-                    out.line(f"    {line}")
+            for found in counterexamples_of(certificate):
+                if found.get("found"):
+                    out.line(f"{spec} {claim_id}: minimal counterexample:")
+                    for line in block(found):
+                        out.line(f"    {line}")
 
 
 __all__ = ["Output", "error_line", "print_counterexamples"]

@@ -396,12 +396,12 @@ def _opening_lines(certificate: dict) -> list[str]:
 
 def counterexample_lines(certificate: dict) -> list[str]:
     """The minimal counterexample of a failing certificate (certify.counterexample) as one block."""
-    found = certificate.get("extra", {}).get("counterexample")
-    if not found:
-        return []
-    from certify.counterexample import block
+    from certify.counterexample import block, counterexamples_of
 
-    return ["**Minimal counterexample:**", "", "```", *block(found), "```", ""]
+    lines = []
+    for found in counterexamples_of(certificate):
+        lines += ["**Minimal counterexample:**", "", "```", *block(found), "```", ""]
+    return lines
 
 
 def _symbolic_lines(symbolic: dict) -> list[str]:
@@ -563,6 +563,23 @@ def _figure_lines(claim_id: str, drawn, as_data, plots_available: bool) -> list[
     return lines
 
 
+def coverage_lines(certificate: dict) -> list[str]:
+    """### Coverage: a drawn-scenario claim's features, times exercised (runs), per dtype (extra["coverage_<dtype>"])."""
+    extra = certificate.get("extra", {}) or {}
+    dtypes = [key[len("coverage_"):] for key in extra if key.startswith("coverage_")]
+    if not dtypes:
+        return []
+    features = list(extra[f"coverage_{dtypes[0]}"])
+    runs = [extra.get(f"runs_{dtype}", {}) for dtype in dtypes]
+    lines = ["### Coverage", "", "Each feature of the scenario grammar: times exercised (in how many runs), per dtype; "
+             "zero makes the claim inconclusive.", ""]
+    lines += ["runs: " + "; ".join(f"{dtype} {r.get('runs')} runs, {r.get('steps')} steps (longest {r.get('longest_run_steps')})"
+                                   for dtype, r in zip(dtypes, runs)), ""]
+    rows = [[feature] + [f"{extra[f'coverage_{d}'].get(feature, {}).get('count', 0)} ({extra[f'coverage_{d}'].get(feature, {}).get('runs', 0)})"
+                         for d in dtypes] for feature in features]
+    return lines + _table(["feature"] + dtypes, rows) + [""]
+
+
 def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> list[str]:
     """The claim's part of REPORT.md: its opening, then one subsection per tier, the notes and the figures."""
     return (
@@ -570,6 +587,7 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
         + _symbolic_lines(certificate["symbolic"])
         + _exact_lines(certificate["exact"])
         + _numerical_lines(certificate["numerical"])
+        + coverage_lines(certificate)
         + _distribution_lines(certificate["numerical"])
         + _control_lines(certificate["controls"])
         + _notes_lines(certificate["notes"])

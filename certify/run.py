@@ -166,10 +166,9 @@ class _Recorder:
         self.out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
         for reason in sealed["failures"] + sealed["inconclusive"]:
             self.out.line(f"    {reason}")
-        found = sealed["extra"].get("counterexample")
-        if found:
-            from certify.counterexample import block
+        from certify.counterexample import block, counterexamples_of
 
+        for found in counterexamples_of(sealed):
             self.out.line("    minimal counterexample:")
             for line in block(found):
                 self.out.line(f"      {line}")

@@ -129,10 +129,17 @@ COUNTEREXAMPLE_DECISIONS = ("found", "replayed_check", "parameters", "first_dive
 
 
 def _counterexample_differences(recorded: dict, reproduced: dict) -> list[str]:
-    old = recorded.get("extra", {}).get("counterexample") or {}
-    new = reproduced.get("extra", {}).get("counterexample") or {}
-    return [f"minimal counterexample: {member} {old.get(member)!r} recorded, {new.get(member)!r} reproduced"
-            for member in COUNTEREXAMPLE_DECISIONS if _canonical(old.get(member)) != _canonical(new.get(member))]
+    """The search's decisions, per recorded counterexample (a shrunk scenario's decision is the scenario itself)."""
+    keys = sorted({k for c in (recorded, reproduced) for k in (c.get("extra") or {}) if k == "counterexample" or k.startswith("counterexample_")})
+    differences = []
+    for key in keys:
+        old = recorded.get("extra", {}).get(key) or {}
+        new = reproduced.get("extra", {}).get(key) or {}
+        pairs = [(member, old.get(member), new.get(member)) for member in COUNTEREXAMPLE_DECISIONS]
+        pairs.append(("scenario", (old.get("replay") or {}).get("scenario"), (new.get("replay") or {}).get("scenario")))
+        differences += [f"minimal counterexample ({key}): {member} {a!r} recorded, {b!r} reproduced"
+                        for member, a, b in pairs if _canonical(a) != _canonical(b)]
+    return differences
 
 
 def _self_contradictions(recorded: dict) -> list[str]:

@@ -1,83 +1,82 @@
 """The optimizer class: `torch_impl.StiefelAdam` as people train with it computes the certified step.
 
-Claim. One `StiefelAdam` instance, driven for several steps over parameters of different shapes in
-param groups with different lr, betas, eps, weight_decay and trust_radius (one group added with
-`add_param_group` mid-run, one of ordinary tensors with manifold="euclidean"), gives every frame
-the step of `reference_impl.step` with its own group's hyper-parameters and its own step count, to
-within the derived rounding bound of the precision it stores and computes in (float64, float32,
-bfloat16); a parameter without a gradient is not stepped and its state does not advance; a frame
-whose gradient is not finite keeps its frame, moments and count under skip_nonfinite while the
-other frames of its tensor step; a state_dict saved mid-run and loaded into a fresh instance
-continues bit for bit; the closure's loss is returned; and the ordinary tensors get exactly
-torch.optim.AdamW's step.
+Claim. Over every layout and operation sequence of the scenario grammar
+(propositions/optimizer_scenarios.py: 1-4 frame groups with their own lr, betas, eps,
+weight_decay, trust_radius and skip_nonfinite, sibling groups that share a frame shape and differ in
+one setting, parameters with 0, 1 or 2 leading axes, r = 1 to r = d, euclidean groups of several
+tensors, groups added mid-run; steps with and without a closure, zero_grad both ways, an lr
+scheduler, checkpoints saved and loaded into a fresh instance, into the same one and in the older
+single-count format; gradients that are missing, NaN, inf, finite but overflowing, or zero at
+eps = 0), in float64, float32 and bfloat16, one `StiefelAdam` instance gives every frame that must
+step `reference_impl.step` with its own group's current settings and its own count, to within the
+rounding bound of the precision it stores and computes in; leaves a parameter without a gradient
+untouched; under skip_nonfinite keeps a frame whose step is not finite (frame, moments, count) while
+every other frame of its call steps; refuses, in a group that does not skip, a step with a
+non-finite frame by a ValueError that names a parameter at fault, with nothing written; counts what
+it skipped; keeps one float64 count per frame, past 256 steps; restores on load exactly what it
+saved, so that checkpoints change nothing; returns the closure's loss; steps ordinary tensors
+exactly as torch.optim.AdamW; `functional.transported_moment` gives the certified m+; and every
+option it does not implement, every bad hyper-parameter and every bad tensor is refused with a
+ValueError that names it, wherever it comes (constructor, a later param group, add_param_group).
 
-Why it should hold. The class only does bookkeeping around the kernel that the cross-check holds
-to the reference: which hyper-parameters and which state a frame is stepped with, which count, and
-what is written back. Each of those is an exact statement, and the arithmetic is the kernel's.
+Why it should hold. The class does bookkeeping around the kernel that the cross-check holds to the
+reference: which settings, state and count a frame is stepped with, and what is written back. Each
+of those is an exact statement; the arithmetic is the kernel's.
 
-How it is checked. A scripted run (below, `SCENARIO`) in each dtype, lock-step against a reference
-model kept per frame in float64: before every step each frame and its state are set to the
-reference's values rounded to the optimizer's dtypes (so each step is compared from the same
-inputs and the bound is one step's, not a trajectory's), then `optimizer.step(closure)` runs and
-every stepped frame's W+, transported m+ and v+ are compared with `reference_impl.step` from the
-same inputs against the one analysis of the step (propositions/kit/step_analysis.py: the kernel's
-evaluation at that dtype's unit roundoffs plus the reference's own, as in the cross-check). Its
-bias-correction stage covers the class's evaluation of beta^t: one count per frame as a tensor and
-torch.pow, where the reference uses Python's pow. Counts, untouched parameters, the skipped frame,
-the resumed run, the closure's loss and the AdamW twin are exact equalities (0.5 ulp).
+How it is checked. Each dtype draws its runs from the seed (`optimizer_scenarios.draw_plan`): the
+first is long (past 256 steps, small frames), the others are drawn with the features still missing
+until every feature of the grammar is exercised, and the certificate records the coverage of each
+feature (times, runs) per dtype; zero coverage of one makes the claim inconclusive. A run is
+lock-step against a float64 reference model per frame: before every step each frame and its state
+are set to the model's values rounded to the class's dtypes, and after it every frame that must step
+is compared with `reference_impl.step` from the same inputs, against the one analysis of the step
+(kit/step_analysis: the class's evaluation at that dtype's unit roundoffs plus the reference's, as in
+the cross-check). Counts, untouched and skipped frames, refused steps, skipped_steps, loaded state,
+the closure's loss and the AdamW twin are exact equalities (0.5 ulp; a mismatch counts its ulps, so
+an off-by-one count misses its bound by about 2^44). Each run is also replayed twice without the
+lock-step, with and without its checkpoints, and must end bit for bit the same. A failing run of the
+class is shrunk to the shortest operation sequence and smallest layout that still fails the same
+check (`shrink`), recorded in the certificate, and `certify regression` replays it.
 
 What would make it fail. Any bookkeeping change: the controls are subclasses of StiefelAdam that
-each break one piece (the first group's settings for every group, a count that advances for a
-skipped frame, skipping the whole tensor, stepping a parameter without a gradient, a
-load_state_dict that drops the counts, an added group that takes the defaults, a dropped closure
-loss, coupled decay for ordinary tensors, a refused step written before its error, skipped_steps
-counting the stepped frames, later param groups left unchecked, a skipped ordinary tensor's count
-advancing); each must fail a check with a margin of at least DETECTION_FACTOR.
+each break one piece (CONTROLS), each of which must fail a check by at least DETECTION_FACTOR.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import math
+import time
+import warnings
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 import reference_impl as ref
-from propositions._common import NumericalCheck, rng_for, ulps_apart
-from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
-from propositions.kit.step_analysis import reference_quantities
+from propositions._common import NumericalCheck, rng_for
 from propositions.kit import step_analysis
-from propositions.kit.threads import one_thread_environment
+from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from propositions.kit.step_analysis import reference_quantities
+from propositions.kit.threads import one_thread_environment
+
+from . import optimizer_scenarios as grammar
+from .optimizer_scenarios import NONFINITE, Scenario, StepPlan, frame_count
 
 CLAIM_ID = "optimizer"
-DTYPE_NAMES = ("float64", "float32", "bfloat16")
+DTYPE_NAMES = grammar.DTYPES
+REAL_OPTIMIZER = "stiefel_adam"
+COUNT_DTYPE = "float64"  # the documented dtype of state["step"] (torch_impl/optimizer.py)
+EXACT = "exact equality: max |x - y| / ulp(y) over the compared values, bound 0.5 (bit for bit)"
+MAX_REPLAYS = 150  # the shrinker's budget of scenario replays
+MAX_SHRINK_SECONDS = 60.0
 
-def _config(lr, betas, eps, trust_radius, weight_decay):
-    return dict(lr=lr, betas=betas, eps=eps, trust_radius=trust_radius, weight_decay=weight_decay)
 
-
-# The scripted run. Frame groups: (name, shapes, settings, skip_nonfinite); the group "late" is
-# added with add_param_group after step ADD_AFTER; "ordinary" holds one ordinary tensor.
-GROUPS = (
-    # (3, 12, 4) and (2, 12, 4): two parameters of one shape and settings, stepped in one joined call
-    ("first", ((3, 12, 4), (16, 3), (2, 12, 4)), _config(0.05, (0.9, 0.999), 1e-8, 0.5, 0.1), False),
-    ("second", ((2, 6, 6), (8, 1)), _config(0.02, (0.8, 0.99), 1e-6, 0.3, 0.0), True),
-    ("late", ((2, 9, 3),), _config(0.03, (0.95, 0.98), 0.0, 0.4, 0.0), False),  # eps = 0, no decay: ZERO_FIRST
-)
-ORDINARY = {"shape": (5, 7), "lr": 0.01, "betas": (0.85, 0.995), "eps": 1e-7, "weight_decay": 0.05}
-ADD_AFTER = 0  # "late" joins after the first step
-NO_GRADIENT = (1, "first", 1)  # (step, group, parameter index): .grad is None at that step
-NONFINITE = (2, "second", 0, 1)  # (step, group, parameter index, frame): a NaN in that frame's gradient
-ORDINARY_NONFINITE = 2  # the ordinary tensor's gradient is NaN at this step (its group skips it)
-# before this step, a step with a NaN in the last frame of that parameter (the second of its joined
-# call) must be refused
-REFUSED = (3, "first", 2)
-ZERO_FIRST = (ADD_AFTER + 1, "late", 0, 0)  # a zero first gradient in the eps = 0 group: v^ = 0, xi = 0, never 0/0
-# skipped_steps after a run: NONFINITE's frame and the ordinary tensor at ORDINARY_NONFINITE
-SKIPPED_PER_RUN = 2
-SAVE_AFTER = 1  # the state_dict is saved after this step and resumed in a fresh instance
-MIN_STEPS = 4
+# --------------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------------
 
 
 def _derivation(dtype_name: str, output: str) -> str:
@@ -88,38 +87,71 @@ def _derivation(dtype_name: str, output: str) -> str:
             + step_analysis.step_error_text(output))
 
 
+CHECKS = (
+    ("completes", "scenario_completes", "the run ends without an exception where none is expected (0; inf if the class raised)",
+     "exact: a correct class raises only where the scenario expects it"),
+    ("W", "frame", "||W+_class - W+_ref||_F per frame that must step, its own group's current settings", None),
+    ("m", "first_moment", "||transported_moment(W+, m)_class - m+_ref||_F per frame that must step (functional.transported_moment)", None),
+    ("v", "second_moment", "|v+_class - v+_ref| per frame that must step", None),
+    ("t", "step_count", "the count of every frame in the optimizer after every step against the model's (ulps)", EXACT),
+    ("count_dtype", "count_dtype", f"state['step'] of every frame parameter is a {COUNT_DTYPE} tensor with one count per frame (0; inf otherwise)",
+     "exact: the documented dtype and shape"),
+    ("untouched", "no_gradient_untouched", "a parameter whose .grad is None: parameter and state after the step against before (ulps)", EXACT),
+    ("skipped", "nonfinite_frame_untouched", "a frame whose step is not finite under skip_nonfinite: frame, m, v and count against before (ulps)", EXACT),
+    ("refused", "refused_step_untouched", "a step with a non-finite frame in a group that does not skip: ValueError, and every parameter, state "
+     "and skipped_steps as before (ulps; inf if not refused)", EXACT),
+    ("refusal_names", "refusal_names_parameter", "the refusal's message names a parameter at fault as 'params[i] of param group g' (0; inf otherwise)",
+     "exact: the documented message"),
+    ("skipped_count", "skipped_count", "skipped_steps after every step against the frames and tensors the model skipped since construction (ulps)", EXACT),
+    ("closure", "closure_loss", "the loss step(closure) returns against the closure's own (0 if the same object; else ulps; inf if none)", EXACT),
+    ("ordinary", "euclidean_is_adamw", "every manifold='euclidean' tensor and its state against torch.optim.AdamW with its group's current "
+     "settings, skipped whole when not finite under skip_nonfinite (a state AdamW never made taken as its fresh one) (ulps)", EXACT),
+    ("round_trip", "checkpoint_round_trip", "after a load: every parameter's state (keys, dtypes, values) and every group's settings against "
+     "what was saved, an older-format count expanded to one per frame (ulps; inf for another key or dtype)", EXACT),
+    ("resume", "checkpoints_change_nothing", "the run replayed without the lock-step, with and without its checkpoints: parameters and states at "
+     "the end (ulps)", EXACT),
+)
+BOUNDED = {"W", "m", "v"}
+
+
 def _new_checks(dtype_name: str) -> dict:
-    exact = "exact equality: max |x - y| / ulp(y) over the tensors, bound 0.5 (bit for bit)"
-
-    def check(name, description, bound_derivation):
-        return NumericalCheck(f"{dtype_name}/{name}", description, bound_derivation,
-                              tightness_note="an exact equality: 0 by design" if bound_derivation == exact else None)
-
-    return {
-        "W": check("frame", f"||W+_class - W+_ref||_F per stepped frame, {dtype_name}, each frame with its own group's settings", _derivation(dtype_name, "W")),
-        "m": check("first_moment", f"||m+_class - m+_ref||_F per stepped frame (m+ transported), {dtype_name}", _derivation(dtype_name, "m")),
-        "v": check("second_moment", f"|v+_class - v+_ref| per stepped frame, {dtype_name}", _derivation(dtype_name, "v")),
-        "t": check("step_count", "|t_class - t_ref| per frame: one count per frame, advanced only by a written step", exact),
-        "untouched": check("no_gradient_untouched", "a parameter whose .grad is None: parameter and state after the step against before (ulps)", exact),
-        "skipped": check("nonfinite_frame_untouched", "the frame with a NaN gradient under skip_nonfinite: its frame, m and v after against before (ulps)", exact),
-        "resume": check("resume_bit_for_bit", "parameters and states of a fresh instance loaded from the mid-run state_dict against the original, after the same steps (ulps)", exact),
-        "closure": check("closure_loss", "the loss step(closure) returns against the closure's own (ulps; inf if not returned)", exact),
-        "ordinary": check("euclidean_is_adamw", "the manifold='euclidean' tensor and its state against torch.optim.AdamW with the group's settings (ulps)", exact),
-        "refused": check("refused_step_untouched", "a step with a NaN in the last frame of a parameter whose group does not skip: ValueError, and every parameter and state as before (ulps; inf if not refused)", exact),
-        "skipped_count": check("skipped_count", f"|skipped_steps - {SKIPPED_PER_RUN}| after one NaN frame and one NaN ordinary tensor under skip_nonfinite", exact),
-        "refusals": check("bad_groups_refused", "a second param group with lr < 0, a non-frame in a frame group or an unknown manifold, at construction and by add_param_group: ValueError (0; inf if accepted)", exact),
-        "undefined": [],  # frame-steps where the analysis has no bound (not a check: dropped by dtype_part)
-    }
+    checks = {}
+    for key, name, description, derivation in CHECKS:
+        if key in BOUNDED:
+            derivation = _derivation(dtype_name, key)
+        note = "an exact equality: 0 by design" if key not in BOUNDED else None
+        checks[key] = NumericalCheck(f"{dtype_name}/{name}", description, derivation, tightness_note=note)
+    return checks
 
 
-class _ReferenceFrame:
-    """One frame's reference trajectory in float64: W, the reference state (m transported), and
-    the moment before its transport (what the class's state holds)."""
+class _Batch:
+    """Per-step samples of each check, added to the checks once per step (the worst sample's extra kept)."""
 
-    def __init__(self, W: np.ndarray):
-        self.W = np.array(W, dtype=np.float64)  # a copy: a float64 parameter must never share its memory
-        self.state = ref.init(W)
-        self.moment_in = self.state.m
+    def __init__(self):
+        self.samples: dict = {}
+
+    def add(self, key: str, residual, bound, extra: dict) -> None:
+        residual = np.atleast_1d(np.asarray(residual, dtype=np.float64)).ravel()
+        bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), residual.shape)
+        self.samples.setdefault(key, []).append((residual, bound, extra))
+
+    def flush(self, checks: dict, seed: int, key: tuple) -> None:
+        for name, entries in self.samples.items():
+            residual = np.concatenate([r for r, _, _ in entries])
+            bound = np.concatenate([b for _, b, _ in entries])
+            ratio = np.where(np.isnan(residual), np.inf, residual) / bound
+            worst, offset = int(np.argmax(ratio)), 0
+            for r, _, extra in entries:
+                if worst < offset + r.size:
+                    break
+                offset += r.size
+            checks[name].add(residual, bound, key=key, seed=seed, extra=extra)
+        self.samples = {}
+
+
+# --------------------------------------------------------------------------------------------
+# Small exact comparisons
+# --------------------------------------------------------------------------------------------
 
 
 def _torch_dtype(name):
@@ -134,308 +166,697 @@ def _to_numpy(x) -> np.ndarray:
     return x.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
-def _build(optimizer_class, params: dict, dtype_name: str, with_late: bool):
-    """A StiefelAdam (or a control's subclass) over the scenario's groups."""
-    groups = [{"params": params[name], **settings, "skip_nonfinite": skip} for name, _, settings, skip in GROUPS if name != "late"]
-    groups.append({"params": params["ordinary"], "manifold": "euclidean", "skip_nonfinite": True,
-                   **{k: v for k, v in ORDINARY.items() if k != "shape"}})
-    optimizer = optimizer_class(groups, lr=0.001)
-    if with_late:  # in the order the original run has its groups: "late" last
-        optimizer.add_param_group(_late_group(params))
-    return optimizer
-
-
-def _late_group(params: dict) -> dict:
-    _, _, settings, skip = GROUPS[2]
-    return {"params": params["late"], **settings, "skip_nonfinite": skip}
-
-
-def _draw(seed: int, run: int, dtype_name: str, steps: int):
-    """Initial frames (float64), gradients per step per parameter, the ordinary tensor."""
-    rng = rng_for(seed, CLAIM_ID, dtype_name, run)
-    frames = {name: [ref.random_point(s[-2], s[-1], rng, tuple(s[:-2])) for s in shapes] for name, shapes, _, _ in GROUPS}
-    gradients = [{name: [rng.standard_normal(W.shape) for W in frames[name]] for name in frames} for _ in range(steps)]
-    ordinary = rng.standard_normal(ORDINARY["shape"])
-    ordinary_gradients = [rng.standard_normal(ORDINARY["shape"]) for _ in range(steps)]
-    ordinary_gradients[ORDINARY_NONFINITE][0, 0] = np.nan
-    step, group, index, frame = NONFINITE
-    _frames_of(gradients[step][group][index])[frame, 0, 0] = np.nan
-    step, group, index, frame = ZERO_FIRST
-    _frames_of(gradients[step][group][index])[frame] = 0.0
-    return frames, gradients, ordinary, ordinary_gradients
-
-
-def _frames_of(x: np.ndarray) -> np.ndarray:
-    """(B, d, r) view of an array of frames (..., d, r)."""
-    return x.reshape((-1,) + x.shape[-2:])
-
-
-def _closure(optimizer, params, gradients, ordinary_gradient, step, dtype, device):
-    """loss = sum_p <p, G_p>: backward leaves p.grad = G_p (rounded to the parameter's dtype)."""
-    import torch
-
-    def closure():
-        optimizer.zero_grad()
-        loss = torch.zeros((), dtype=torch.float64, device=device)
-        for name, tensors in params.items():
-            sources = [ordinary_gradient] if name == "ordinary" else gradients[name]
-            for p, G in zip(tensors, sources):
-                loss = loss + (p * torch.tensor(G, dtype=dtype, device=device)).sum().to(torch.float64)
-        loss.backward()
-        no_grad_step, group, index = NO_GRADIENT
-        if step == no_grad_step:
-            params[group][index].grad = None
-        closure.loss = loss
-        return loss
-
-    return closure
-
-
-def run_scenario(seed: int, run: int, dtype_name: str, steps: int, optimizer_class, checks: dict, device: str = "cpu") -> int:
-    """The scripted run in one dtype (module docstring); fills checks, returns the frames stepped."""
-    import torch
-
-    dtype = _torch_dtype(dtype_name)
-    # the dtype of m and v as the certifier's analysis takes it (kit/step_analysis), not the kernel's own table
-    state_dtype = _torch_dtype(step_analysis.COMPUTE_DTYPES[dtype_name])
-    frames, gradients, ordinary0, ordinary_gradients = _draw(seed, run, dtype_name, steps)
-    params = {name: [torch.nn.Parameter(torch.tensor(W, dtype=dtype, device=device)) for W in Ws] for name, Ws in frames.items()}
-    params["ordinary"] = [torch.nn.Parameter(torch.tensor(ordinary0, dtype=dtype, device=device))]
-    twin = torch.nn.Parameter(params["ordinary"][0].detach().clone())
-    adamw = torch.optim.AdamW([twin], lr=ORDINARY["lr"], betas=ORDINARY["betas"], eps=ORDINARY["eps"], weight_decay=ORDINARY["weight_decay"])
-    model = {name: [[_ReferenceFrame(frame) for frame in _frames_of(W)] for W in Ws] for name, Ws in frames.items()}
-    settings = {name: ref.StiefelAdamConfig(**config) for name, _, config, _ in GROUPS}
-    optimizer = _build(optimizer_class, params, dtype_name, with_late=False)
-    stepped = 0
-    key = (CLAIM_ID, dtype_name, run)
-    for step in range(steps):
-        active = [name for name in settings if name != "late" or step > ADD_AFTER]
-        _set_inputs(optimizer, params, model, active, dtype, state_dtype, device)
-        before = {id(p): (p.detach().clone(), copy.deepcopy(dict(optimizer.state[p]))) for name in active + ["ordinary"] for p in params[name]}
-        live = {n: params[n] for n in active + ["ordinary"]}
-        if step == REFUSED[0]:
-            refused = _refused_step(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device)
-            unchanged = max(float(_tensors_ulps([p], [before[id(p)][0]], optimizer.state[p], before[id(p)][1])[0]) for ps in live.values() for p in ps)
-            checks["refused"].add(np.array([unchanged if refused else math.inf]), 0.5, key=key, seed=seed, extra={"step": step + 1})
-        closure = _closure(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device)
-        loss = optimizer.step(closure)
-        checks["closure"].add(_ulps_or_inf(loss, closure.loss), 0.5, key=key, seed=seed, extra={"step": step + 1})
-        if step != ORDINARY_NONFINITE:  # AdamW itself would write the NaN: the twin skips that step
-            twin.grad = params["ordinary"][0].grad.clone()
-            adamw.step()
-        _compare_ordinary(optimizer, params["ordinary"][0], twin, adamw, checks["ordinary"], key, seed, step)
-        for name in active:
-            for index, p in enumerate(params[name]):
-                stepped += _step_and_compare(
-                    optimizer, p, model[name][index], gradients[step][name][index], settings[name], dtype_name,
-                    (step, name, index), before.get(id(p)), checks, key, seed,
-                )
-        if step == ADD_AFTER:
-            optimizer.add_param_group(_late_group(params))
-    checks["skipped_count"].add(np.array([abs(optimizer.skipped_steps - SKIPPED_PER_RUN)]), 0.5, key=key, seed=seed, extra={"what": "skipped_steps"})
-    _refusals(optimizer_class, params, checks["refusals"], key, seed)
-    _resume(seed, run, dtype_name, steps, optimizer_class, checks["resume"], key, device)
-    return stepped
-
-
-def _refused_step(optimizer, params, gradients, ordinary_gradient, step, dtype, device) -> bool:
-    """Whether a step with a NaN in the last frame of REFUSED's parameter (a group without
-    skip_nonfinite) raises ValueError (the caller checks that nothing was written)."""
-    _, group, index = REFUSED
-    poisoned = {name: [np.array(G, copy=True) for G in Gs] for name, Gs in gradients.items()}
-    _frames_of(poisoned[group][index])[-1, -1, -1] = np.nan
-    try:
-        optimizer.step(_closure(optimizer, params, poisoned, ordinary_gradient, step, dtype, device))
-    except ValueError:
-        return True
-    return False
-
-
-def _refusals(optimizer_class, params, check, key, seed) -> None:
-    """Bad param groups are refused, whatever their place: a second group with lr < 0, a frame
-    group holding a tensor that is not a frame, an unknown manifold, at construction and through
-    add_param_group. Residual 0 per refusal, inf where the group was accepted."""
-    import torch
-
-    frame = params["first"][1].detach().clone()
-    bad_groups = ({"params": [torch.nn.Parameter(frame.clone())], "lr": -1.0},
-                  {"params": [torch.nn.Parameter(2.0 * frame)]},
-                  {"params": [torch.nn.Parameter(frame.clone())], "manifold": "sphere"})
-    for position, bad in enumerate(bad_groups):
-        for how in ("constructor", "add_param_group"):
-            first = {"params": [torch.nn.Parameter(frame.clone())]}
-            try:
-                if how == "constructor":
-                    optimizer_class([first, dict(bad)])
-                else:
-                    optimizer_class([first]).add_param_group(dict(bad))
-                residual = math.inf
-            except ValueError:
-                residual = 0.0
-            check.add(np.array([residual]), 0.5, key=key, seed=seed, extra={"bad_group": position, "through": how})
-
-
-def _ulps_or_inf(returned, expected) -> np.ndarray:
-    import torch
-
-    if returned is expected:
-        return np.array([0.0])
-    if not torch.is_tensor(returned):
-        return np.array([np.inf])
-    return np.atleast_1d(ulps_apart(_to_numpy(returned), _to_numpy(expected)))
-
-
-def _set_inputs(optimizer, params, model, active, dtype, state_dtype, device) -> None:
-    """Lock-step: every frame and its state set to the reference's, rounded (in place)."""
-    import torch
-
-    for name in active:
-        for p, reference in zip(params[name], model[name]):
-            W = np.stack([frame.W for frame in reference]).reshape(p.shape)
-            p.data.copy_(torch.from_numpy(W).to(device=device, dtype=dtype))
-            state = optimizer.state[p]
-            if len(state):
-                m = np.stack([frame.moment_in for frame in reference]).reshape(p.shape)
-                v = np.array([frame.state.v for frame in reference], dtype=np.float64).reshape(p.shape[:-2])
-                state["exp_avg"].copy_(torch.from_numpy(m).to(device=device, dtype=state_dtype))
-                state["exp_avg_sq"].copy_(torch.from_numpy(v).to(device=device, dtype=state_dtype))
-
-
-def _step_and_compare(optimizer, p, reference, G, config, dtype_name, where, before, checks, key, seed) -> int:
-    """The reference's step of each frame of p against the class's, per the scenario's events."""
-    from torch_impl import functional
-
-    step, group, index = where
-    extra = {"step": step + 1, "group": group, "parameter": index}
-    if (step, group, index) == NO_GRADIENT:
-        W_before, state_before = before
-        residual = _tensors_ulps([p], [W_before], optimizer.state[p], state_before)
-        checks["untouched"].add(residual, 0.5, key=key, seed=seed, extra=extra)
-        _compare_counts(optimizer, p, reference, checks, key, seed, extra)
-        return 0
-    G_frames = G.reshape((-1,) + G.shape[-2:])
-    state = optimizer.state[p]
-    W_new = _to_numpy(p).reshape(G_frames.shape)
-    m_new = _to_numpy(functional.transported_moment(p.detach().to(state["exp_avg"].dtype), state["exp_avg"])).reshape(G_frames.shape)
-    v_new = _to_numpy(state["exp_avg_sq"]).reshape(-1)
-    d, r = G_frames.shape[-2:]
-    stepped = 0
-    for k, frame in enumerate(reference):
-        if (step, group, index, k) == NONFINITE:
-            # against what the class held before the step (the lock-step inputs, in its own dtypes)
-            W_before, state_before = _to_numpy(before[0]), before[1]
-            m_before = _to_numpy(state_before["exp_avg"]).reshape(G_frames.shape)[k]
-            v_before = _to_numpy(state_before["exp_avg_sq"]).reshape(-1)[k]
-            m_after = _to_numpy(state["exp_avg"]).reshape(G_frames.shape)[k]
-            residual = max(_max_ulps(W_new[k], W_before.reshape(G_frames.shape)[k]), _max_ulps(m_after, m_before), _max_ulps(v_new[k], v_before))
-            checks["skipped"].add(np.array([residual]), 0.5, shape=(d, r), key=key, seed=seed, extra={**extra, "frame": k})
-            continue
-        q = reference_quantities(frame.W, G_frames[k], frame.state, config)
-        W_ref, state_ref = ref.step(frame.W, G_frames[k], frame.state, config)
-        rounding = step_analysis.kernel_rounding(dtype_name, config.trust_radius, d, r)
-        transport = transport_roundoff(d, r, rounding.u_c, frame.moment_in)
-        bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
-        frame_extra = {**extra, "frame": k}
-        # where the analysis has no bound (sqrt(v^) + eps not above its error: a gradient that is
-        # normal up to rounding, docs/algorithm.md#pitfalls) W and m are not compared, and counted
-        if bool(bound["well_posed"]):
-            checks["W"].add(ref.frobenius(W_new[k] - W_ref), bound["W"], shape=(d, r), key=key, seed=seed, extra=frame_extra)
-            checks["m"].add(ref.frobenius(m_new[k] - state_ref.m), bound["m"], shape=(d, r), key=key, seed=seed, extra=frame_extra)
-        else:
-            checks["undefined"].append(frame_extra)
-        checks["v"].add(np.abs(np.array([v_new[k] - state_ref.v])), bound["v"], shape=(d, r), key=key, seed=seed, extra=frame_extra)
-        frame.moment_in = reference_moment(frame.W, G_frames[k], frame.state, config)
-        frame.W, frame.state = W_ref, state_ref
-        stepped += 1
-    _compare_counts(optimizer, p, reference, checks, key, seed, extra)
-    return stepped
-
-
-def _compare_counts(optimizer, p, reference, checks, key, seed, extra) -> None:
-    counts = _to_numpy(optimizer.state[p]["step"]).reshape(-1) if len(optimizer.state[p]) else np.zeros(len(reference))
-    expected = np.array([frame.state.t for frame in reference], dtype=np.float64)
-    checks["t"].add(np.abs(counts - expected), 0.5, key=key, seed=seed, extra=extra)
-
-
-def _max_ulps(x: np.ndarray, y: np.ndarray) -> float:
-    """max |x - y| / ulp(y) elementwise (float64), 0 when bit-identical, inf for other shapes or a NaN."""
+def _max_ulps(x, y) -> float:
+    """max |x - y| / ulp(y) elementwise in float64: 0 when bit-identical (NaN equal to NaN), inf for another shape."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape != y.shape:
         return math.inf
-    difference = np.abs(x - y)
-    with np.errstate(invalid="ignore"):
-        ratio = np.where(difference == 0, 0.0, difference / np.spacing(np.abs(y)))
-    ratio = np.where(np.isnan(ratio), np.inf, ratio)
-    return float(np.max(ratio, initial=0.0))
+    same = (x == y) | (np.isnan(x) & np.isnan(y))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ratio = np.where(same, 0.0, np.abs(x - y) / np.spacing(np.abs(y)))
+    return float(np.max(np.where(np.isnan(ratio), np.inf, ratio), initial=0.0))
 
 
-def _tensors_ulps(tensors, expected, state, state_expected) -> np.ndarray:
-    """The largest ulp distance over parameters and every state entry (inf if the keys differ)."""
+def _state_ulps(state: dict, expected: dict) -> float:
+    """The largest ulp distance over every state entry; inf for other keys, dtypes or shapes."""
     import torch
 
-    residual = max((_max_ulps(_to_numpy(x), _to_numpy(y)) for x, y in zip(tensors, expected)), default=0.0)
-    if set(state) != set(state_expected):
-        return np.array([math.inf])
-    for name, value in state_expected.items():
+    if set(state) != set(expected):
+        return math.inf
+    worst = 0.0
+    for name, value in expected.items():
         other = state[name]
+        if torch.is_tensor(value) != torch.is_tensor(other):
+            return math.inf
         if torch.is_tensor(value):
-            residual = max(residual, _max_ulps(_to_numpy(other), _to_numpy(value)))
+            if value.dtype != other.dtype:
+                return math.inf
+            worst = max(worst, _max_ulps(_to_numpy(other), _to_numpy(value)))
         else:
-            residual = max(residual, _max_ulps(np.asarray(float(other)), np.asarray(float(value))))
-    return np.array([residual])
+            worst = max(worst, _max_ulps(float(other), float(value)))
+    return worst
 
 
-def _compare_ordinary(optimizer, p, twin, adamw, check, key, seed, step) -> None:
-    state, twin_state = optimizer.state[p], adamw.state[twin]
-    residual = _tensors_ulps([p], [twin], state, twin_state)
-    check.add(residual, 0.5, key=key, seed=seed, extra={"step": step + 1})
-
-
-def _free_run(optimizer_class, params, dtype_name, gradients, ordinary_gradients, steps, device, optimizer=None, start=0, save_after=None):
-    """Steps start..steps-1 of the scenario without lock-step inputs; with save_after, the
-    state_dict and parameter values after that step are returned too."""
-    dtype = _torch_dtype(dtype_name)
-    if optimizer is None:
-        optimizer = _build(optimizer_class, params, dtype_name, with_late=start > ADD_AFTER)
-    saved = None
-    for step in range(start, steps):
-        active = [name for name, _, _, _ in GROUPS if name != "late" or step > ADD_AFTER]
-        live = {n: params[n] for n in active + ["ordinary"]}
-        if step == REFUSED[0]:
-            _refused_step(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device)
-        optimizer.step(_closure(optimizer, live, gradients[step], ordinary_gradients[step], step, dtype, device))
-        if step == ADD_AFTER and start <= ADD_AFTER:
-            optimizer.add_param_group(_late_group(params))
-        if step == save_after:
-            saved = (copy.deepcopy(optimizer.state_dict()), {n: [p.detach().clone() for p in ps] for n, ps in params.items()})
-    return optimizer, saved
-
-
-def _resume(seed, run, dtype_name, steps, optimizer_class, check, key, device) -> None:
-    """One instance runs the whole scenario, saving its state_dict after SAVE_AFTER; a fresh
-    instance over fresh parameters loads it and runs the remaining steps; both must end bit for
-    bit the same (parameters and every state tensor)."""
+def _snapshot(p, state: dict):
     import torch
 
-    dtype = _torch_dtype(dtype_name)
-    frames, gradients, ordinary0, ordinary_gradients = _draw(seed, run, dtype_name, steps)
+    return p.detach().clone(), {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)) for k, v in state.items()}
 
-    def parameters(values):
-        return {name: [torch.nn.Parameter(v.clone()) for v in vs] for name, vs in values.items()}
 
-    initial = {name: [torch.tensor(W, dtype=dtype, device=device) for W in Ws] for name, Ws in frames.items()}
-    initial["ordinary"] = [torch.tensor(ordinary0, dtype=dtype, device=device)]
-    original = parameters(initial)
-    optimizer, (state_dict, values) = _free_run(optimizer_class, original, dtype_name, gradients, ordinary_gradients, steps, device, save_after=SAVE_AFTER)
-    fresh = parameters(values)
-    resumed = _build(optimizer_class, fresh, dtype_name, with_late=SAVE_AFTER >= ADD_AFTER)
-    resumed.load_state_dict(state_dict)
-    _free_run(optimizer_class, fresh, dtype_name, gradients, ordinary_gradients, steps, device, optimizer=resumed, start=SAVE_AFTER + 1)
-    residual = max(
-        float(_tensors_ulps([p], [q], resumed.state[p], optimizer.state[q])[0])
-        for name in original for p, q in zip(fresh[name], original[name])
-    )
-    check.add(np.array([residual]), 0.5, key=key, seed=seed, extra={"saved_after_step": SAVE_AFTER + 1})
+# --------------------------------------------------------------------------------------------
+# The reference model of one frame parameter
+# --------------------------------------------------------------------------------------------
+
+
+class _Frames:
+    """The float64 reference of every frame of one parameter: W, the reference state (m transported,
+    v, t per frame) and the moment before its transport (what the class's state holds)."""
+
+    def __init__(self, W: np.ndarray):
+        self.shape = W.shape
+        d, r = W.shape[-2:]
+        self.W = np.array(W, dtype=np.float64).reshape(-1, d, r)
+        count = self.W.shape[0]
+        self.m = np.zeros_like(self.W)
+        self.moment_in = np.zeros_like(self.W)
+        self.v = np.zeros(count)
+        self.t = np.zeros(count, dtype=np.int64)
+
+    def step(self, indices, G: np.ndarray, config, dtype_name: str) -> list:
+        """Step frames `indices` from the model's inputs; returns (indices, W_ref, m_ref, v_ref, bounds) per count."""
+        d, r = self.W.shape[-2:]
+        results = []
+        indices = np.asarray(indices, dtype=np.int64)
+        for t in sorted(set(self.t[indices].tolist())):
+            chosen = indices[self.t[indices] == t]
+            state = ref.StiefelAdamState(m=self.m[chosen], v=self.v[chosen], t=int(t))
+            q = reference_quantities(self.W[chosen], G[chosen], state, config)
+            W_ref, state_ref = ref.step(self.W[chosen], G[chosen], state, config)
+            rounding = step_analysis.kernel_rounding(dtype_name, config.trust_radius, d, r)
+            transport = transport_roundoff(d, r, rounding.u_c, self.moment_in[chosen])
+            bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
+            moment = reference_moment(self.W[chosen], G[chosen], state, config)
+            results.append((chosen, W_ref, state_ref, moment, bound))
+        return results
+
+    def advance(self, chosen, W_ref, state_ref, moment) -> None:
+        self.W[chosen], self.m[chosen], self.v[chosen] = W_ref, state_ref.m, state_ref.v
+        self.t[chosen] += 1
+        self.moment_in[chosen] = moment
+
+
+# --------------------------------------------------------------------------------------------
+# One run of a scenario
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Subject:
+    """What is under test: the optimizer class and the function that reports the transported moment."""
+
+    optimizer_class: type
+    transported_moment: object
+    name: str = REAL_OPTIMIZER
+
+
+def real_subject() -> Subject:
+    from torch_impl import StiefelAdam
+    from torch_impl.functional import transported_moment
+
+    return Subject(StiefelAdam, transported_moment)
+
+
+def _overflow_exponent(dtype_name: str) -> int:
+    """2^k per entry overflows the square of the gradient in the compute dtype: k = 0.6 emax
+    (squares reach 2^(1.2 emax) > max), the entries themselves stay finite in the storage dtype."""
+    compute = step_analysis.COMPUTE_DTYPES[dtype_name]
+    emax = {"float64": 1024, "float32": 128}[compute]
+    return int(0.6 * emax)
+
+
+class ScenarioRun:
+    """One scenario against one Subject, lock-step against the float64 model (module docstring).
+
+    lockstep=False runs the class alone (no model, no checks): the free runs of the resume check."""
+
+    def __init__(self, scenario: Scenario, seed: int, subject: Subject, device: str = "cpu", lockstep: bool = True):
+        import torch
+
+        self.scenario, self.seed, self.subject, self.device, self.lockstep = scenario, seed, subject, device, lockstep
+        self.dtype_name = scenario.dtype
+        self.dtype = _torch_dtype(scenario.dtype)
+        self.state_dtype = _torch_dtype(step_analysis.COMPUTE_DTYPES[scenario.dtype])
+        self.key = (CLAIM_ID, scenario.dtype, scenario.label)
+        self.params: dict = {}
+        self.models: dict = {}
+        for group in scenario.groups:
+            for p, shape in enumerate(group.shapes):
+                initial = self._initial(group, p, shape)
+                self.params[(group.name, p)] = torch.nn.Parameter(torch.tensor(initial, dtype=self.dtype, device=device))
+                if group.frames:
+                    self.models[(group.name, p)] = _Frames(initial)
+        self.active = [g.name for g in scenario.groups if not g.late]
+        self.lr = {g.name: g.settings.lr for g in scenario.groups}
+        self.skipped = 0
+        self.stepped = 0
+        self.optimizer = self._build(self.active)
+        self.twin, self.twin_params = self._build_twin()
+        self.undefined: list = []
+
+    # construction -------------------------------------------------------------------------
+
+    def _initial(self, group, p, shape) -> np.ndarray:
+        rng = rng_for(self.seed, CLAIM_ID, "initial", self.dtype_name, self.scenario.label, group.name, p, *shape)
+        if group.frames:
+            return ref.random_point(shape[-2], shape[-1], rng, tuple(shape[:-2]))
+        return rng.standard_normal(shape)
+
+    def _group_options(self, name: str) -> dict:
+        group = self.scenario.group(name)
+        params = [self.params[(name, p)] for p in range(len(group.shapes))]
+        options = group.settings.as_options()
+        if group.frames:
+            return {"params": params, **options}
+        options.pop("trust_radius")
+        return {"params": params, "manifold": "euclidean", **options}
+
+    def _build(self, names):
+        groups = [self._group_options(name) for name in names]
+        return self.subject.optimizer_class(groups, lr=1e-3)
+
+    def _build_twin(self):
+        import torch
+
+        twin_params = {key: torch.nn.Parameter(p.detach().clone()) for key, p in self.params.items()
+                       if not self.scenario.group(key[0]).frames}
+        groups = [self._twin_group(name, twin_params) for name in self.active if not self.scenario.group(name).frames]
+        return (torch.optim.AdamW(groups) if groups else None), twin_params
+
+    def _twin_group(self, name, twin_params) -> dict:
+        group = self.scenario.group(name)
+        s = group.settings
+        return {"params": [twin_params[(name, p)] for p in range(len(group.shapes))], "lr": self.lr[name], "betas": s.betas,
+                "eps": s.eps, "weight_decay": s.weight_decay}
+
+    # draws --------------------------------------------------------------------------------
+
+    def gradient(self, op, plan: StepPlan, key) -> np.ndarray | None:
+        """The float64 gradient of parameter `key` at a step-like op, with its events planted (None: no gradient)."""
+        kind = plan.gradients[key]
+        if kind is None:
+            return None
+        group, p = key
+        shape = self.scenario.group(group).shapes[p]
+        if kind == "zero":
+            return np.zeros(shape)
+        G = rng_for(self.seed, CLAIM_ID, "gradient", self.dtype_name, self.scenario.label, op.id, group, p, *shape).standard_normal(shape)
+        frames = self.scenario.group(group).frames
+        view = G.reshape((-1,) + tuple(shape[-2:])) if frames else G.reshape(1, -1)
+        for event in plan.events.get(key, ()):
+            target = view[event.frame].reshape(-1)
+            if event.kind == "nan":
+                target[event.entry] = np.nan
+            elif event.kind == "inf":
+                target[event.entry] = -np.inf if event.entry % 2 else np.inf
+            elif event.kind == "overflow":
+                view[event.frame] *= 2.0 ** _overflow_exponent(self.dtype_name)
+            elif event.kind == "zero":
+                view[event.frame] = 0.0
+        return G
+
+    # the run --------------------------------------------------------------------------------
+
+    def run(self, checks: dict | None, coverage: dict | None) -> None:
+        """Every op of the scenario; with checks, lock-step comparisons after each step."""
+        with np.errstate(over="ignore", invalid="ignore"):  # the model meets the overflowing gradients too
+            self._run(checks, coverage)
+
+    def _run(self, checks, coverage) -> None:
+        for op, plan in grammar.walk(self.scenario):
+            if coverage is not None:
+                names = plan.features if plan is not None else [
+                    {"add_group": "add_group", "schedule": "schedule"}.get(op.kind) or f"checkpoint_{op.option}"]
+                for name in names:
+                    coverage[name] = coverage.get(name, 0) + 1
+            if op.kind == "add_group":
+                self._add_group(op.option)
+            elif op.kind == "schedule":
+                self._schedule(op.option)
+            elif op.kind == "checkpoint":
+                self._checkpoint(op, checks)
+            else:
+                self._step(op, plan, checks)
+
+    def _add_group(self, name: str) -> None:
+        self.optimizer.add_param_group(self._group_options(name))
+        self.active.append(name)
+        if not self.scenario.group(name).frames:
+            group = self._twin_group(name, self.twin_params)
+            if self.twin is None:
+                import torch
+
+                self.twin = torch.optim.AdamW([group])
+            else:
+                self.twin.add_param_group(group)
+
+    def _schedule(self, factor: float) -> None:
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": intended here
+            scheduler = torch.optim.lr_scheduler.MultiplicativeLR(self.optimizer, lr_lambda=lambda _: factor)
+            scheduler.step()
+        for name in self.active:
+            self.lr[name] = self.lr[name] * factor
+        if self.twin is not None:
+            for group in self.twin.param_groups:
+                group["lr"] = group["lr"] * factor
+
+    def _checkpoint(self, op, checks) -> None:
+        """Save and load (op.option: fresh, same, old_format); the loaded state must equal the saved."""
+        import torch
+
+        saved = copy.deepcopy(self.optimizer.state_dict())
+        before = {key: _snapshot(p, self.optimizer.state[p])[1] for key, p in self._live_params()}
+        groups_before = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        if op.option == "same":
+            self.optimizer.load_state_dict(saved)
+        else:
+            if op.option == "old_format":
+                saved = _older_format(saved, self.optimizer)
+            self.params = {key: _cloned(p) for key, p in self.params.items()}
+            fresh = self.subject.optimizer_class([self._group_options(name) for name in self.active], lr=1e-3)
+            fresh.load_state_dict(saved)
+            self.optimizer = fresh
+            self.skipped = 0  # skipped_steps counts since construction
+        if checks is None:
+            return
+        batch = _Batch()
+        for key, p in self._live_params():
+            batch.add("round_trip", _state_ulps(self.optimizer.state[p], before[key]), 0.5,
+                      {"op": op.id, "checkpoint": op.option, "parameter": f"{key[0]}.{key[1]}"})
+        groups_after = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        mismatched = [i for i, (a, b) in enumerate(zip(groups_after, groups_before)) if a != b] + (
+            [-1] if len(groups_after) != len(groups_before) else [])
+        batch.add("round_trip", math.inf if mismatched else 0.0, 0.5, {"op": op.id, "checkpoint": op.option, "groups_differ": mismatched})
+        batch.flush(checks, self.seed, self.key)
+
+    def _live_params(self):
+        for name in self.active:
+            for p in range(len(self.scenario.group(name).shapes)):
+                yield (name, p), self.params[(name, p)]
+
+    # a step ---------------------------------------------------------------------------------
+
+    def _step(self, op, plan: StepPlan, checks) -> None:
+        import torch
+
+        gradients = {key: self.gradient(op, plan, key) for key in plan.gradients}
+        if op.kind == "step":
+            for key, G in gradients.items():
+                p = self.params[key]
+                p.grad = None if G is None else torch.tensor(G, dtype=self.dtype, device=self.device)
+        if checks is not None:
+            self._set_inputs()
+        before = {key: _snapshot(p, self.optimizer.state[p]) for key, p in self._live_params()}
+        skipped_before = self.subject_skipped()
+        closure = self._closure(gradients) if op.kind == "closure_step" else None
+        raised = None
+        try:
+            if op.kind == "zero_grad":
+                self.optimizer.zero_grad(set_to_none=bool(op.option))
+            loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        except ValueError as error:
+            if not plan.refused:
+                raise
+            raised = error
+        if plan.refused:
+            if checks is not None:
+                self._compare_refused(op, plan, before, skipped_before, raised, checks)
+            return
+        self._step_twin(plan, gradients)
+        self.skipped += sum(1 for what in plan.frames.values() if what == "skip") + sum(1 for what in plan.euclidean.values() if what == "skip")
+        if checks is None:
+            return
+        batch = _Batch()
+        if closure is not None:
+            batch.add("closure", _closure_ulps(loss, closure.loss), 0.5, {"op": op.id})
+        for key, p in self._live_params():
+            group = self.scenario.group(key[0])
+            if group.frames:
+                self._compare_frames(op, plan, key, gradients[key], before[key], batch)
+            else:
+                self._compare_euclidean(op, key, batch)
+        batch.add("skipped_count", _max_ulps(self.subject_skipped(), self.skipped), 0.5, {"op": op.id, "expected": self.skipped})
+        batch.flush(checks, self.seed, self.key)
+
+    def subject_skipped(self) -> int:
+        return int(self.optimizer.skipped_steps)
+
+    def _closure(self, gradients: dict):
+        """loss = sum_p <p, G_p> over the parameters with a drawn gradient: backward leaves p.grad = G_p
+        (rounded to p's dtype); a no_grad event sets its .grad back to None after backward."""
+        import torch
+
+        def closure():
+            self.optimizer.zero_grad()
+            loss = torch.zeros((), dtype=torch.float64, device=self.device)
+            for key, G in gradients.items():
+                if G is not None:
+                    p = self.params[key]
+                    loss = loss + (p * torch.tensor(G, dtype=self.dtype, device=self.device)).sum().to(torch.float64)
+            if loss.requires_grad:  # every parameter may be without a gradient in this step
+                loss.backward()
+            for key, G in gradients.items():
+                if G is None:
+                    self.params[key].grad = None
+            closure.loss = loss
+            return loss
+
+        return closure
+
+    def _set_inputs(self) -> None:
+        """Lock-step: every frame in the optimizer and its state set to the model's, rounded (in place)."""
+        import torch
+
+        for key, p in self._live_params():
+            model = self.models.get(key)
+            if model is None:
+                continue
+            p.data.copy_(torch.from_numpy(model.W.reshape(p.shape)).to(device=self.device, dtype=self.dtype))
+            state = self.optimizer.state[p]
+            if len(state):
+                state["exp_avg"].copy_(torch.from_numpy(model.moment_in.reshape(p.shape)).to(device=self.device, dtype=self.state_dtype))
+                state["exp_avg_sq"].copy_(torch.from_numpy(model.v.reshape(p.shape[:-2])).to(device=self.device, dtype=self.state_dtype))
+
+    def _compare_refused(self, op, plan, before, skipped_before, raised, checks) -> None:
+        batch = _Batch()
+        unchanged = max((max(_max_ulps(_to_numpy(p), _to_numpy(before[key][0])), _state_ulps(self.optimizer.state[p], before[key][1]))
+                         for key, p in self._live_params()), default=0.0)
+        unchanged = max(unchanged, _max_ulps(self.subject_skipped(), skipped_before))
+        batch.add("refused", unchanged if raised is not None else math.inf, 0.5, {"op": op.id})
+        names = {f"params[{p}] of param group {self._group_position(g)}" for g, p in plan.offenders}
+        named = raised is not None and any(name in str(raised) for name in names)
+        batch.add("refusal_names", 0.0 if named else math.inf, 0.5,
+                  {"op": op.id, "message": str(raised).splitlines()[0] if raised is not None else None, "expected_one_of": sorted(names)})
+        batch.flush(checks, self.seed, self.key)
+
+    def _group_position(self, scenario_index: int) -> int:
+        """The param group index of the scenario's group number `scenario_index` in the optimizer."""
+        return self.active.index(self.scenario.groups[scenario_index].name)
+
+    def _compare_frames(self, op, plan, key, G, before, batch: _Batch) -> None:
+        import torch
+
+        p = self.params[key]
+        model = self.models[key]
+        state = self.optimizer.state[p]
+        extra = {"op": op.id, "parameter": f"{key[0]}.{key[1]}"}
+        frames = model.W.shape[0]
+        counts = state.get("step")
+        good_counts = torch.is_tensor(counts) and str(counts.dtype) == f"torch.{COUNT_DTYPE}" and tuple(counts.shape) == tuple(p.shape[:-2])
+        if len(state):
+            batch.add("count_dtype", 0.0 if good_counts else math.inf, 0.5, {**extra, "dtype": str(getattr(counts, "dtype", type(counts)))})
+        what = [plan.frames[(key[0], key[1], k)] for k in range(frames)]
+        stepping = [k for k in range(frames) if what[k] == "step"]
+        W_before, state_before = before
+        d, r = model.W.shape[-2:]
+        W_now = _to_numpy(p).reshape(-1, d, r)
+        for k in range(frames):
+            if what[k] == "step":
+                continue
+            residual = _max_ulps(W_now[k], _to_numpy(W_before).reshape(-1, d, r)[k])
+            if len(state_before):
+                residual = max(residual, _frame_state_ulps(state, state_before, k, d, r))
+            elif len(state):  # a first step that is skipped must not leave a state behind with a count
+                residual = max(residual, _max_ulps(_to_numpy(state["step"]).reshape(-1)[k], 0.0))
+            batch.add("skipped" if what[k] == "skip" else "untouched", residual, 0.5, {**extra, "frame": k})
+        if stepping:
+            self._compare_stepped(key, G, stepping, extra, batch)
+        if len(state) or stepping:
+            counts_now = _to_numpy(state["step"]).reshape(-1) if "step" in state else np.zeros(frames)
+            batch.add("t", [_max_ulps(c, t) for c, t in zip(counts_now, model.t)], 0.5, extra)
+
+    def _compare_stepped(self, key, G, stepping, extra, batch: _Batch) -> None:
+        p = self.params[key]
+        model = self.models[key]
+        state = self.optimizer.state[p]
+        d, r = model.W.shape[-2:]
+        if not {"exp_avg", "exp_avg_sq", "step"} <= set(state):
+            batch.add("W", math.inf, 1.0, {**extra, "state_keys": sorted(state)})  # a frame that must step left no state
+            return
+        config = self._config(key[0])
+        G_frames = G.reshape(-1, d, r)
+        W_new = _to_numpy(p).reshape(-1, d, r)
+        m_new = _to_numpy(self.subject.transported_moment(p.detach().to(state["exp_avg"].dtype), state["exp_avg"])).reshape(-1, d, r)
+        v_new = _to_numpy(state["exp_avg_sq"]).reshape(-1)
+        for chosen, W_ref, state_ref, moment, bound in model.step(stepping, G_frames, config, self.dtype_name):
+            posed = np.asarray(bound["well_posed"], dtype=bool)
+            frames_extra = {**extra, "frames": chosen.tolist(), "t": int(state_ref.t)}
+            if posed.any():
+                batch.add("W", ref.frobenius(W_new[chosen] - W_ref)[posed], bound["W"][posed], frames_extra)
+                batch.add("m", ref.frobenius(m_new[chosen] - state_ref.m)[posed], bound["m"][posed], frames_extra)
+            for k in chosen[~posed]:  # no bound where sqrt(v^) + eps is not above its error (docs/algorithm.md#pitfalls)
+                self.undefined.append({**extra, "frame": int(k)})
+            batch.add("v", np.abs(v_new[chosen] - state_ref.v), bound["v"], frames_extra)
+            model.advance(chosen, W_ref, state_ref, moment)
+            self.stepped += len(chosen)
+
+    def _config(self, name: str) -> ref.StiefelAdamConfig:
+        s = self.scenario.group(name).settings
+        return ref.StiefelAdamConfig(lr=self.lr[name], betas=s.betas, eps=s.eps, trust_radius=s.trust_radius, weight_decay=s.weight_decay)
+
+    def _step_twin(self, plan: StepPlan, gradients: dict) -> None:
+        """AdamW over the twins with the gradients the class was given (rounded to the dtype); a
+        tensor the class must skip or keep gets no gradient, so AdamW leaves it and its count."""
+        import torch
+
+        if self.twin is None:
+            return
+        for key, twin in self.twin_params.items():
+            G = gradients.get(key)
+            twin.grad = (torch.tensor(G, dtype=self.dtype, device=self.device)
+                         if plan.euclidean.get(key) == "step" and G is not None else None)
+        self.twin.step()
+
+    def _compare_euclidean(self, op, key, batch: _Batch) -> None:
+        import torch
+
+        p, twin = self.params[key], self.twin_params[key]
+        expected = self.twin.state[twin]
+        if not expected and self.optimizer.state[p]:
+            # AdamW keeps no state for a tensor it never stepped; a fresh state (count 0, zero moments)
+            # is the same for its next step
+            expected = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(twin), "exp_avg_sq": torch.zeros_like(twin)}
+        residual = max(_max_ulps(_to_numpy(p), _to_numpy(twin)), _state_ulps(self.optimizer.state[p], expected))
+        batch.add("ordinary", residual, 0.5, {"op": op.id, "parameter": f"{key[0]}.{key[1]}"})
+
+    def final_values(self) -> dict:
+        """Every parameter and state at the end (float64 copies): what the free runs compare."""
+        out = {}
+        for key, p in self.params.items():
+            state = self.optimizer.state[p] if key[0] in self.active else {}
+            out[key] = (_to_numpy(p), {k: (str(v.dtype), _to_numpy(v)) if hasattr(v, "dtype") else (type(v).__name__, np.asarray(float(v)))
+                                       for k, v in state.items()})
+        return out
+
+
+def _cloned(p):
+    """A new parameter object with p's value and gradient (what a resume from a checkpoint rebuilds)."""
+    import torch
+
+    clone = torch.nn.Parameter(p.detach().clone())
+    clone.grad = None if p.grad is None else p.grad.detach().clone()
+    return clone
+
+
+def _frame_state_ulps(state: dict, before: dict, k: int, d: int, r: int) -> float:
+    """ulps between frame k's m, v and count now and before."""
+    worst = 0.0
+    for name, shape in (("exp_avg", (-1, d, r)), ("exp_avg_sq", (-1,)), ("step", (-1,))):
+        if name not in state or name not in before:
+            return math.inf
+        worst = max(worst, _max_ulps(_to_numpy(state[name]).reshape(shape)[k], _to_numpy(before[name]).reshape(shape)[k]))
+    return worst
+
+
+def _closure_ulps(returned, expected) -> float:
+    import torch
+
+    if returned is expected:
+        return 0.0
+    if not torch.is_tensor(returned):
+        return math.inf
+    return _max_ulps(_to_numpy(returned), _to_numpy(expected))
+
+
+def _older_format(saved: dict, optimizer) -> dict:
+    """The state_dict as the class's older format holds it (the format its load_state_dict promises to
+    read): frame groups without the key "manifold", and one int step count per frame parameter (a
+    parameter whose frames have different counts could not be saved in that format: kept per frame)."""
+    import torch
+
+    converted = copy.deepcopy(saved)
+    frame_ids = set()
+    for group in converted["param_groups"]:
+        if group.get("manifold", "stiefel") == "stiefel":
+            group.pop("manifold", None)
+            frame_ids.update(group["params"])
+    for saved_id, state in converted["state"].items():
+        count = state.get("step")
+        if saved_id in frame_ids and torch.is_tensor(count) and count.numel() and bool((count == count.reshape(-1)[0]).all()):
+            state["step"] = int(count.reshape(-1)[0])
+    return converted
+
+
+# --------------------------------------------------------------------------------------------
+# A run with its checks, the free runs, coverage
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunOutcome:
+    checks: dict
+    coverage: dict
+    stepped: int
+    undefined: list = field(default_factory=list)
+    raised: str | None = None
+
+    def failing(self) -> list[str]:
+        """Names of the checks this run fails (in CHECKS order)."""
+        return [c.name for c in self.checks.values() if c.samples and not c.passed]
+
+
+def run_scenario(scenario: Scenario, seed: int, subject: Subject | None = None, device: str = "cpu") -> RunOutcome:
+    """One scenario against the subject (default the real class): its checks, coverage and frames stepped."""
+    subject = subject or real_subject()
+    checks = _new_checks(scenario.dtype)
+    coverage = {name: 1 for name in grammar.layout_features(scenario)}
+    run = None
+    try:
+        run = ScenarioRun(scenario, seed, subject, device)
+        run.run(checks, coverage)
+        _resume_check(scenario, seed, subject, device, checks["resume"])
+        checks["completes"].add([0.0], 0.5)
+        raised = None
+    except Exception as error:  # a class that raises where the scenario expects nothing fails scenario_completes
+        message = str(error).splitlines()[0] if str(error) else ""
+        raised = f"{type(error).__name__}: {message}"
+        checks["completes"].add([math.inf], 0.5, key=(CLAIM_ID, scenario.dtype, scenario.label), seed=seed, extra={"raised": raised})
+    return RunOutcome(checks, coverage, run.stepped if run else 0, run.undefined if run else [], raised)
+
+
+def _resume_check(scenario: Scenario, seed: int, subject: Subject, device: str, check: NumericalCheck) -> None:
+    """The run without the lock-step, with and without its checkpoints: the ends must be bit for bit the same."""
+    if not any(op.kind == "checkpoint" for op in scenario.ops):
+        return
+    plain = grammar.without_ops(scenario, {i for i, op in enumerate(scenario.ops) if op.kind == "checkpoint"})
+    ends = []
+    for variant in (scenario, plain):
+        run = ScenarioRun(variant, seed, subject, device, lockstep=False)
+        run.run(None, None)
+        ends.append(run.final_values())
+    residual = 0.0
+    for key, (value, state) in ends[0].items():
+        other_value, other_state = ends[1][key]
+        residual = max(residual, _max_ulps(value, other_value))
+        if set(state) != set(other_state) or any(state[k][0] != other_state[k][0] for k in state):
+            residual = math.inf
+            continue
+        for k in state:
+            residual = max(residual, _max_ulps(state[k][1], other_state[k][1]))
+    check.add([residual], 0.5, key=(CLAIM_ID, scenario.dtype, scenario.label), seed=seed,
+              extra={"checkpoints": [op.option for op in scenario.ops if op.kind == "checkpoint"]})
+
+
+# --------------------------------------------------------------------------------------------
+# Shrinking
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Shrunk:
+    scenario: Scenario
+    check: str
+    replays: int
+    complete: bool
+    seconds: float
+
+
+def shrink(scenario: Scenario, seed: int, check: str, subject: Subject | None = None, device: str = "cpu") -> Shrunk:
+    """The shortest operation sequence and smallest layout, from `scenario`, that still fails `check`.
+
+    Deterministic: the shortest failing prefix first (bisection), then ops removed in halving chunks
+    from the end, then events removed, then the layout simplified (a group, a parameter, a leading
+    axis or a frame fewer, a smaller frame), repeated until nothing simpler fails or the budget
+    (MAX_REPLAYS replays, MAX_SHRINK_SECONDS) is spent."""
+    subject = subject or real_subject()
+    started, replays = time.perf_counter(), 0
+
+    def fails(candidate: Scenario) -> bool:
+        nonlocal replays
+        replays += 1
+        return check in run_scenario(candidate, seed, subject, device).failing()
+
+    def budget() -> bool:
+        return replays < MAX_REPLAYS and time.perf_counter() - started < MAX_SHRINK_SECONDS
+
+    best = _shortest_prefix(scenario, fails)
+    exhausted = False
+    while not exhausted:
+        for candidate in _candidates(best):
+            if not budget():
+                exhausted = True
+                break
+            if candidate.size() < best.size() and fails(candidate):
+                best = candidate
+                break
+        else:  # no simpler candidate fails: minimal in the order of _candidates
+            break
+    return Shrunk(best, check, replays, not exhausted, time.perf_counter() - started)
+
+
+def _shortest_prefix(scenario: Scenario, fails) -> Scenario:
+    low, high = 1, len(scenario.ops)
+    while low < high:
+        middle = (low + high) // 2
+        if fails(replace(scenario, ops=scenario.ops[:middle])):
+            high = middle
+        else:
+            low = middle + 1
+    return replace(scenario, ops=scenario.ops[:high])
+
+
+def _candidates(scenario: Scenario):
+    """Simpler scenarios in the order they are tried: chunks of ops, single ops, events, the layout."""
+    count = len(scenario.ops)
+    size = count // 2
+    while size >= 1:
+        for start in range(count - size, -1, -size):
+            yield _cleaned(grammar.without_ops(scenario, set(range(start, start + size))))
+        size //= 2
+    yield from (_cleaned(s) for s in grammar.simpler_events(scenario))
+    yield from (_cleaned(s) for s in grammar.simpler_layouts(scenario))
+
+
+def _cleaned(scenario: Scenario) -> Scenario:
+    """Drop add_group ops of groups that are not late, and events of parameters that no longer exist."""
+    late = {g.name for g in scenario.groups if g.late}
+    names = {g.name: len(g.shapes) for g in scenario.groups}
+    ops = tuple(replace(op, events=tuple(e for e in op.events if e.param < names.get(e.group, 0)))
+                for op in scenario.ops if op.kind != "add_group" or op.option in late)
+    return replace(scenario, ops=ops)
+
+
+def counterexample_record(shrunk: Shrunk, seed: int, outcome: RunOutcome) -> dict:
+    """The certificate's record of a shrunk failing run (read back by certify regression)."""
+    worst = outcome.checks and next((c.worst for c in outcome.checks.values() if c.name == shrunk.check), None)
+    summary = (f"{shrunk.check} fails on a run of {len(shrunk.scenario.ops)} operation(s): {shrunk.scenario.describe()}")
+    return {"found": True, "replayed_check": shrunk.check, "summary": summary,
+            "replay": {"quantity": "scenario", "seed": seed, "check": shrunk.check, "scenario": shrunk.scenario.to_dict()},
+            "worst": worst, "replays": shrunk.replays, "minimal": shrunk.complete, "seconds": shrunk.seconds}
+
+
+@dataclass
+class ReplayOutcome:
+    """What `certify regression` reads of a replayed scenario."""
+
+    fails: bool
+    step: int | None
+    residual: float
+    bound: float
+    error: str | None
+
+
+def replay(recorded: dict, subject: Subject | None = None) -> ReplayOutcome:
+    """Run a recorded scenario (counterexample_record's "replay") against the subject: fails while its check fails."""
+    scenario = grammar.scenario_from_dict(recorded["scenario"])
+    outcome = run_scenario(scenario, int(recorded["seed"]), subject)
+    check = next(c for c in outcome.checks.values() if c.name == recorded["check"])
+    worst = check.worst or {}
+    failed = bool(check.samples) and not check.passed
+    return ReplayOutcome(failed, worst.get("op"), float(worst.get("residual", 0.0)), float(worst.get("bound", 0.5)),
+                         outcome.raised if recorded["check"].endswith("scenario_completes") else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,205 +864,241 @@ def _resume(seed, run, dtype_name, steps, optimizer_class, check, key, device) -
 # --------------------------------------------------------------------------------------------
 
 
-def runs_for(profile) -> int:
-    """Independent draws of the scenario per dtype: 1 quick, 3 default, 30 thorough."""
-    return max(1, min(30, profile.frames // 3000))
-
-
 def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
-    """The scenario in one dtype, runs_for(profile) times, with the class under test."""
-    checks, frames = _guarded_runs(ctx, dtype_name, range(runs_for(ctx.profile)))
-    undefined = checks.pop("undefined")
+    """Every run of one dtype's plan against the class: checks, coverage, and a shrunk counterexample
+    if the class (not a control) fails."""
+    subject = _subject(ctx.optimizer)
+    runs, missing = grammar.draw_plan(ctx.seed, dtype_name, grammar.plan_settings(ctx.profile), rng_for)
+    checks = _new_checks(dtype_name)
+    coverage: dict = {}
+    stepped, undefined, outcomes = 0, 0, []
+    device = ctx.option("device", "cpu")
+    for scenario in runs:
+        outcome = run_scenario(scenario, ctx.seed, subject, device)
+        for key, check in outcome.checks.items():
+            checks[key].merge(check)
+        for name, count in outcome.coverage.items():
+            entry = coverage.setdefault(name, {"count": 0, "runs": 0})
+            entry["count"] += count
+            entry["runs"] += 1
+        stepped += outcome.stepped
+        undefined += len(outcome.undefined)
+        outcomes.append((scenario, outcome))
+    evidence = Evidence(
+        checks=list(checks.values()), frames=stepped,
+        extra={f"coverage_{dtype_name}": {name: coverage.get(name, {"count": 0, "runs": 0}) for name in grammar.FEATURES},
+               f"runs_{dtype_name}": {"runs": len(runs), "operations": sum(len(s.ops) for s in runs),
+                                      "steps": sum(1 for s in runs for op in s.ops if op.kind in ("step", "closure_step", "zero_grad")),
+                                      "longest_run_steps": max(sum(1 for op in s.ops if op.kind in ("step", "closure_step", "zero_grad")) for s in runs)},
+               f"undefined_frame_steps_{dtype_name}": undefined,
+               f"unit_roundoffs_{dtype_name}": _unit_roundoffs(dtype_name)})
+    uncovered = [name for name in grammar.FEATURES if not coverage.get(name)]
+    if uncovered:
+        evidence.inconclusive.append(f"{dtype_name}: {len(uncovered)} feature(s) of the scenario grammar not exercised: {', '.join(uncovered)}")
+    if ctx.optimizer == REAL_OPTIMIZER:
+        evidence.extra.update(_shrunk_failure(outcomes, ctx.seed, subject, device, dtype_name))
+    return evidence
+
+
+def _unit_roundoffs(dtype_name: str) -> dict:
     compute = step_analysis.COMPUTE_DTYPES[dtype_name]
     units = step_analysis.UNIT_ROUNDOFFS
-    return Evidence(
-        checks=list(checks.values()),
-        frames=frames,
-        extra={f"unit_roundoffs_{dtype_name}": {"W": units[dtype_name], "m_v": units[compute], "compute": units[compute]},
-               f"undefined_frame_steps_{dtype_name}": len(undefined)},
-    )
+    return {"W": units[dtype_name], "m_v": units[compute], "compute": units[compute]}
 
 
-def _guarded_runs(ctx: Context, dtype_name: str, runs) -> tuple[dict, int]:
-    """The checks of the scenario's runs, with "scenario_completes": an optimizer that raises where
-    the scenario expects no exception fails that check (inf) instead of stopping the claim."""
-    checks = _new_checks(dtype_name)
-    completes = NumericalCheck(f"{dtype_name}/scenario_completes", "the scripted run ends without an exception (0; inf if the optimizer raised)",
-                               "exact: a correct optimizer raises only where the scenario expects it", tightness_note="an exact equality: 0 by design")
-    steps, frames = max(MIN_STEPS, ctx.profile.steps), 0
-    for run in runs:
-        try:
-            frames += run_scenario(ctx.seed, run, dtype_name, steps, _optimizer_class(ctx.optimizer), checks, ctx.option("device", "cpu"))
-            completes.add(np.array([0.0]), 0.5)
-        except Exception as error:  # a broken optimizer that breaks the scenario is caught by it
-            message = str(error).splitlines()[0] if str(error) else ""
-            completes.add(np.array([math.inf]), 0.5, extra={"run": run, "raised": f"{type(error).__name__}: {message}"})
-    return {"completes": completes, **checks}, frames
+def _shrunk_failure(outcomes, seed, subject, device, dtype_name) -> dict:
+    """The first failing check (in CHECKS order) of the first run that fails it, shrunk; {} when all pass."""
+    for key, name, _, _ in CHECKS:
+        check = f"{dtype_name}/{name}"
+        for scenario, outcome in outcomes:
+            if check in outcome.failing():
+                shrunk = shrink(scenario, seed, check, subject, device)
+                replayed = run_scenario(shrunk.scenario, seed, subject, device)
+                return {f"counterexample_{dtype_name}": counterexample_record(shrunk, seed, replayed)}
+    return {}
 
 
 def _part(dtype_name):
-    import functools
-
     return Part(dtype_name, functools.partial(dtype_part, dtype_name), background=True)  # a task of its own
 
 
-def _optimizer_class(name):
-    from torch_impl import StiefelAdam
-
+def _subject(name) -> Subject:
+    if isinstance(name, Subject):
+        return name
     if name == REAL_OPTIMIZER:
-        return StiefelAdam
-    return broken_optimizers()[name][0]
+        return real_subject()
+    return broken_subjects()[name]
 
 
-REAL_OPTIMIZER = "stiefel_adam"
+# --------------------------------------------------------------------------------------------
+# Refusals: every option the class does not implement, every bad setting and tensor
+# --------------------------------------------------------------------------------------------
 
 
-def broken_optimizers() -> dict:
-    """name -> (StiefelAdam subclass that breaks one piece of bookkeeping, description)."""
+# Options of torch.optim.Adam / AdamW and geoopt's RiemannianAdam that ask for something StiefelAdam
+# does not do (written here, not read from the class: a class that forgets one must fail).
+FOREIGN_ASKING = (("amsgrad", True), ("maximize", True), ("foreach", True), ("fused", True), ("capturable", True),
+                  ("differentiable", True), ("decoupled_weight_decay", True), ("stabilize", 10))
+# The values of those options that ask for nothing: code written for AdamW or geoopt runs unchanged.
+FOREIGN_BENIGN = (("amsgrad", False), ("maximize", False), ("foreach", None), ("fused", None), ("capturable", False),
+                  ("differentiable", False), ("decoupled_weight_decay", False), ("stabilize", None))
+BAD_SETTINGS = (("lr", -1.0), ("lr", 0.0), ("lr", math.nan), ("betas", (1.0, 0.999)), ("betas", (0.9, -0.1)), ("betas", (0.9,)),
+                ("eps", -1e-8), ("eps", math.nan), ("trust_radius", 0.0), ("trust_radius", -0.5), ("weight_decay", -0.1),
+                ("retraction_method", "qr"), ("manifold", "sphere"))
+
+
+def _bad_tensors():
+    """(label, tensor) that a frame group must refuse: not on St, wide, 1-D, an integer and a float16 tensor."""
     import torch
-    from torch_impl import StiefelAdam
 
-    class FirstGroupSettings(StiefelAdam):
-        def _frame_buckets(self):
-            first = self.param_groups[0]
-            keys = ("lr", "betas", "eps", "trust_radius", "weight_decay", "skip_nonfinite", "retraction_method")
-            settings = tuple(first[key] for key in keys)
-            merged: dict = {}
-            for key, members in super()._frame_buckets().items():
-                # the first group's lr, betas, eps, trust_radius, weight_decay; the group's own skipping
-                merged.setdefault(settings[:5] + key[5:], []).extend(members)
-            return merged
-
-    class CountAdvancesOnSkip(StiefelAdam):
-        def _step_bucket(self, settings, members):
-            bucket = super()._step_bucket(settings, members)
-            bucket.t = bucket.t + (~bucket.finite)
-            return bucket
-
-    class WholeTensorSkip(StiefelAdam):
-        def _step_bucket(self, settings, members):
-            bucket = super()._step_bucket(settings, members)
-            start = 0
-            for p, _ in members:
-                frames = p.numel() // (p.shape[-1] * p.shape[-2])
-                stop = start + frames
-                if settings[5] and not bool(bucket.finite[start:stop].all()):
-                    state = self.state[p]
-                    bucket.W[start:stop] = p.detach().reshape(bucket.W[start:stop].shape)
-                    if len(state):
-                        bucket.m[start:stop] = state["exp_avg"].reshape(bucket.m[start:stop].shape)
-                        bucket.v[start:stop] = state["exp_avg_sq"].reshape(-1)
-                        bucket.t[start:stop] = state["step"].reshape(-1)
-                start = stop
-            return bucket
-
-    class StepsWithoutGradient(StiefelAdam):
-        def _frame_buckets(self):
-            for group in self.param_groups:
-                if group["manifold"] == "stiefel":
-                    for p in group["params"]:
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-            return super()._frame_buckets()
-
-    class LoadDropsCounts(StiefelAdam):
-        def load_state_dict(self, state_dict):
-            super().load_state_dict(state_dict)
-            for group in self.param_groups:
-                if group["manifold"] == "stiefel":
-                    for p in group["params"]:
-                        if "step" in self.state[p]:
-                            self.state[p]["step"].zero_()
-
-    class AddedGroupTakesDefaults(StiefelAdam):
-        def add_param_group(self, param_group):
-            if getattr(self, "_constructed", False):
-                param_group = {key: value for key, value in param_group.items() if key in ("params", "manifold")}
-            super().add_param_group(param_group)
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._constructed = True
-
-    class ClosureLossDropped(StiefelAdam):
-        def step(self, closure=None):
-            super().step(closure)
-            return None
-
-    class CoupledDecayForOrdinary(StiefelAdam):
-        def _step_euclidean(self, group, group_index):
-            with torch.no_grad():
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.add_(p, alpha=group["weight_decay"])
-            super()._step_euclidean({**group, "weight_decay": 0.0}, group_index)
-
-    class WritesBeforeRefusing(StiefelAdam):
-        def _refuse_nonfinite(self, steps):
-            for bucket in steps:
-                self._write(bucket)
-            super()._refuse_nonfinite(steps)
-
-    class CountsSteppedFrames(StiefelAdam):
-        def _step_bucket(self, settings, members):
-            bucket = super()._step_bucket(settings, members)
-            if settings[5]:
-                self._count_skipped(bucket.W.device, bucket.finite.sum() - 2 * (~bucket.finite).sum())
-            return bucket
-
-    class LaterGroupsUnchecked(StiefelAdam):
-        def add_param_group(self, param_group):
-            if self.param_groups:  # only the first group is checked
-                torch.optim.Optimizer.add_param_group(self, param_group)
-                return
-            super().add_param_group(param_group)
-
-    class OrdinaryCountAdvancesOnSkip(StiefelAdam):
-        def _step_euclidean(self, group, group_index):
-            nonfinite = [p for p in group["params"] if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-            super()._step_euclidean(group, group_index)
-            for p in nonfinite:
-                self.state[p]["step"].add_(1)
-
-    return {
-        "writes_before_refusing": (WritesBeforeRefusing, "a refused step (NaN without skip_nonfinite) is written before the ValueError"),
-        "skipped_count_of_stepped": (CountsSteppedFrames, "skipped_steps counts the frames that stepped, not those skipped"),
-        "later_groups_unchecked": (LaterGroupsUnchecked, "only the first param group's settings and tensors are checked"),
-        "ordinary_count_advances_on_skip": (OrdinaryCountAdvancesOnSkip, "a skipped ordinary tensor's AdamW step count still advances"),
-        "first_group_settings": (FirstGroupSettings, "every frame stepped with the first param group's hyper-parameters"),
-        "count_advances_on_skip": (CountAdvancesOnSkip, "a frame skipped for a non-finite step still advances its step count"),
-        "whole_tensor_skip": (WholeTensorSkip, "one non-finite frame skips every frame of its tensor"),
-        "steps_without_gradient": (StepsWithoutGradient, "a parameter whose .grad is None is stepped with a zero gradient"),
-        "load_drops_counts": (LoadDropsCounts, "load_state_dict restarts the step counts (bias corrections start over)"),
-        "added_group_takes_defaults": (AddedGroupTakesDefaults, "add_param_group ignores the group's own hyper-parameters"),
-        "closure_loss_dropped": (ClosureLossDropped, "step(closure) returns None instead of the closure's loss"),
-        "coupled_decay_for_ordinary": (CoupledDecayForOrdinary, "ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
-    }
+    frame = torch.linalg.qr(torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))[0]
+    return (("not_a_frame", 2.0 * frame), ("wide", frame.mT.contiguous()), ("one_dimensional", frame[:, 0].contiguous()),
+            ("integer", torch.zeros(5, 3, dtype=torch.int64)), ("float16", frame.to(torch.float16)))
 
 
-CONTROL_NAMES = (
-    "first_group_settings", "count_advances_on_skip", "whole_tensor_skip", "steps_without_gradient",
-    "load_drops_counts", "added_group_takes_defaults", "closure_loss_dropped", "coupled_decay_for_ordinary",
-    "writes_before_refusing", "skipped_count_of_stepped", "later_groups_unchecked", "ordinary_count_advances_on_skip",
-)
+def refusal_part(ctx: Context) -> Evidence:
+    """Every bad option and tensor at every place must raise ValueError naming it; every benign option is accepted."""
+    import torch
+
+    subject = _subject(ctx.optimizer)
+    refused = NumericalCheck("bad_options_refused", "each foreign option asking for something, bad setting or bad tensor, in the "
+                             "constructor, in the first or a later param group and through add_param_group: ValueError naming it "
+                             "(0; inf if accepted, another exception or a message that does not name it)",
+                             "exact: the documented refusal", tightness_note="an exact equality: 0 by design")
+    accepted = NumericalCheck("benign_options_accepted", "each foreign option at the value that asks for nothing, in the constructor "
+                              "and in a param group: accepted (0; inf if refused)", "exact: the documented acceptance",
+                              tightness_note="an exact equality: 0 by design")
+    good = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
+    for label, value, name in _bad_cases():
+        for place in ("constructor", "first_group", "later_group", "add_param_group"):
+            if label == "tensor" and place == "constructor":
+                continue
+            error = _attempt(subject.optimizer_class, good, label, name, value, place)
+            ok = isinstance(error, ValueError) and name.split(":")[-1] in str(error)
+            refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals"), seed=ctx.seed,
+                        extra={"option": name, "value": repr(value) if label != "tensor" else name, "place": place,
+                               "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
+    for name, value in FOREIGN_BENIGN:
+        for place in ("constructor", "later_group"):
+            error = _attempt(subject.optimizer_class, good, "option", name, value, place)
+            accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "benign"), seed=ctx.seed,
+                         extra={"option": name, "value": repr(value), "place": place,
+                                "raised": None if error is None else f"{type(error).__name__}: {error}"})
+    return Evidence(checks=[refused, accepted])
+
+
+def _bad_cases():
+    for name, value in FOREIGN_ASKING + BAD_SETTINGS:
+        yield "option", value, name
+    for label, tensor in _bad_tensors():
+        yield "tensor", tensor, f"tensor:params[0]"
+
+
+def _attempt(optimizer_class, good, label, name, value, place):
+    """Construct (and add a group) with one bad thing at `place`; the exception raised, or None if accepted."""
+    import torch
+
+    def param(x):
+        return torch.nn.Parameter(x.clone())
+
+    base = {"params": [param(good)]}
+    if label == "tensor":
+        bad_group = {"params": [param(value) if value.is_floating_point() else torch.nn.Parameter(value.clone(), requires_grad=False)]}
+    else:
+        bad_group = {"params": [param(good)], name: value}
+    try:
+        if place == "constructor":
+            optimizer_class([base], **{name: value})
+        elif place == "first_group":
+            optimizer_class([bad_group, base])
+        elif place == "later_group":
+            optimizer_class([base, bad_group])
+        else:
+            optimizer_class([base]).add_param_group(bad_group)
+    except Exception as error:  # the kind of exception is what is checked
+        return error
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Controls
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    description: str
+    dtype: str = "float64"
+    part: str = "runs"  # "runs": the dtype's plan, run by run until detected; "refusals": the refusal part
 
 
 def control_part(ctx: Context) -> Evidence:
-    """A broken class through the float64 scenario (one run): it must fail a check by DETECTION_FACTOR."""
-    checks, _ = _guarded_runs(ctx, "float64", range(1))
-    checks.pop("undefined")
-    return Evidence(checks=list(checks.values()))
+    """A broken subject through the claim's checks: the dtype's runs in order (the long run last), until
+    one check misses its bound by DETECTION_FACTOR."""
+    from propositions._common import DETECTION_FACTOR
+
+    spec = CONTROLS[ctx.optimizer]
+    if spec.part == "refusals":
+        return refusal_part(ctx)
+    subject = _subject(ctx.optimizer)
+    runs, _ = grammar.draw_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile), rng_for)
+    checks = _new_checks(spec.dtype)
+    for scenario in runs[1:] + runs[:1]:
+        outcome = run_scenario(scenario, ctx.seed, subject, ctx.option("device", "cpu"))
+        for key, check in outcome.checks.items():
+            checks[key].merge(check)
+        if any(c.samples and c.max_ratio >= DETECTION_FACTOR for c in checks.values()):
+            break
+    return Evidence(checks=[c for c in checks.values() if c.samples])
 
 
-DEFAULT_OPTIONS = (("device", "cpu"),)
+def broken_subjects() -> dict:
+    """name -> Subject with one piece of bookkeeping broken (CONTROLS says what)."""
+    from ._optimizer_controls import broken_classes
+
+    real = real_subject()
+    subjects = {name: Subject(cls, real.transported_moment, name) for name, cls in broken_classes().items()}
+
+    def untransported(W, m):
+        return m
+
+    subjects["untransported_moment_reported"] = Subject(real.optimizer_class, untransported, "untransported_moment_reported")
+    return subjects
+
+
+CONTROLS = {
+    "first_group_settings": ControlSpec("every frame stepped with the first param group's hyper-parameters"),
+    "bucket_ignores_eps": ControlSpec("parameters of groups that differ only in eps are joined into one call with the first one's eps"),
+    "count_advances_on_skip": ControlSpec("a frame skipped for a non-finite step still advances its step count"),
+    "whole_tensor_skip": ControlSpec("one non-finite frame skips every frame of its tensor"),
+    "skip_stops_later_frames": ControlSpec("a non-finite frame also keeps every frame after it in its batched call"),
+    "steps_without_gradient": ControlSpec("a parameter whose .grad is None is stepped with a zero gradient"),
+    "load_drops_counts": ControlSpec("load_state_dict restarts the step counts (bias corrections start over)"),
+    "load_casts_moments": ControlSpec("load_state_dict casts the moments to a bfloat16 parameter's dtype (torch.optim's default)", dtype="bfloat16"),
+    "added_group_takes_defaults": ControlSpec("add_param_group ignores the group's own hyper-parameters"),
+    "closure_loss_dropped": ControlSpec("step(closure) returns None instead of the closure's loss"),
+    "coupled_decay_for_ordinary": ControlSpec("ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
+    "euclidean_group_skips_whole": ControlSpec("one non-finite ordinary tensor skips every tensor of its group"),
+    "writes_before_refusing": ControlSpec("a refused step (non-finite, no skip_nonfinite) is written before the ValueError"),
+    "refusal_names_first_parameter": ControlSpec("the refusal always names params[0] of param group 0"),
+    "skipped_count_of_stepped": ControlSpec("skipped_steps counts the frames that stepped, not those skipped"),
+    "overflow_not_skipped": ControlSpec("only a NaN or inf gradient is screened: a finite gradient whose square overflows is stepped (v = inf)"),
+    "count_in_parameter_dtype": ControlSpec("the step count is kept in the parameter's dtype (bfloat16 stops counting at 256)", dtype="bfloat16"),
+    "foreign_options_unchecked_in_groups": ControlSpec("foreign options (amsgrad=True, ...) are refused in the constructor only, "
+                                                       "accepted silently in param groups", part="refusals"),
+    "later_groups_unchecked": ControlSpec("only the first param group's settings and tensors are checked", part="refusals"),
+    "ordinary_count_advances_on_skip": ControlSpec("a skipped ordinary tensor's AdamW step count still advances"),
+    "untransported_moment_reported": ControlSpec("functional.transported_moment returns the moment untransported (tangent at the previous frame)"),
+}
+CONTROL_NAMES = tuple(CONTROLS)
 
 
 def _prepare(ctx: Context) -> None:
     """One-line ValueErrors for an unknown optimizer, option or device."""
     import torch
 
-    if ctx.optimizer != REAL_OPTIMIZER and ctx.optimizer not in CONTROL_NAMES:
-        raise ValueError(f"claim {CLAIM_ID}: optimizer must be {REAL_OPTIMIZER!r} or a control ({', '.join(CONTROL_NAMES)}), got {ctx.optimizer!r}")
+    if not isinstance(ctx.optimizer, Subject) and ctx.optimizer != REAL_OPTIMIZER and ctx.optimizer not in CONTROLS:
+        raise ValueError(f"claim {CLAIM_ID}: optimizer must be {REAL_OPTIMIZER!r} or a control ({', '.join(CONTROLS)}), got {ctx.optimizer!r}")
     unknown = sorted(set(ctx.options) - {"device"})
     if unknown:
         raise ValueError(f"claim {CLAIM_ID} takes the option device, got {', '.join(unknown)}")
@@ -650,41 +1107,36 @@ def _prepare(ctx: Context) -> None:
         raise ValueError("device cuda was requested but torch.cuda.is_available() is False")
 
 
+DEFAULT_OPTIONS = (("device", "cpu"),)
+
 CLAIM = Claim(
     id=CLAIM_ID,
     title="The optimizer class StiefelAdam steps every frame as certified, in float64, float32 and bfloat16",
     statement=(
-        "One torch_impl.StiefelAdam instance over parameters of different shapes in param groups with different "
-        "hyper-parameters (one added mid-run, one of ordinary tensors) gives every frame reference_impl.step with its "
-        "own group's settings and its own step count, within the derived rounding bound of float64, float32 and "
-        "bfloat16; leaves a parameter without a gradient untouched; under skip_nonfinite keeps a frame with a "
-        "non-finite gradient (frame, moments, count) while the other frames of its tensor step; resumes bit for bit "
-        "from a mid-run state_dict; returns the closure's loss; and steps ordinary tensors exactly as torch.optim.AdamW."
+        "Over drawn scenarios (1-4 frame groups with their own settings, sibling groups that differ in one setting, "
+        "0-2 leading axes, r = 1 to r = d, euclidean groups of several tensors, groups added mid-run; steps with and "
+        "without a closure, zero_grad both ways, an lr scheduler, checkpoints into a fresh instance, the same one and "
+        "the older format; missing, NaN, inf, overflowing and zero gradients; runs past 256 steps), one "
+        "torch_impl.StiefelAdam gives every frame reference_impl.step with its own group's current settings and count "
+        "within the derived rounding bound of float64, float32 and bfloat16; leaves frames without a gradient "
+        "untouched; skips exactly the non-finite frames under skip_nonfinite and refuses, naming a parameter, a "
+        "non-finite step in a group that does not skip, with nothing written; counts what it skipped in one float64 "
+        "count per frame; restores on load exactly what it saved; returns the closure's loss; steps ordinary tensors "
+        "exactly as torch.optim.AdamW; and refuses every option it does not implement and every bad setting or tensor "
+        "with a ValueError naming it."
     ),
     latex=(
         r"\|W^{+}_{\mathrm{class}} - \mathrm{step}_{\mathrm{ref}}(W, G, m, v, t; h_{\mathrm{group}})\|_F \le "
         r"\beta(d, r, u_W, u_{mv}, u_c),\quad t_{\mathrm{frame}}^{+} = t_{\mathrm{frame}} + [\mathrm{step\ finite}]"
     ),
     symbolic=Symbolic("not applicable: bookkeeping of an implementation"),
-    parts=tuple(_part(name) for name in DTYPE_NAMES),
-    controls=tuple(Control(name, control_part, description) for name, description in (
-        ("first_group_settings", "every frame stepped with the first param group's hyper-parameters"),
-        ("count_advances_on_skip", "a frame skipped for a non-finite step still advances its step count"),
-        ("whole_tensor_skip", "one non-finite frame skips every frame of its tensor"),
-        ("steps_without_gradient", "a parameter whose .grad is None is stepped with a zero gradient"),
-        ("load_drops_counts", "load_state_dict restarts the step counts (bias corrections start over)"),
-        ("added_group_takes_defaults", "add_param_group ignores the group's own hyper-parameters"),
-        ("closure_loss_dropped", "step(closure) returns None instead of the closure's loss"),
-        ("coupled_decay_for_ordinary", "ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
-        ("writes_before_refusing", "a refused step (NaN without skip_nonfinite) is written before the ValueError"),
-        ("skipped_count_of_stepped", "skipped_steps counts the frames that stepped, not those skipped"),
-        ("later_groups_unchecked", "only the first param group's settings and tensors are checked"),
-        ("ordinary_count_advances_on_skip", "a skipped ordinary tensor's AdamW step count still advances"),
-    )),
+    parts=tuple(_part(name) for name in DTYPE_NAMES) + (Part("refusals", refusal_part),),
+    controls=tuple(Control(name, control_part, spec.description) for name, spec in CONTROLS.items()),
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,
     prepare=_prepare,
     environment=one_thread_environment,
 )
 
-__all__ = ["CLAIM", "broken_optimizers", "run_scenario"]
+__all__ = ["CLAIM", "CONTROL_NAMES", "CONTROLS", "ScenarioRun", "Subject", "broken_subjects", "real_subject", "refusal_part",
+           "replay", "run_scenario", "shrink"]

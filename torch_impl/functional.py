@@ -143,8 +143,13 @@ def _inverse_sqrt_newton_schulz(S: torch.Tensor, trust_radius: float) -> torch.T
 
 
 def _inverse_sqrt_eigh(S: torch.Tensor) -> torch.Tensor:
-    eigenvalues, eigenvectors = torch.linalg.eigh(S)
-    return (eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT
+    # a frame whose step is not finite (a NaN gradient under skip_nonfinite) gives a non-finite S, on
+    # which LAPACK's eigh raises for the whole batch: it is decomposed as I instead and its result
+    # made NaN, so that the caller sees that frame, and only it, as not finite
+    finite = torch.isfinite(S).all(dim=-1).all(dim=-1)[:, None, None]
+    eigenvalues, eigenvectors = torch.linalg.eigh(torch.where(finite, S, _identity_like(S)))
+    inverse_sqrt = (eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT
+    return torch.where(finite, inverse_sqrt, math.nan)
 
 
 def _as_batch3(x: torch.Tensor) -> torch.Tensor:

@@ -283,7 +283,6 @@ class StiefelAdam(torch.optim.Optimizer):
             W_new = torch.where(keep, W_new, W)
             m_new = torch.where(keep, m_new, m)
             v_new = torch.where(finite, v_new, v)
-            self._count_skipped(W.device, (~finite).sum())
         return _BucketStep(members, states, W_new, m_new, v_new, t + finite, finite)
 
     def _write(self, bucket: "_BucketStep") -> None:
@@ -382,12 +381,22 @@ class StiefelAdam(torch.optim.Optimizer):
             flags = [bucket.finite.all() for bucket in checked]
             if not bool(torch.stack([flag.to(flags[0].device, non_blocking=True) for flag in flags]).all()):
                 self._refuse_nonfinite(checked)
-        for bucket in steps:
+        for bucket, settings in zip(steps, buckets):
             self._write(bucket)
+            if settings[_SKIP]:  # counted once the step is known to be written (a refused step skips nothing)
+                self._count_skipped(bucket.W.device, (~bucket.finite).sum())
         for group_index, group in enumerate(self.param_groups):
             if group["manifold"] == "euclidean":
                 self._step_euclidean(group, group_index)
         return loss
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            # a checkpoint written before euclidean groups and skipping existed: its groups are frame groups
+            group.setdefault("manifold", "stiefel")
+            group.setdefault("skip_nonfinite", False)
+            group.setdefault("retraction_method", "auto")
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch.optim.Optimizer.load_state_dict, but a frame's moments keep their float32 /

@@ -1,0 +1,215 @@
+"""The controls of the claim `optimizer`: subclasses of torch_impl.StiefelAdam that each break one
+piece of bookkeeping the way a real bug would (a helper of propositions/optimizer_class.py; it defines
+no CLAIM). Each must fail one of the claim's checks by at least DETECTION_FACTOR."""
+
+from __future__ import annotations
+
+
+def broken_classes() -> dict:
+    """name -> StiefelAdam subclass (propositions.optimizer_class.CONTROLS describes each)."""
+    import torch
+    from torch_impl import StiefelAdam
+    from torch_impl import optimizer as module
+
+    settings_keys = module.BUCKET_SETTINGS
+
+    class FirstGroupSettings(StiefelAdam):
+        def _frame_buckets(self):
+            first = self.param_groups[0]
+            settings = tuple(first[key] for key in settings_keys)
+            merged: dict = {}
+            for key, members in super()._frame_buckets().items():
+                merged.setdefault(settings[:5] + key[5:], []).extend(members)
+            return merged
+
+    class BucketIgnoresEps(StiefelAdam):
+        def _frame_buckets(self):
+            eps = settings_keys.index("eps")
+            merged: dict = {}
+            firsts: dict = {}
+            for key, members in super()._frame_buckets().items():
+                without = key[:eps] + key[eps + 1:]
+                first = firsts.setdefault(without, key)  # the call is keyed without eps: the first group's eps wins
+                merged.setdefault(first, []).extend(members)
+            return merged
+
+    class CountAdvancesOnSkip(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            bucket = super()._step_bucket(settings, members)
+            bucket.t = bucket.t + (~bucket.finite)
+            return bucket
+
+    class WholeTensorSkip(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            bucket = super()._step_bucket(settings, members)
+            start = 0
+            for p, _ in members:
+                stop = start + module._frame_count(p)
+                if settings[5] and not bool(bucket.finite[start:stop].all()):
+                    state = self.state[p]
+                    bucket.W[start:stop] = p.detach().reshape(bucket.W[start:stop].shape)
+                    if len(state):
+                        bucket.m[start:stop] = state["exp_avg"].reshape(bucket.m[start:stop].shape)
+                        bucket.v[start:stop] = state["exp_avg_sq"].reshape(-1)
+                        bucket.t[start:stop] = state["step"].reshape(-1)
+                start = stop
+            return bucket
+
+    class SkipStopsLaterFrames(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            bucket = super()._step_bucket(settings, members)
+            if settings[5]:
+                # "finite so far": the first non-finite frame stops every frame after it in the call
+                later = torch.cumprod(bucket.finite.to(torch.int64), 0).to(torch.bool)
+                keep = later[:, None, None]
+                params = [p for p, _ in members]
+                states = [self.state[p] for p in params]
+                W = module._joined(params).to(bucket.W.dtype)
+                if all(len(s) for s in states):
+                    bucket.m = torch.where(keep, bucket.m, module._joined([s["exp_avg"] for s in states]))
+                    bucket.v = torch.where(later, bucket.v, module._joined_counts([s["exp_avg_sq"] for s in states]))
+                    bucket.t = torch.where(later, bucket.t, module._joined_counts([s["step"] for s in states]))
+                bucket.W = torch.where(keep, bucket.W, W)
+            return bucket
+
+    class StepsWithoutGradient(StiefelAdam):
+        def _frame_buckets(self):
+            for group in self.param_groups:
+                if group["manifold"] == "stiefel":
+                    for p in group["params"]:
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+            return super()._frame_buckets()
+
+    class LoadDropsCounts(StiefelAdam):
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            for group in self.param_groups:
+                if group.get("manifold", "stiefel") == "stiefel":
+                    for p in group["params"]:
+                        if "step" in self.state[p]:
+                            self.state[p]["step"].zero_()
+
+    class LoadCastsMoments(StiefelAdam):
+        def load_state_dict(self, state_dict):
+            torch.optim.Optimizer.load_state_dict(self, state_dict)
+
+    class AddedGroupTakesDefaults(StiefelAdam):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._constructed = True
+
+        def add_param_group(self, param_group):
+            if getattr(self, "_constructed", False):
+                param_group = {key: value for key, value in param_group.items() if key in ("params", "manifold")}
+            super().add_param_group(param_group)
+
+    class ClosureLossDropped(StiefelAdam):
+        def step(self, closure=None):
+            super().step(closure)
+            return None
+
+    class CoupledDecayForOrdinary(StiefelAdam):
+        def _step_euclidean(self, group, group_index):
+            with torch.no_grad():
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.add_(p, alpha=group["weight_decay"])
+            super()._step_euclidean({**group, "weight_decay": 0.0}, group_index)
+
+    class EuclideanGroupSkipsWhole(StiefelAdam):
+        def _step_euclidean(self, group, group_index):
+            grads = [p.grad for p in group["params"] if p.grad is not None]
+            if group["skip_nonfinite"] and grads and not all(bool(torch.isfinite(g).all()) for g in grads):
+                for g in grads:  # one flag for the group: every tensor of it is skipped
+                    g.fill_(float("nan"))
+            super()._step_euclidean(group, group_index)
+
+    class WritesBeforeRefusing(StiefelAdam):
+        def _refuse_nonfinite(self, steps):
+            for bucket in steps:
+                self._write(bucket)
+            super()._refuse_nonfinite(steps)
+
+    class RefusalNamesFirstParameter(StiefelAdam):
+        def _refuse_nonfinite(self, steps):
+            try:
+                super()._refuse_nonfinite(steps)
+            except ValueError as error:
+                message = str(error)
+                raise ValueError("params[0] of param group 0" + message[message.index(":"):]) from None
+
+    class CountsSteppedFrames(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            bucket = super()._step_bucket(settings, members)
+            if settings[5]:
+                self._count_skipped(bucket.W.device, bucket.finite.sum() - 2 * (~bucket.finite).sum())
+            return bucket
+
+    class OverflowNotSkipped(StiefelAdam):
+        def _step_bucket(self, settings, members):
+            skip = settings[5]
+            # screened for NaN and inf in the gradient only, as a first port of the check would be
+            finite_gradient = torch.isfinite(module._joined([p.grad for p, _ in members])).all(dim=(-2, -1))
+            bucket = super()._step_bucket(settings[:5] + (False,) + settings[6:], members)
+            params = [p for p, _ in members]
+            states = [self.state[p] if len(self.state[p]) else self._fresh_state(p) for p in params]
+            if skip:
+                keep = finite_gradient[:, None, None]
+                bucket.W = torch.where(keep, bucket.W, module._joined(params).to(bucket.W.dtype))
+                bucket.m = torch.where(keep, bucket.m, module._joined([s["exp_avg"] for s in states]))
+                bucket.v = torch.where(finite_gradient, bucket.v, module._joined_counts([s["exp_avg_sq"] for s in states]))
+                counts = module._joined_counts([s["step"] for s in states])
+                bucket.t = torch.where(finite_gradient, counts + 1, counts)
+                self._count_skipped(bucket.W.device, (~finite_gradient).sum())
+            bucket.finite = finite_gradient
+            return bucket
+
+    class CountInParameterDtype(StiefelAdam):
+        def _fresh_state(self, p):
+            state = super()._fresh_state(p)
+            state["step"] = state["step"].to(p.dtype)
+            return state
+
+    class ForeignOptionsUncheckedInGroups(StiefelAdam):
+        def add_param_group(self, param_group):
+            foreign = {key: param_group[key] for key in module.FOREIGN_OPTIONS if key in param_group}
+            super().add_param_group({key: value for key, value in param_group.items() if key not in foreign})
+            self.param_groups[-1].update(foreign)  # kept, and ignored
+
+    class LaterGroupsUnchecked(StiefelAdam):
+        def add_param_group(self, param_group):
+            if self.param_groups:  # only the first group is checked
+                torch.optim.Optimizer.add_param_group(self, param_group)
+                return
+            super().add_param_group(param_group)
+
+    class OrdinaryCountAdvancesOnSkip(StiefelAdam):
+        def _step_euclidean(self, group, group_index):
+            nonfinite = [p for p in group["params"] if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+            super()._step_euclidean(group, group_index)
+            for p in nonfinite:
+                self.state[p]["step"].add_(1)
+
+    return {
+        "first_group_settings": FirstGroupSettings,
+        "bucket_ignores_eps": BucketIgnoresEps,
+        "count_advances_on_skip": CountAdvancesOnSkip,
+        "whole_tensor_skip": WholeTensorSkip,
+        "skip_stops_later_frames": SkipStopsLaterFrames,
+        "steps_without_gradient": StepsWithoutGradient,
+        "load_drops_counts": LoadDropsCounts,
+        "load_casts_moments": LoadCastsMoments,
+        "added_group_takes_defaults": AddedGroupTakesDefaults,
+        "closure_loss_dropped": ClosureLossDropped,
+        "coupled_decay_for_ordinary": CoupledDecayForOrdinary,
+        "euclidean_group_skips_whole": EuclideanGroupSkipsWhole,
+        "writes_before_refusing": WritesBeforeRefusing,
+        "refusal_names_first_parameter": RefusalNamesFirstParameter,
+        "skipped_count_of_stepped": CountsSteppedFrames,
+        "overflow_not_skipped": OverflowNotSkipped,
+        "count_in_parameter_dtype": CountInParameterDtype,
+        "foreign_options_unchecked_in_groups": ForeignOptionsUncheckedInGroups,
+        "later_groups_unchecked": LaterGroupsUnchecked,
+        "ordinary_count_advances_on_skip": OrdinaryCountAdvancesOnSkip,
+    }

@@ -1,0 +1,791 @@
+"""Drawn scenarios of the optimizer class: a layout and a sequence of operations from a small grammar.
+
+A helper of the claim `optimizer` (propositions/optimizer_class.py; it defines no CLAIM). The claim
+runs `torch_impl.StiefelAdam` through scenarios drawn from the seed, in the manner of hypothesis'
+stateful testing (a run of an object with state is a drawn sequence of rules, checked after each,
+and a failing run shrinks to a shortest one): what is exercised is drawn, as the other claims draw
+their frames, so a bug that needs a second group, a frame that is not the last, a later step or a
+rarer event meets a scenario that has it.
+
+The grammar
+-----------
+A *layout* is a tuple of `Group`s: frame groups (manifold "stiefel") holding parameters of shape
+lead + (d, r) with 0, 1 or 2 leading axes, r = 1, 1 < r < d and r = d among the shapes, and
+euclidean groups holding ordinary tensors of different shapes. Every group has its own settings
+(lr, betas, eps, trust_radius, weight_decay, skip_nonfinite). A *sibling* group shares a frame
+shape (d, r) with an earlier group and differs from it in exactly one setting: the class may join
+the parameters of groups with equal settings into one batched call, and only such a pair tells a
+call keyed on too few settings from a correct one. A group may be *late*: added by an
+`add_group` operation.
+
+An *operation* (`Op`) is one of OP_KINDS:
+
+  step          every parameter in the optimizer gets a fresh gradient (p.grad set), then step()
+  closure_step  step(closure): the closure zeroes the gradients and back-propagates a loss whose
+                gradient is the drawn one
+  zero_grad     zero_grad(set_to_none=option), then step() on what is left (nothing, or zeros)
+  add_group     add_param_group(the late group named by option)
+  schedule      a torch.optim.lr_scheduler.MultiplicativeLR step multiplying every lr by option
+  checkpoint    state_dict saved and loaded: option "fresh" into a new instance over new parameter
+                objects, "same" into the same instance, "old_format" into a new instance in the
+                older format the class loads (frame groups without "manifold", one int step count
+                per parameter)
+
+and a step-like operation carries `Event`s (EVENT_KINDS) planted in one parameter's gradient (one
+frame's, for frames): "no_grad" (.grad None), "nan", "inf", "overflow" (a finite gradient whose
+square overflows the compute dtype: 2^0.6 emax per entry), "zero" (an exactly zero gradient: with
+eps = 0 and lambda = 0 at v = 0 the v^ = 0 branch, xi = 0 never 0/0).
+
+Gradients and initial frames are drawn from keys of stable labels (the op's id, the group's name,
+the parameter's index and shape), never from positions, so removing an operation or a parameter
+while shrinking leaves every other draw as it was.
+
+Coverage
+--------
+`walk` replays a scenario's bookkeeping without numbers (which groups are in the optimizer, which
+parameters have a gradient, which frames step, are skipped or refused, each frame's count and
+whether its v is still 0): the claim's expectations and the coverage `features` come from it, and
+the drawing uses the same walk to steer later runs toward the features still missing (`draw_plan`),
+so every feature of FEATURES is exercised at every profile, in every dtype, by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+CLAIM_ID = "optimizer"
+DTYPES = ("float64", "float32", "bfloat16")
+SETTING_NAMES = ("lr", "betas", "eps", "trust_radius", "weight_decay", "skip_nonfinite")
+
+# Frame shapes (d, r): r = 1, r = d and between, small so that long runs stay cheap.
+FRAME_SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (3, 1), (6, 1), (2, 2), (4, 4), (4, 2), (5, 3), (7, 2), (6, 4))
+LEADING: tuple[tuple[int, ...], ...] = ((), (2,), (3,), (2, 2), (1, 3))
+EUCLIDEAN_SHAPES: tuple[tuple[int, ...], ...] = ((5,), (3, 4), (2, 3, 2), (6,), (4, 1), (2, 2, 2))
+
+# Setting values. lr keeps steps of length lr sqrt(d r) at most about 0.6 (inside trust radii);
+# beta 0 (no averaging) and eps 0 (scale-free) are legal edge values; trust radii above 1 take the
+# kernel's eigh route, at or below 1 Newton-Schulz.
+CHOICES = {
+    "lr": (0.003, 0.02, 0.07),
+    "betas": ((0.9, 0.999), (0.8, 0.95), (0.0, 0.99), (0.5, 0.0)),
+    "eps": (0.0, 1e-8, 1e-3),
+    "trust_radius": (0.002, 0.2, 0.5, 1.0, 3.0, math.inf),
+    "weight_decay": (0.0, 0.01, 0.1),
+    "skip_nonfinite": (True, False),
+}
+EUCLIDEAN_EPS = (1e-8, 1e-6)  # AdamW divides by sqrt(v^) + eps: eps = 0 at a zero gradient is 0/0
+SCHEDULE_FACTORS = (0.5, 0.8, 1.25)
+CHECKPOINT_KINDS = ("fresh", "same", "old_format")
+OP_KINDS = ("step", "closure_step", "zero_grad", "add_group", "schedule", "checkpoint")
+EVENT_KINDS = ("no_grad", "nan", "inf", "overflow", "zero")
+NONFINITE = ("nan", "inf", "overflow")
+
+# A long run per dtype: past 256 steps, where a count kept in bfloat16 (8 significant bits) stops
+# counting (257 rounds to 256) and a count kept in a uint8 wraps.
+LONG_RUN_STEPS = 300
+COUNT_LIMIT = 256
+
+# Every feature a run can exercise; zero coverage of one, in some dtype, makes the claim inconclusive.
+LAYOUT_FEATURES = (
+    "frame_groups_1", "frame_groups_2", "frame_groups_3", "frame_groups_4",
+    "leading_axes_0", "leading_axes_1", "leading_axes_2", "r_is_1", "r_between", "r_is_d",
+    "joined_call", "euclidean_several_shapes", "late_group", "eigh_route", "newton_schulz_route",
+)
+OPERATION_FEATURES = tuple(f"siblings_differ_in_{name}" for name in SETTING_NAMES) + (
+    "weight_decay_frames", "euclidean_weight_decay",
+    "step", "closure_step", "zero_grad_set_to_none", "zero_grad_zeros", "add_group", "schedule",
+    "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format", "refused_step", "refused_step_not_first_parameter",
+    "count_past_256",
+)
+EVENT_FEATURES = (
+    "no_grad_frames", "no_grad_euclidean", "nan_frame", "inf_frame", "overflow_frame",
+    "nonfinite_frame_not_last_of_call", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite", "zero_gradient_at_v_zero",
+    "skipped_frame",
+)
+FEATURES = LAYOUT_FEATURES + OPERATION_FEATURES + EVENT_FEATURES
+
+
+# --------------------------------------------------------------------------------------------
+# The grammar's objects (frozen, JSON-able through to_dict / scenario_from_dict)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    lr: float
+    betas: tuple
+    eps: float
+    trust_radius: float
+    weight_decay: float
+    skip_nonfinite: bool
+
+    def replaced(self, name: str, value) -> "Settings":
+        return replace(self, **{name: value})
+
+    def as_options(self) -> dict:
+        return {"lr": self.lr, "betas": tuple(self.betas), "eps": self.eps, "trust_radius": self.trust_radius,
+                "weight_decay": self.weight_decay, "skip_nonfinite": self.skip_nonfinite}
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str  # stable: "f<k>" frame groups, "e<k>" euclidean groups (keys the draws)
+    manifold: str  # "stiefel" or "euclidean"
+    shapes: tuple[tuple[int, ...], ...]
+    settings: Settings
+    late: bool = False  # added by an add_group operation, not at construction
+
+    @property
+    def frames(self) -> bool:
+        return self.manifold == "stiefel"
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # EVENT_KINDS
+    group: str
+    param: int
+    frame: int = 0  # flat frame index of a frame parameter (0 for a euclidean tensor)
+    entry: int = 0  # flat entry within the frame (or tensor) that gets the planted value
+
+
+@dataclass(frozen=True)
+class Op:
+    id: int  # stable: keys the op's gradients
+    kind: str
+    events: tuple[Event, ...] = ()
+    option: object = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    dtype: str
+    label: str  # the run's name in its plan ("run-3"): keys its draws
+    groups: tuple[Group, ...]
+    ops: tuple[Op, ...]
+
+    def group(self, name: str) -> Group:
+        return next(g for g in self.groups if g.name == name)
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype, "label": self.label, "groups": [asdict(g) for g in self.groups],
+                "ops": [{**asdict(op), "events": [asdict(e) for e in op.events]} for op in self.ops]}
+
+    def size(self) -> tuple:
+        """The order the shrinker minimises: operations, then events, then frames, then parameters."""
+        frames = sum(math.prod(s[:-2]) if g.frames else 1 for g in self.groups for s in g.shapes)
+        entries = sum(math.prod(s) for g in self.groups for s in g.shapes)
+        return (len(self.ops), sum(len(op.events) for op in self.ops), len(self.groups),
+                sum(len(g.shapes) for g in self.groups), frames, entries)
+
+    def describe(self) -> str:
+        """One line: the layout and the operations."""
+        layout = "; ".join(f"{g.name}{' (late)' if g.late else ''} {g.manifold} {[list(s) for s in g.shapes]} "
+                           f"{_settings_text(g.settings)}" for g in self.groups)
+        ops = ", ".join(_op_text(op) for op in self.ops)
+        return f"{self.dtype}: [{layout}] ops: {ops}"
+
+
+def _settings_text(s: Settings) -> str:
+    return (f"lr={s.lr:g} betas=({s.betas[0]:g}, {s.betas[1]:g}) eps={s.eps:g} trust_radius={s.trust_radius:g} "
+            f"weight_decay={s.weight_decay:g} skip_nonfinite={s.skip_nonfinite}")
+
+
+def _op_text(op: Op) -> str:
+    option = "" if op.option is None else f"({op.option})"
+    events = "".join(f" [{e.kind} {e.group}.{e.param}#{e.frame}]" for e in op.events)
+    return f"{op.kind}{option}{events}"
+
+
+def scenario_from_dict(data: dict) -> Scenario:
+    """The Scenario of Scenario.to_dict (a certificate's counterexample; non-finite floats may come back as strings)."""
+    def number(x):
+        return float(x)
+
+    groups = tuple(Group(g["name"], g["manifold"], tuple(tuple(int(n) for n in s) for s in g["shapes"]),
+                         Settings(number(g["settings"]["lr"]), tuple(number(b) for b in g["settings"]["betas"]),
+                                  number(g["settings"]["eps"]), number(g["settings"]["trust_radius"]),
+                                  number(g["settings"]["weight_decay"]), bool(g["settings"]["skip_nonfinite"])),
+                         bool(g["late"])) for g in data["groups"])
+    ops = tuple(Op(int(o["id"]), o["kind"], tuple(Event(**e) for e in o["events"]), _option(o["kind"], o["option"]))
+                for o in data["ops"])
+    return Scenario(data["dtype"], data["label"], groups, ops)
+
+
+def _option(kind: str, option):
+    if kind == "schedule":
+        return float(option)
+    if kind == "zero_grad":
+        return bool(option)
+    return option
+
+
+# --------------------------------------------------------------------------------------------
+# The walk: the scenario's bookkeeping without numbers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FrameBook:
+    """One frame's bookkeeping: its count and whether its second moment is still exactly 0."""
+
+    t: int = 0
+    v_zero: bool = True
+
+
+@dataclass
+class StepPlan:
+    """What one step-like operation must do, decided by the walk.
+
+    gradients: (group, param) -> "drawn", "zero" (zero_grad with zeros) or None (no gradient);
+    events: (group, param) -> the events planted in that gradient;
+    refused: the step must raise ValueError and change nothing (a non-finite frame in a group that
+    does not skip); frames: (group, param, frame) -> "step", "skip" or "keep" (no gradient);
+    euclidean: (group, param) -> "step", "skip" or "keep"."""
+
+    op: Op
+    gradients: dict
+    events: dict
+    refused: bool = False
+    frames: dict = field(default_factory=dict)
+    euclidean: dict = field(default_factory=dict)
+    offenders: list = field(default_factory=list)  # (group index, param index) of frames that refuse
+    features: list = field(default_factory=list)
+
+
+def frame_count(shape) -> int:
+    return math.prod(shape[:-2])
+
+
+def walk(scenario: Scenario):
+    """Yield (op, plan) for every operation: plan a StepPlan for step-like operations, else None.
+
+    The books (per frame) are updated as the class must update them; the StepPlan's `features` are
+    the coverage features the operation exercises."""
+    active = [g.name for g in scenario.groups if not g.late]
+    books = {(g.name, p, k): FrameBook() for g in scenario.groups if g.frames for p, s in enumerate(g.shapes) for k in range(frame_count(s))}
+    has_grad: dict = {}
+    for op in scenario.ops:
+        if op.kind == "add_group":
+            if op.option not in active:
+                active.append(op.option)
+            yield op, None
+            continue
+        if op.kind in ("schedule", "checkpoint"):
+            yield op, None
+            continue
+        plan = _plan_step(scenario, op, active, has_grad, books)
+        yield op, plan
+
+
+def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: dict) -> StepPlan:
+    """The StepPlan of a step-like op; updates has_grad (the .grad state left behind) and books."""
+    events: dict = {}
+    for event in op.events:
+        if event.group in active:
+            events.setdefault((event.group, event.param), []).append(event)
+    gradients = {}
+    for name in active:
+        for p in range(len(scenario.group(name).shapes)):
+            key = (name, p)
+            if op.kind in ("step", "closure_step"):
+                gradients[key] = None if any(e.kind == "no_grad" for e in events.get(key, ())) else "drawn"
+            else:  # zero_grad: None stays None; a gradient becomes zeros unless set to None
+                gradients[key] = None if (op.option or has_grad.get(key) is None) else "zero"
+    if op.kind == "zero_grad":
+        events = {}
+    has_grad.clear()
+    has_grad.update(gradients)
+    plan = StepPlan(op, gradients, events)
+    plan.features.append({"step": "step", "closure_step": "closure_step"}.get(op.kind) or
+                         ("zero_grad_set_to_none" if op.option else "zero_grad_zeros"))
+    _plan_frames(scenario, plan, active, books)
+    _plan_euclidean(scenario, plan, active)
+    if plan.refused:  # a refused step exercises the refusal and its events, nothing that steps
+        plan.features = ["refused_step"] + [f for f in plan.features if f in ("nan_frame", "inf_frame", "overflow_frame")]
+        first = (scenario.groups.index(scenario.group(active[0])), 0)
+        if first not in plan.offenders:
+            plan.features.append("refused_step_not_first_parameter")
+        plan.frames = {key: "keep" for key in plan.frames}
+        plan.euclidean = {key: "keep" for key in plan.euclidean}
+        return plan
+    plan.features += _sibling_features(scenario, plan)
+    for key, what in plan.frames.items():
+        book = books[key]
+        if what == "step":
+            book.t += 1
+            group = scenario.group(key[0])
+            zero = plan.gradients[key[:2]] == "zero" or any(e.kind == "zero" and e.frame == key[2] for e in plan.events.get(key[:2], ()))
+            exactly_zero = zero and group.settings.weight_decay == 0.0
+            if exactly_zero and book.v_zero and group.settings.eps == 0.0:
+                plan.features.append("zero_gradient_at_v_zero")
+            book.v_zero = book.v_zero and exactly_zero
+            if book.t > COUNT_LIMIT and "count_past_256" not in plan.features:
+                plan.features.append("count_past_256")
+    return plan
+
+
+def _sibling_features(scenario: Scenario, plan: StepPlan) -> list[str]:
+    """siblings_differ_in_<setting>: two groups that differ only in that setting step frames of one
+    shape (d, r) in this step, a shape whose tangent space is not {0} (on 1 x 1 frames g = 0, so no
+    setting changes the step); weight_decay_frames, euclidean_weight_decay: a frame or an ordinary
+    tensor stepped with lambda > 0."""
+    stepping: dict = {}
+    for (name, p, k), what in plan.frames.items():
+        shape = scenario.group(name).shapes[p][-2:]
+        drawn = plan.gradients[(name, p)] == "drawn" and not any(e.frame == k for e in plan.events.get((name, p), ()))
+        if what == "step" and drawn and tuple(shape) != (1, 1):  # a drawn gradient: g is not rounding noise
+            stepping.setdefault(name, set()).add(tuple(shape))
+    found = []
+    names = list(stepping)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if stepping[a] & stepping[b]:
+                sa, sb = scenario.group(a).settings, scenario.group(b).settings
+                differing = [n for n in SETTING_NAMES if getattr(sa, n) != getattr(sb, n)]
+                if len(differing) == 1:
+                    found.append(f"siblings_differ_in_{differing[0]}")
+    if any(scenario.group(name).settings.weight_decay > 0 for name in stepping):
+        found.append("weight_decay_frames")
+    if any(what == "step" and scenario.group(name).settings.weight_decay > 0 for (name, _), what in plan.euclidean.items()):
+        found.append("euclidean_weight_decay")
+    return sorted(set(found))
+
+
+def _plan_frames(scenario: Scenario, plan: StepPlan, active: list, books: dict) -> None:
+    """Which frames step, skip or keep; whether the step is refused; the event features."""
+    calls: dict = {}  # the batched calls a correct class may form: frames in call order
+    for index, name in enumerate(active):
+        group = scenario.group(name)
+        if not group.frames:
+            continue
+        for p, shape in enumerate(group.shapes):
+            key = (name, p)
+            planted = plan.events.get(key, ())
+            if plan.gradients[key] is None:
+                plan.features.append("no_grad_frames")
+            for k in range(frame_count(shape)):
+                bad = [e for e in planted if e.frame == k and nonfinite_step(e.kind, shape)]
+                if plan.gradients[key] is None:
+                    plan.frames[(name, p, k)] = "keep"
+                elif bad:
+                    plan.features += [f"{e.kind}_frame" for e in bad]
+                    if group.settings.skip_nonfinite:
+                        plan.frames[(name, p, k)] = "skip"
+                        plan.features.append("skipped_frame")
+                    else:
+                        plan.frames[(name, p, k)] = "step"
+                        plan.refused = True
+                        plan.offenders.append((scenario.groups.index(group), p))
+                else:
+                    plan.frames[(name, p, k)] = "step"
+                if plan.gradients[key] is not None:
+                    call = (shape[-2:], group.settings)
+                    calls.setdefault(call, []).append((name, p, k))
+    for members in calls.values():
+        for position, key in enumerate(members[:-1]):
+            if plan.frames[key] == "skip":
+                plan.features.append("nonfinite_frame_not_last_of_call")
+                break
+
+
+def nonfinite_step(kind: str, shape) -> bool:
+    """Whether an event of `kind` makes a frame's step not finite: NaN and inf always; an overflowing
+    finite gradient unless the frame is 1 x 1, whose tangent space is {0} (g = G - W W^T G = 0 exactly)."""
+    return kind in ("nan", "inf") or (kind == "overflow" and tuple(shape[-2:]) != (1, 1))
+
+
+def _plan_euclidean(scenario: Scenario, plan: StepPlan, active: list) -> None:
+    for name in active:
+        group = scenario.group(name)
+        if group.frames:
+            continue
+        for p in range(len(group.shapes)):
+            key = (name, p)
+            if plan.gradients[key] is None:
+                plan.euclidean[key] = "keep"
+                plan.features.append("no_grad_euclidean")
+            elif any(e.kind in ("nan", "inf") for e in plan.events.get(key, ())) and group.settings.skip_nonfinite:
+                # (an overflowing finite gradient is AdamW's to step: its v becomes inf, as torch.optim.AdamW's would)
+                plan.euclidean[key] = "skip"
+                plan.features.append("nonfinite_euclidean")
+            else:
+                plan.euclidean[key] = "step"
+        kinds = [plan.euclidean[(name, p)] for p in range(len(group.shapes))]
+        if "skip" in kinds and "step" in kinds:
+            plan.features.append("nonfinite_euclidean_beside_finite")
+
+
+def layout_features(scenario: Scenario) -> list[str]:
+    """The layout features of a scenario (each once)."""
+    frame_groups = [g for g in scenario.groups if g.frames]
+    found = {f"frame_groups_{len(frame_groups)}"} if 1 <= len(frame_groups) <= 4 else set()
+    for g in frame_groups:
+        for s in g.shapes:
+            found.add(f"leading_axes_{len(s) - 2}")
+            d, r = s[-2:]
+            found.add("r_is_1" if r == 1 else "r_is_d" if r == d else "r_between")
+        if len({s[-2:] for s in g.shapes}) < len(g.shapes):
+            found.add("joined_call")
+        found.add("eigh_route" if g.settings.trust_radius > 1.0 else "newton_schulz_route")
+        if g.late:
+            found.add("late_group")
+    for a_index, a in enumerate(frame_groups):
+        for b in frame_groups[a_index + 1:]:
+            if {s[-2:] for s in a.shapes} & {s[-2:] for s in b.shapes} and a.settings == b.settings:
+                found.add("joined_call")
+    for g in scenario.groups:
+        if not g.frames and len(set(g.shapes)) >= 2:
+            found.add("euclidean_several_shapes")
+        if not g.frames and g.late:
+            found.add("late_group")
+    return sorted(found)
+
+
+def features(scenario: Scenario) -> dict[str, int]:
+    """Coverage of one scenario: feature -> times exercised (layout features count once)."""
+    counts = {name: 1 for name in layout_features(scenario)}
+    for op, plan in walk(scenario):
+        names = plan.features if plan is not None else [
+            {"add_group": "add_group", "schedule": "schedule"}.get(op.kind) or f"checkpoint_{op.option}"]
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# Drawing
+# --------------------------------------------------------------------------------------------
+
+
+def _pick(rng: np.random.Generator, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def _settings(rng: np.random.Generator, euclidean: bool = False) -> Settings:
+    values = {name: _pick(rng, CHOICES[name]) for name in SETTING_NAMES}
+    if euclidean:
+        values["eps"] = _pick(rng, EUCLIDEAN_EPS)
+        values["trust_radius"] = 0.5  # not an AdamW setting: the group keeps the default
+    return Settings(**values)
+
+
+def _sibling_value(rng: np.random.Generator, name: str, current):
+    """Another value of one setting, chosen so that the two groups' steps differ: a trust radius that
+    clips (0.002) beside one that mostly does not, an eps of 1e-3 beside 0 or 1e-8."""
+    if name == "trust_radius":
+        return 0.002 if current >= 0.2 else math.inf
+    if name == "eps":
+        return 1e-3 if current < 1e-3 else 0.0
+    return _pick(rng, [value for value in CHOICES[name] if value != current])
+
+
+def _frame_shape(rng, lead_wanted, shape_wanted) -> tuple[int, ...]:
+    return tuple(lead_wanted) + tuple(shape_wanted)
+
+
+def draw_layout(rng: np.random.Generator, missing: set, long: bool) -> tuple[Group, ...]:
+    """Frame groups (1-4, siblings and joined calls as missing features ask) and 0-2 euclidean groups."""
+    if long:  # small and cheap: one or two groups of few frames
+        count = int(rng.integers(1, 3))
+    else:
+        wanted_counts = [n for n in (1, 2, 3, 4) if f"frame_groups_{n}" in missing]
+        sibling_kinds = [n for n in SETTING_NAMES if f"siblings_differ_in_{n}" in missing]
+        count = _pick(rng, wanted_counts) if wanted_counts else int(rng.integers(1, 5))
+        if sibling_kinds and count < 2:
+            count = int(rng.integers(2, 5))
+    sibling_kinds = [n for n in SETTING_NAMES if f"siblings_differ_in_{n}" in missing]
+    groups: list[Group] = []
+    leads = [tuple(lead) for lead in LEADING]
+    for index in range(count):
+        bases = [g for g in groups if any(tuple(s[-2:]) != (1, 1) for s in g.shapes)]
+        name = sibling_kinds[0] if sibling_kinds else _pick(rng, SETTING_NAMES)
+        if name in ("lr", "eps", "betas"):
+            # a trust region that clips both groups' steps would hide lr, eps and betas (xi = Delta m / ||m||)
+            bases = [g for g in bases if g.settings.trust_radius >= 0.5]
+        if bases and rng.random() < (0.8 if sibling_kinds else 0.4):
+            if sibling_kinds:
+                sibling_kinds.pop(0)
+            base = _pick(rng, bases)
+            settings = base.settings.replaced(name, _sibling_value(rng, name, getattr(base.settings, name)))
+            shared = _pick(rng, [s[-2:] for s in base.shapes if tuple(s[-2:]) != (1, 1)])
+        else:
+            settings = _settings(rng)
+            if sibling_kinds:  # a base for the siblings still wanted: a shape with g != 0 and a radius that rarely clips
+                settings = settings.replaced("trust_radius", _pick(rng, (0.5, 1.0, 3.0, math.inf)))
+            shared = _pick(rng, FRAME_SHAPES if not sibling_kinds else FRAME_SHAPES[1:])
+        params = 1 if long else int(rng.integers(1, 4))
+        shapes = [_frame_shape(rng, _pick(rng, leads), shared)]
+        for _ in range(params - 1):
+            joined = rng.random() < (0.7 if "joined_call" in missing else 0.35)
+            shapes.append(_frame_shape(rng, _pick(rng, leads), shared if joined else _pick(rng, FRAME_SHAPES)))
+        if long:
+            shapes = [tuple(_pick(rng, ((2,), (3,)))) + tuple(_pick(rng, ((3, 1), (4, 2), (2, 2))))]
+        if index == 0 and "zero_gradient_at_v_zero" in missing:
+            settings = settings.replaced("eps", 0.0).replaced("weight_decay", 0.0)  # where G = 0 gives v^ = 0 exactly
+        late = bool(index > 0 and rng.random() < (0.5 if "late_group" in missing else 0.25))
+        groups.append(Group(f"f{index}", "stiefel", tuple(shapes), settings, late))
+    euclidean = 0 if long else int(rng.integers(0, 3))
+    wanted = {"euclidean_several_shapes", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite", "no_grad_euclidean",
+              "euclidean_weight_decay"}
+    if not long and wanted & missing:
+        euclidean = max(euclidean, 1)
+    for index in range(euclidean):
+        several = {"euclidean_several_shapes", "nonfinite_euclidean_beside_finite"} & missing
+        size = int(rng.integers(2, 4)) if several else int(rng.integers(1, 4))
+        picks = rng.permutation(len(EUCLIDEAN_SHAPES))[:size]
+        settings = _settings(rng, euclidean=True)
+        if {"nonfinite_euclidean", "nonfinite_euclidean_beside_finite"} & missing and index == 0:
+            settings = settings.replaced("skip_nonfinite", True)
+        if "euclidean_weight_decay" in missing and index == 0 and settings.weight_decay == 0:
+            settings = settings.replaced("weight_decay", 0.1)
+        groups.append(Group(f"e{index}", "euclidean", tuple(EUCLIDEAN_SHAPES[i] for i in picks), settings,
+                            bool(rng.random() < 0.2)))
+    return tuple(groups)
+
+
+def _frame_event(rng, groups, kind: str, prefer_not_last: bool, avoid: str | None = None) -> Event | None:
+    """An event in a random frame of a random frame parameter (a non-last frame of a call when asked;
+    not the first parameter of group `avoid`)."""
+    frame_groups = [g for g in groups if g.frames]
+    if not frame_groups:
+        return None
+    group = _pick(rng, frame_groups)
+    p = int(rng.integers(1 if group.name == avoid and len(group.shapes) > 1 else 0, len(group.shapes)))
+    shape = group.shapes[p]
+    frames = frame_count(shape)
+    if prefer_not_last and frames == 1 and len(group.shapes) > 1 and group.name != avoid:
+        p = int(rng.integers(len(group.shapes) - 1))  # an earlier parameter of the group: not the call's last frame
+        shape = group.shapes[p]
+        frames = frame_count(shape)
+    frame = int(rng.integers(max(1, frames - 1))) if prefer_not_last and frames > 1 else int(rng.integers(frames))
+    if kind == "overflow" and not nonfinite_step(kind, shape):
+        kind = "nan"  # a 1 x 1 frame's step stays finite whatever its gradient
+    return Event(kind, group.name, p, frame, int(rng.integers(math.prod(shape[-2:]))))
+
+
+def _euclidean_event(rng, groups, kind: str) -> Event | None:
+    euclidean = [g for g in groups if not g.frames and (kind not in NONFINITE or g.settings.skip_nonfinite)]
+    several = [g for g in euclidean if len(g.shapes) > 1]
+    euclidean = several if several and kind in NONFINITE else euclidean
+    if not euclidean:
+        return None
+    group = _pick(rng, euclidean)
+    p = int(rng.integers(len(group.shapes)))
+    return Event(kind, group.name, p, 0, int(rng.integers(math.prod(group.shapes[p]))))
+
+
+def _events(rng, groups, missing: set, first: bool) -> tuple[Event, ...]:
+    """0-3 events for one step, steered toward the missing event features (a zero gradient at v = 0
+    only at the first step, where every frame's v is still 0)."""
+    events = []
+    wanted = (["zero_gradient_at_v_zero"] if first and "zero_gradient_at_v_zero" in missing else []) + [name for name in ("nan_frame", "inf_frame", "overflow_frame", "no_grad_frames", "no_grad_euclidean",
+                                "nonfinite_euclidean", "nonfinite_euclidean_beside_finite", "nonfinite_frame_not_last_of_call",
+                                "refused_step", "refused_step_not_first_parameter")
+              if name in missing]
+    count = int(rng.choice([0, 0, 1, 1, 2, 3])) + (1 if wanted else 0)
+    for _ in range(count):
+        target = wanted.pop(0) if wanted else None
+        if target in ("no_grad_euclidean", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite"):
+            kind = "no_grad" if target == "no_grad_euclidean" else _pick(rng, ("nan", "inf"))
+            event = _euclidean_event(rng, groups, kind)
+        else:
+            kind = {"nan_frame": "nan", "inf_frame": "inf", "overflow_frame": "overflow", "no_grad_frames": "no_grad",
+                    "zero_gradient_at_v_zero": "zero"}.get(target) or (
+                _pick(rng, NONFINITE) if target in ("nonfinite_frame_not_last_of_call", "refused_step", "refused_step_not_first_parameter")
+                else _pick(rng, EVENT_KINDS))
+            candidates = groups
+            if target == "zero_gradient_at_v_zero":
+                candidates = [g for g in groups if g.frames and not g.late and g.settings.eps == 0 and g.settings.weight_decay == 0]
+            elif target in ("refused_step", "refused_step_not_first_parameter"):
+                candidates = [g for g in groups if g.frames and not g.late and not g.settings.skip_nonfinite] or groups
+                if target == "refused_step_not_first_parameter":
+                    candidates = [g for g in candidates if g is not groups[0] or len(g.shapes) > 1] or candidates
+            event = _frame_event(rng, candidates, kind, prefer_not_last=target == "nonfinite_frame_not_last_of_call" or rng.random() < 0.3,
+                                 avoid=groups[0].name if target == "refused_step_not_first_parameter" else None)
+            if event is None and target is None:
+                event = _euclidean_event(rng, groups, kind)
+        # one event per frame, and none beside a missing gradient: the walk reads each planted value alone
+        taken = {(e.group, e.param, e.frame) for e in events} | {(e.group, e.param, None) for e in events if e.kind == "no_grad"}
+        if event is not None and (event.group, event.param, event.frame) not in taken and (event.group, event.param, None) not in taken:
+            if event.kind != "no_grad" or not any((e.group, e.param) == (event.group, event.param) for e in events):
+                events.append(event)
+    return tuple(events)
+
+
+def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, steps: int) -> tuple[Op, ...]:
+    """`steps` step-like operations interleaved with the others; late groups added at random places."""
+    ops: list[Op] = []
+    wanted_kinds = [k for k in ("closure_step", "zero_grad_set_to_none", "zero_grad_zeros", "schedule",
+                                "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format") if k in missing]
+    late = [g.name for g in groups if g.late]
+    additions: dict = {}  # step index -> late groups added before that step
+    for name in late:
+        additions.setdefault(int(rng.integers(0, max(1, min(steps, 6) - 1)) + 1), []).append(name)
+    step_index = 0
+    while step_index < steps:
+        for name in additions.pop(step_index, []):
+            ops.append(Op(len(ops), "add_group", option=name))
+        roll = rng.random()
+        if step_index >= 8 and roll < 0.9:  # past the first steps, plain steps (a long run's bulk)
+            ops.append(Op(len(ops), "step"))
+            step_index += 1
+            continue
+        if wanted_kinds and roll < 0.35:
+            kind = wanted_kinds.pop(0)
+        elif roll < 0.5:
+            kind = _pick(rng, ("schedule", "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format", "closure_step",
+                               "zero_grad_set_to_none", "zero_grad_zeros"))
+        else:
+            kind = "step"
+        if kind.startswith("checkpoint_"):
+            ops.append(Op(len(ops), "checkpoint", option=kind[len("checkpoint_"):]))
+            continue
+        if kind == "schedule":
+            ops.append(Op(len(ops), "schedule", option=float(_pick(rng, SCHEDULE_FACTORS))))
+            continue
+        if kind.startswith("zero_grad"):
+            ops.append(Op(len(ops), "zero_grad", option=kind == "zero_grad_set_to_none"))
+        else:
+            ops.append(Op(len(ops), kind, events=_events(rng, groups, missing if step_index < 8 else set(), step_index == 0)
+                          if (step_index < 8 or rng.random() < 0.05) else ()))
+        step_index += 1
+    return tuple(ops)
+
+
+def draw_run(seed: int, dtype: str, index: int, missing: set, steps: int, long: bool, rng_for) -> Scenario:
+    """Run `index` of a dtype's plan: its layout and operations from rng_for(seed, CLAIM_ID, "scenario", dtype, index)."""
+    rng = rng_for(seed, CLAIM_ID, "scenario", dtype, index)
+    groups = draw_layout(rng, missing, long)
+    ops = draw_ops(rng, groups, missing, LONG_RUN_STEPS if long else steps)
+    return Scenario(dtype, f"run-{index}", groups, ops)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """How many runs a dtype's plan has: at least `runs` (the first of them long), more while a
+    feature is missing, at most `max_runs`; `steps` step-like operations per ordinary run."""
+
+    runs: int
+    steps: int
+    max_runs: int = 40
+
+
+def plan_settings(profile) -> PlanSettings:
+    """quick: 2 runs of 6 steps; default: 10 runs of 8; thorough: 40 runs of 12 (plus runs while a feature is missing)."""
+    runs = {"quick": 2, "default": 10}.get(profile.name, max(2, min(40, profile.frames // 25_000)))
+    steps = {"quick": 6, "default": 8}.get(profile.name, max(6, min(12, profile.steps)))
+    return PlanSettings(runs=runs, steps=steps, max_runs=max(40, runs + 20))
+
+
+def draw_plan(seed: int, dtype: str, settings: PlanSettings, rng_for) -> tuple[list[Scenario], list[str]]:
+    """The runs of one dtype and the features none of them exercises (empty unless max_runs ran out).
+
+    Run 0 is the long run; each later run is drawn with the features still missing, which steer
+    its layout, events and operations toward them (deterministic: the same seed gives the same plan)."""
+    runs: list[Scenario] = []
+    missing = set(FEATURES)
+    index = 0
+    while index < settings.runs or (missing and index < settings.max_runs):
+        scenario = draw_run(seed, dtype, index, missing, settings.steps, index == 0, rng_for)
+        runs.append(scenario)
+        missing -= set(features(scenario))
+        index += 1
+    return runs, sorted(missing, key=FEATURES.index)
+
+
+# --------------------------------------------------------------------------------------------
+# Shrinking: simpler scenarios, in the order they are tried
+# --------------------------------------------------------------------------------------------
+
+
+def without_ops(scenario: Scenario, drop: set) -> Scenario:
+    """The scenario without the ops whose positions are in `drop` (an add_group dropped makes its
+    group an initial one; the groups a shrunk scenario no longer uses are kept by the layout pass)."""
+    kept = tuple(op for i, op in enumerate(scenario.ops) if i not in drop)
+    added = {op.option for op in kept if op.kind == "add_group"}
+    groups = tuple(replace(g, late=g.late and g.name in added) for g in scenario.groups)
+    return replace(scenario, groups=groups, ops=kept)
+
+
+def simpler_layouts(scenario: Scenario):
+    """Scenarios with one group, parameter, leading axis or frame fewer, or a smaller frame shape."""
+    for g in scenario.groups:
+        if len(scenario.groups) > 1:
+            yield _without_group(scenario, g.name)
+    for g in scenario.groups:
+        for p in range(len(g.shapes)):
+            if len(g.shapes) > 1:
+                yield _without_param(scenario, g.name, p)
+    for g in scenario.groups:
+        for p, shape in enumerate(g.shapes):
+            lead, tail = shape[:-2] if g.frames else shape, shape[-2:] if g.frames else ()
+            for smaller in _smaller_leads(lead):
+                yield _with_shape(scenario, g.name, p, tuple(smaller) + tuple(tail))
+            if g.frames:
+                d, r = tail
+                for d2, r2 in ((d - 1, min(r, d - 1)), (d, r - 1)):
+                    if d2 >= 1 and r2 >= 1:
+                        yield _with_shape(scenario, g.name, p, tuple(lead) + (d2, r2))
+
+
+def _smaller_leads(lead: tuple) -> list[tuple]:
+    out = []
+    if lead:
+        out.append(lead[1:])
+        for i, n in enumerate(lead):
+            if n > 1:
+                out.append(lead[:i] + (n - 1,) + lead[i + 1:])
+    return out
+
+
+def simpler_events(scenario: Scenario):
+    """Scenarios with one event fewer (last op first), or with an op's events moved to frame 0 / entry 0."""
+    for i in reversed(range(len(scenario.ops))):
+        op = scenario.ops[i]
+        for j in range(len(op.events)):
+            events = op.events[:j] + op.events[j + 1:]
+            yield replace(scenario, ops=scenario.ops[:i] + (replace(op, events=events),) + scenario.ops[i + 1:])
+
+
+def _without_group(scenario: Scenario, name: str) -> Scenario:
+    ops = tuple(replace(op, events=tuple(e for e in op.events if e.group != name)) for op in scenario.ops
+                if not (op.kind == "add_group" and op.option == name))
+    return replace(scenario, groups=tuple(g for g in scenario.groups if g.name != name), ops=ops)
+
+
+def _without_param(scenario: Scenario, name: str, p: int) -> Scenario:
+    groups = tuple(replace(g, shapes=g.shapes[:p] + g.shapes[p + 1:]) if g.name == name else g for g in scenario.groups)
+
+    def moved(e: Event):
+        if e.group != name or e.param < p:
+            return e
+        return replace(e, param=e.param - 1)
+
+    ops = tuple(replace(op, events=tuple(moved(e) for e in op.events if not (e.group == name and e.param == p))) for op in scenario.ops)
+    return replace(scenario, groups=groups, ops=ops)
+
+
+def _with_shape(scenario: Scenario, name: str, p: int, shape: tuple) -> Scenario:
+    group = scenario.group(name)
+    groups = tuple(replace(g, shapes=g.shapes[:p] + (shape,) + g.shapes[p + 1:]) if g.name == name else g for g in scenario.groups)
+    frames = frame_count(shape) if group.frames else 1
+    entries = math.prod(shape[-2:]) if group.frames else math.prod(shape)
+
+    def fitted(e: Event):
+        if e.group != name or e.param != p:
+            return e
+        return replace(e, frame=min(e.frame, frames - 1), entry=min(e.entry, entries - 1))
+
+    ops = tuple(replace(op, events=tuple(fitted(e) for e in op.events)) for op in scenario.ops)
+    return replace(scenario, groups=groups, ops=ops)
+
+
+__all__ = [
+    "CLAIM_ID", "DTYPES", "EVENT_KINDS", "Event", "FEATURES", "Group", "LONG_RUN_STEPS", "OP_KINDS", "Op", "PlanSettings",
+    "Scenario", "Settings", "StepPlan", "draw_plan", "draw_run", "features", "frame_count", "layout_features",
+    "plan_settings", "scenario_from_dict", "simpler_events", "simpler_layouts", "walk", "without_ops",
+]
