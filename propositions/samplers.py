@@ -1,4 +1,5 @@
-"""The Haar samplers: random_point draws Haar St(d, r), random_orthogonal draws Haar O(n).
+"""The Haar samplers: random_point draws Haar St(d, r), random_orthogonal draws Haar O(n), and
+torch_impl.stiefel_init_ (what users initialise their frames with) is Haar in every storage dtype.
 
 Claim
     reference_impl.random_point(d, r, rng) (the sign-fixed QR factor of a Gaussian matrix,
@@ -23,6 +24,12 @@ Why it is true, and the statistics whose law is exact
       (tr = 1 + 2 cos theta) has density (1 - cos theta)/pi on [0, pi], CDF (theta - sin theta)/pi
       (the Weyl integration formula for SO(3); Miles, Biometrika 52 (1965)).
 
+    torch_impl.stiefel_init_ takes the polar factor of a Gaussian (left-invariant for the same reason:
+    polar(Q Z) = Q polar(Z)) in float64 and rounds it to the tensor's dtype. Rounding to nearest is
+    monotone and odd, so a stored entry a of W_ij stands for the interval between the midpoints to its
+    neighbours: P(round(W_ij)^2 <= a^2) = F(((a + next(a))/2)^2), an exact law with atoms
+    (`rounded_cdfs`), and signs and det signs are unchanged by it.
+
 How it is checked
     For each shape of POINT_SHAPES (random_point) and each n of ORTHOGONAL_SIZES
     (random_orthogonal), N = max(CONTROL_SAMPLES, profile.frames) draws from rng_for(seed, ...):
@@ -32,7 +39,11 @@ How it is checked
     * Kolmogorov-Smirnov tests (scipy.stats.kstest) of W_00^2 and W_{d-1,r-1}^2 against
       Beta(1/2, (d-1)/2), and of the SO(3) rotation angle against (theta - sin theta)/pi;
     * exact binomial tests (scipy.stats.binomtest, p = 1/2) of sign(W_00), sign(W_00 W_{d-1,r-1})
-      and, for square draws, of det W < 0.
+      and, for square draws, of det W < 0;
+    * the same for stiefel_init_ on tensors of each storage dtype (random_orthogonal: a square
+      tensor), with the orthonormality tolerance widened by the storage rounding and the Beta tests
+      against the rounded law (a KS test against a law with atoms keeps its level: Conover 1972); no
+      rotation-angle test below float64 (`statistical_plan`).
 
     Statistical tests, made deterministic and family-wise: the draws come from a recorded seed, so
     every p-value is a fixed number that a re-run reproduces. A test rejects when p < alpha_i with
@@ -78,18 +89,21 @@ ORTHOGONAL_SIZES: tuple[int, ...] = (2, 3, 4, 8)
 ROTATION_ANGLE_SIZE = 3
 
 # Draws per tested shape. The controls run at CONTROL_SAMPLES: the weakest (uniform_entries_qr, KS
-# distance about 0.1 at d = 8) then reaches -log10 p ~ 2 N D^2 / ln 10 ~ 90, over ten times the
-# bound -log10 alpha_i ~ 7.6; sign and det deviations reach thousands. The reference's sampler runs
-# at max(CONTROL_SAMPLES, profile.frames): never with less power than the controls demonstrate.
-CONTROL_SAMPLES = 10_000
+# distance about 0.1 at d = 8) then reaches -log10 p ~ 2 N D^2 / ln 10 ~ 100, over ten times the
+# bound -log10 alpha_i ~ 8.2 (K = 146 tests with stiefel_init_ in three dtypes); sign and det
+# deviations reach thousands. The reference's sampler runs at max(CONTROL_SAMPLES, profile.frames):
+# never with less power than the controls demonstrate.
+CONTROL_SAMPLES = 12_000
 
 FAMILY_WISE_ALPHA = 1e-6
 
 STATEMENT = (
     "reference_impl.random_point(d, r) is Haar on St(d, r) and random_orthogonal(n) is Haar on O(n) "
-    "(both components, det -1 with probability 1/2): every draw is orthonormal to the manifold "
-    "tolerance, entries squared follow Beta(1/2, (d-1)/2), signs and the det sign are balanced, and "
-    "the SO(3) rotation angle has density (1 - cos theta)/pi; tested at family-wise level 1e-6."
+    "(both components, det -1 with probability 1/2), and so is torch_impl.stiefel_init_ in float64, float32 "
+    "and bfloat16 storage (the Haar law rounded to the dtype): every draw is orthonormal to the manifold "
+    "tolerance of its dtype, entries squared follow Beta(1/2, (d-1)/2) (its rounded law in float32 and "
+    "bfloat16), signs and the det sign are balanced, and the SO(3) rotation angle has density "
+    "(1 - cos theta)/pi; tested at family-wise level 1e-6."
 )
 LATEX = (
     r"W \sim \mathrm{Haar}(\mathrm{St}(d,r)):\ W^\top W = I_r,\ W_{ij}^2 \sim \mathrm{Beta}\big(\tfrac12, \tfrac{d-1}{2}\big),\ "
@@ -105,12 +119,14 @@ LATEX = (
 
 @dataclass(frozen=True)
 class Sampler:
-    """A pair random_point(d, r, rng, batch), random_orthogonal(n, rng, batch) under test."""
+    """A pair random_point(d, r, rng, batch), random_orthogonal(n, rng, batch) under test; storage: the
+    dtype its frames are stored in (returned as float64 arrays of those values)."""
 
     name: str
     description: str
     random_point: Callable[..., np.ndarray]
     random_orthogonal: Callable[..., np.ndarray]
+    storage: str = "float64"
 
 
 def reference_sampler() -> Sampler:
@@ -121,6 +137,47 @@ def reference_sampler() -> Sampler:
         lambda d, r, rng, batch=(): manifold.random_point(d, r, rng, batch),
         lambda n, rng, batch=(): manifold.random_orthogonal(n, rng, batch),
     )
+
+
+TORCH_DTYPES = ("float64", "float32", "bfloat16")
+TORCH_QR_CONTROL = "stiefel_init_qr_without_sign_fix"
+TORCH_QR_CONTROL_DTYPE = "float32"
+
+
+def _torch_frames(d, r, rng, batch, dtype: str, method: str = "init"):
+    """Frames from torch: torch_impl.stiefel_init_ on an empty tensor of `dtype` ("init"), or a broken
+    variant, its torch.Generator seeded from rng (one 63-bit draw): reproducible from the claim's seed."""
+    import torch
+    from torch_impl import stiefel_init_
+
+    generator = torch.Generator().manual_seed(int(rng.integers(2**63)))
+    tensor = torch.empty(_batch(batch) + (d, r), dtype=getattr(torch, dtype))
+    if method == "init":
+        stiefel_init_(tensor, generator=generator)
+    else:  # "qr": the Q of a Gaussian's QR, signs as LAPACK leaves them
+        gaussian = torch.randn(tensor.shape, dtype=torch.float64, generator=generator)
+        tensor.copy_(torch.linalg.qr(gaussian)[0].to(tensor.dtype))
+    return tensor.to(torch.float64).numpy()
+
+
+def torch_sampler(dtype: str, method: str = "init") -> Sampler:
+    """torch_impl.stiefel_init_ in a storage dtype (method "init"), or the QR control ("qr")."""
+    import functools
+
+    point = functools.partial(_torch_frames, dtype=dtype, method=method)
+    name = f"stiefel_init_{dtype}" if method == "init" else f"{TORCH_QR_CONTROL}_{dtype}"
+    description = (f"torch_impl.stiefel_init_ on a {dtype} tensor" if method == "init" else
+                   f"a stiefel_init_ written as torch's QR of a Gaussian without the sign fix, {dtype}")
+    return Sampler(name, description, point, lambda n, rng, batch=(): point(n, n, rng, batch), storage=dtype)
+
+
+def torch_samplers() -> list[Sampler]:
+    """stiefel_init_ in every storage dtype, where torch is installed (else none)."""
+    try:
+        import torch_impl  # noqa: F401
+    except ImportError:
+        return []
+    return [torch_sampler(dtype) for dtype in TORCH_DTYPES]
 
 
 def _batch(batch) -> tuple[int, ...]:
@@ -179,8 +236,11 @@ CONTROL_SAMPLERS: dict[str, Sampler] = {
 # --------------------------------------------------------------------------------------------
 
 
-def statistical_plan() -> list[tuple[str, str, tuple[int, int]]]:
-    """Every statistical test of a run: (check name, source, shape); K = len(statistical_plan())."""
+def statistical_plan(storage: str = "float64") -> list[tuple[str, str, tuple[int, int]]]:
+    """Every statistical test of one sampler: (check name, source, shape). The SO(3) rotation angle is
+    tested in float64 storage only: rounding a rotation to float32 or bfloat16 moves an angle near pi by
+    about sqrt(6 u_s), a bias the KS test would see at large N (the entry tests account for rounding
+    exactly: `rounded_cdfs`)."""
     plan = []
     for source, shapes in (("point", POINT_SHAPES), ("orthogonal", tuple((n, n) for n in ORTHOGONAL_SIZES))):
         for d, r in shapes:
@@ -188,29 +248,98 @@ def statistical_plan() -> list[tuple[str, str, tuple[int, int]]]:
                      ("first_entry_sign", source, (d, r)), ("corner_sign_product", source, (d, r))]
             if source == "orthogonal":
                 plan.append(("det_sign", source, (d, r)))
-                if d == ROTATION_ANGLE_SIZE:
+                if d == ROTATION_ANGLE_SIZE and storage == "float64":
                     plan.append(("so3_rotation_angle", source, (d, r)))
     return plan
 
 
+def tested_samplers() -> list[Sampler]:
+    """What a default run tests: the reference's samplers and, where torch is installed,
+    torch_impl.stiefel_init_ in every storage dtype."""
+    return [reference_sampler()] + torch_samplers()
+
+
+def total_tests() -> int:
+    """K of the Bonferroni correction: every test of every sampler a default run tests (the same for
+    the controls, so that a control meets the real run's threshold)."""
+    return sum(len(statistical_plan(sampler.storage)) for sampler in tested_samplers())
+
+
 def alpha_per_test() -> float:
-    return FAMILY_WISE_ALPHA / len(statistical_plan())
+    return FAMILY_WISE_ALPHA / total_tests()
+
+
+def sampler_named(name: str) -> Sampler:
+    """A registered sampler by name: "reference", a numpy control, stiefel_init_<dtype> or its QR control."""
+    if name == "reference":
+        return reference_sampler()
+    if name in CONTROL_SAMPLERS:
+        return CONTROL_SAMPLERS[name]
+    for prefix, method in ((TORCH_QR_CONTROL + "_", "qr"), ("stiefel_init_", "init")):
+        if name.startswith(prefix) and name[len(prefix):] in TORCH_DTYPES:
+            return torch_sampler(name[len(prefix):], method)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def storage_unit_roundoff(storage: str) -> float:
+    """u_s of a storage dtype (0 for float64: the reference's tolerance already holds its rounding)."""
+    return {"float64": 0.0, "float32": 2.0**-24, "bfloat16": 2.0**-8}[storage]
+
+
+def orthonormality_tolerance(d: int, r: int, storage: str) -> float:
+    """The manifold tolerance of a frame computed in float64 and rounded to `storage`: rounding each
+    entry by a relative u_s moves W by E with ||E||_F <= u_s ||W||_F = u_s sqrt(r), and W^T W by
+    W^T E + E^T W + E^T E, of norm <= 2 sqrt(r) u_s + r u_s^2; added to the float64 tolerance."""
+    u_s = storage_unit_roundoff(storage)
+    return manifold_tolerance(d, r) + 2.0 * math.sqrt(r) * u_s + r * u_s**2
+
+
+def _neighbours(values: np.ndarray, storage: str) -> tuple[np.ndarray, np.ndarray]:
+    """(previous, next) representable numbers of `storage` around each |value| (values of that dtype)."""
+    a = np.abs(np.asarray(values, dtype=np.float64))
+    if storage == "float32":
+        x = a.astype(np.float32)
+        return np.nextafter(x, np.float32(-1)).astype(np.float64), np.nextafter(x, np.float32(np.inf)).astype(np.float64)
+    # bfloat16 is float32's top 16 bits: its neighbours are one unit of the 16th bit away
+    bits = a.astype(np.float32).view(np.int32)
+    below = np.where(bits > 0, bits - (1 << 16), bits).view(np.float32).astype(np.float64)
+    above = (bits + (1 << 16)).view(np.float32).astype(np.float64)
+    return below, above
+
+
+def rounded_cdfs(values: np.ndarray, d: int, storage: str):
+    """The law of W_ij^2 when W_ij is stored in `storage` (round to nearest): at a stored value a,
+    P(round(W)^2 <= a^2) = F(((a + next(a)) / 2)^2) and P(round(W)^2 < a^2) = F(((a + previous(a)) / 2)^2),
+    F the Beta(1/2, (d-1)/2) CDF of the exact W_ij^2 (the rounding is monotone and symmetric in W_ij).
+    Returns (F at, F below) for values = stored W_ij (any sign)."""
+    beta = stats.beta(0.5, (d - 1) / 2.0).cdf
+    a = np.abs(np.asarray(values, dtype=np.float64))
+    below, above = _neighbours(a, storage)
+    at = beta(np.minimum(((a + above) / 2.0) ** 2, 1.0))
+    under = np.where(a > 0, beta(np.minimum(((a + below) / 2.0) ** 2, 1.0)), 0.0)
+    return at, under
 
 
 def _log10_tail(log_bound: float) -> float:
     return max(log_bound, 0.0) / math.log(10.0)
 
 
-def ks_residual(values: np.ndarray, cdf) -> tuple[float, float]:
-    """(-log10 p, D) of the two-sided one-sample KS test of values against the continuous cdf.
+def ks_residual(values: np.ndarray, cdf, cdf_below=None) -> tuple[float, float]:
+    """(-log10 p, D) of the two-sided one-sample KS test of values against the cdf.
 
     D = sup |F_N - F| from the sorted sample, p = P(D_N >= D) from its exact finite-N law
     (scipy.stats.kstwo, what scipy.stats.kstest uses); the DKW lower bound when p underflows.
+    For a law with atoms (values rounded to a storage dtype) cdf_below(x) = P(X < x) gives the left
+    limits: D is then the exact sup over the jumps, and the continuous law's p-value is conservative
+    (P(D_N >= D) is at most the continuous one's for a discontinuous F: Conover 1972), so the test
+    keeps its level.
     """
     n = values.size
-    F = cdf(np.sort(values))
+    ordered = np.sort(values)
+    F = cdf(ordered)
+    F_below = F if cdf_below is None else cdf_below(ordered)
     steps = np.arange(1, n + 1) / n
-    D = float(max(np.max(steps - F), np.max(F - (steps - 1.0 / n))))
+    D = float(max(np.max(steps - F), np.max(F_below - (steps - 1.0 / n))))
     pvalue = float(stats.kstwo.sf(D, n))
     if pvalue > 0:
         return max(0.0, -math.log10(pvalue)), D
@@ -287,7 +416,7 @@ def shape_tests(shape, sampler: Sampler | str, seed: int, samples: int, prefix: 
     sampler's name: "reference" or a control's), `samples` draws: its checks, and its per-test
     records in extra["tests_of_sampler"]. A shape's statistics need all of its draws at once."""
     if not isinstance(sampler, Sampler):  # a name travels to a worker; a sampler's lambdas cannot
-        sampler = reference_sampler() if sampler == "reference" else CONTROL_SAMPLERS[sampler]
+        sampler = sampler_named(sampler)
     source, d, r = shape
     checks = _new_checks(prefix)
     bound = -math.log10(alpha_per_test())
@@ -299,27 +428,25 @@ def shape_tests(shape, sampler: Sampler | str, seed: int, samples: int, prefix: 
         if W.shape[-2:] != (d, r):
             raise ValueError(f"sampler {sampler.name} returned shape {W.shape[-2:]} for ({d}, {r})")
         residual = np.linalg.norm(np.swapaxes(W, -1, -2) @ W - np.eye(r), axis=(-2, -1))
-        checks["orthonormality"].add(residual, manifold_tolerance(d, r), shape=(d, r), key=key, seed=seed)
+        checks["orthonormality"].add(residual, orthonormality_tolerance(d, r, sampler.storage), shape=(d, r), key=key, seed=seed)
         first.append(W[:, 0, 0])
         last.append(W[:, d - 1, r - 1])
         if d == r:
             det = np.linalg.det(W)
             negative_det.append(det < 0)
-            if d == ROTATION_ANGLE_SIZE:
+            if d == ROTATION_ANGLE_SIZE and sampler.storage == "float64":
                 rotation = W * np.where(det < 0, -1.0, 1.0)[:, None, None]
                 cosine = (np.trace(rotation, axis1=-2, axis2=-1) - 1.0) / 2.0
                 angle.append(np.arccos(np.clip(cosine, -1.0, 1.0)))
     first, last = np.concatenate(first), np.concatenate(last)
-    beta = stats.beta(0.5, (d - 1) / 2.0).cdf
-    results = {
-        "first_entry_beta": ks_residual(first**2, beta),
-        "last_entry_beta": ks_residual(last**2, beta),
+    results = {"first_entry_beta": _entry_test(first, d, sampler.storage), "last_entry_beta": _entry_test(last, d, sampler.storage)}
+    results.update({
         "first_entry_sign": sign_residual(first > 0),
         "corner_sign_product": sign_residual(first * last > 0),
-    }
+    })
     if source == "orthogonal":
         results["det_sign"] = sign_residual(np.concatenate(negative_det))
-        if d == ROTATION_ANGLE_SIZE:
+        if d == ROTATION_ANGLE_SIZE and sampler.storage == "float64":
             results["so3_rotation_angle"] = ks_residual(np.concatenate(angle), so3_angle_cdf)
     for name, (minus_log10_p, statistic) in results.items():
         checks[name].add([minus_log10_p], bound, shape=(d, r), key=first_key, seed=seed,
@@ -327,6 +454,16 @@ def shape_tests(shape, sampler: Sampler | str, seed: int, samples: int, prefix: 
         records.append({"check": f"{prefix}{name}", "source": source, "shape": [d, r], "samples": int(first.size),
                         "minus_log10_p": minus_log10_p, "statistic": statistic, "rejected": minus_log10_p > bound})
     return Evidence(checks=list(checks.values()), extra={"tests_of_sampler": records})
+
+
+def _entry_test(entries: np.ndarray, d: int, storage: str) -> tuple[float, float]:
+    """KS test of squared entries against Beta(1/2, (d-1)/2), or against its law after rounding to storage."""
+    if storage == "float64":
+        return ks_residual(entries**2, stats.beta(0.5, (d - 1) / 2.0).cdf)
+    # the order of entries**2 is the order of |entries|: rounded_cdfs reads the stored values back
+    order = np.argsort(np.abs(entries))
+    at, under = rounded_cdfs(entries[order], d, storage)
+    return ks_residual(np.arange(entries.size, dtype=np.float64), lambda i: at[i.astype(np.int64)], lambda i: under[i.astype(np.int64)])
 
 
 def run_tests(sampler: Sampler | str, seed: int, samples: int, prefix: str = "", label: str = "real") -> Evidence:
@@ -348,7 +485,11 @@ def resolve_sampler(optimizer: str, sampler) -> tuple[Sampler, list[str]]:
     if name in CONTROL_SAMPLERS:
         return CONTROL_SAMPLERS[name], notes
     if sampler is not None:
-        raise ValueError(f"unknown sampler {sampler!r}; known: {', '.join(CONTROL_SAMPLERS)}")
+        try:
+            return sampler_named(sampler), notes
+        except ValueError:
+            raise ValueError(f"unknown sampler {sampler!r}; known: {', '.join(CONTROL_SAMPLERS)}, "
+                             f"stiefel_init_<dtype> for dtype in {', '.join(TORCH_DTYPES)}") from None
     if optimizer not in VARIANTS:
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(VARIANTS)} or a sampler control: {', '.join(CONTROL_SAMPLERS)}")
     if optimizer != "stiefel_adam":
@@ -364,25 +505,40 @@ def _prepare(ctx: Context) -> Context:
 
 
 def _registered(under_test: Sampler, given) -> bool:
-    """A registered sampler (the reference's or a control's) travels to the chunk tasks by name."""
-    return (under_test.name == "reference" and not isinstance(given, Sampler)) or CONTROL_SAMPLERS.get(under_test.name) is under_test
+    """A registered sampler (the reference's, stiefel_init_'s or a control's) travels to the chunk tasks by name."""
+    if isinstance(given, Sampler):
+        return False
+    try:
+        return sampler_named(under_test.name).name == under_test.name
+    except ValueError:
+        return False
 
 
 def statistics_part(ctx: Context) -> Evidence:
-    """Every test of the plan for the sampler under test, max(CONTROL_SAMPLES, frames) draws per shape."""
+    """Every test of the plan for the sampler under test, max(CONTROL_SAMPLES, frames) draws per shape;
+    by default the reference's samplers and torch_impl.stiefel_init_ in every storage dtype."""
     under_test = ctx.option("sampler")
     samples = max(CONTROL_SAMPLES, ctx.profile.frames)
+    runs = [(under_test, "")]
+    if under_test.name == "reference" and ctx.option("registered"):
+        runs += [(sampler, f"{sampler.name}:") for sampler in torch_samplers()]
     # the shapes are tasks of the current executor (propositions.kit.parallel)
-    evidence = run_tests(under_test.name if ctx.option("registered") else under_test, ctx.seed, samples)
+    evidence = Evidence.merged(run_tests(sampler.name if ctx.option("registered") else sampler, ctx.seed, samples, prefix,
+                                         label="real" if not prefix else f"real:{sampler.name}")
+                               for sampler, prefix in runs)
     records = evidence.extra["tests_of_sampler"]
+    notes = list(ctx.option("sampler_notes"))
+    if under_test.name == "reference" and len(runs) == 1:
+        notes.append("torch is not installed: torch_impl.stiefel_init_ was not tested")
     return Evidence(
-        checks=evidence.checks,
-        frames=samples * len({(source, shape) for _, source, shape in statistical_plan()}),
-        notes=list(ctx.option("sampler_notes")),
+        checks=[check for check in evidence.checks if check.samples],  # no rotation angle test in float32 or bfloat16
+        frames=samples * sum(len({(source, shape) for _, source, shape in statistical_plan(s.storage)}) for s, _ in runs),
+        notes=notes,
         extra={
             "sampler": under_test.name,
+            "samplers": [sampler.name for sampler, _ in runs],
             "family_wise_alpha": FAMILY_WISE_ALPHA,
-            "tests": len(statistical_plan()),
+            "tests": total_tests(),
             "alpha_per_test": alpha_per_test(),
             "samples_per_test": samples,
             "control_samples_per_test": CONTROL_SAMPLES,
@@ -393,13 +549,18 @@ def statistics_part(ctx: Context) -> Evidence:
     )
 
 
-def broken_sampler(ctx: Context) -> Evidence:
+def broken_sampler(ctx: Context) -> Evidence | None:
     """A control: the broken sampler named ctx.optimizer through the same tests at CONTROL_SAMPLES
-    draws per shape; its extra records how many tests rejected it (the measured power)."""
+    draws per shape; its extra records how many tests rejected it (the measured power). The torch
+    control (a stiefel_init_ by QR without the sign fix) does not apply where torch is not installed."""
     name = ctx.optimizer
+    if name == TORCH_QR_CONTROL:
+        if not torch_samplers():
+            return None
+        name = f"{TORCH_QR_CONTROL}_{TORCH_QR_CONTROL_DTYPE}"
     evidence = run_tests(name, ctx.seed, CONTROL_SAMPLES, prefix=f"{name}:", label=f"control:{name}")
     records = evidence.extra["tests_of_sampler"]
-    return Evidence(checks=evidence.checks, extra={"rejected_tests": sum(record["rejected"] for record in records),
+    return Evidence(checks=[check for check in evidence.checks if check.samples], extra={"rejected_tests": sum(record["rejected"] for record in records),
                                           "tests": len(records)})
 
 
@@ -410,7 +571,8 @@ CLAIM = Claim(
     latex=LATEX,
     symbolic=Symbolic("none: a distributional claim about a sampler, tested statistically"),
     parts=(Part("statistics", statistics_part),),
-    controls=tuple(Control(name, broken_sampler, broken.description) for name, broken in CONTROL_SAMPLERS.items()),
+    controls=tuple(Control(name, broken_sampler, broken.description) for name, broken in CONTROL_SAMPLERS.items()) + (
+        Control(TORCH_QR_CONTROL, broken_sampler, f"a torch_impl.stiefel_init_ written as the Q of torch's QR of a Gaussian, signs as LAPACK leaves them ({TORCH_QR_CONTROL_DTYPE})"),),
     notes=(
         "statistical checks: residual -log10 p, bound -log10 alpha_i with alpha_i = 1e-6 / K (Bonferroni); the "
         "draws come from the recorded seed, so each p-value is reproduced exactly by a re-run; a control's margin "

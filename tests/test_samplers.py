@@ -23,7 +23,7 @@ def test_reference_samplers_pass_and_every_control_is_detected(real_result):
     for control in real_result.controls:
         assert control.detected and control.margin >= DETECTION_FACTOR, control.to_dict()
     body = real_result.to_dict()
-    assert body["extra"]["tests"] == len(samplers.statistical_plan())
+    assert body["extra"]["tests"] == samplers.total_tests() == sum(len(samplers.statistical_plan(s.storage)) for s in samplers.tested_samplers())
     assert math.isclose(body["extra"]["alpha_per_test"] * body["extra"]["tests"], samplers.FAMILY_WISE_ALPHA)
     # each bound is -log10 alpha_i > 0, so "residual <= bound" is "p >= alpha_i"
     for check in body["numerical"]["checks"]:
@@ -116,3 +116,38 @@ def test_registered_for_certify_run():
     assert get_claim("SAMPLERS") is samplers.CLAIM
     with pytest.raises(ValueError, match="unknown optimizer"):
         samplers.CLAIM.run(0, get_profile("quick"), optimizer="no_such_thing")
+
+
+def test_stiefel_init_is_tested_in_every_storage_dtype(real_result):
+    pytest.importorskip("torch")
+    names = {check.name for check in real_result.checks}
+    for dtype in samplers.TORCH_DTYPES:
+        for test in ("orthonormality", "first_entry_beta", "last_entry_beta", "first_entry_sign", "corner_sign_product", "det_sign"):
+            assert f"stiefel_init_{dtype}:{test}" in names
+    assert "stiefel_init_float64:so3_rotation_angle" in names and "stiefel_init_bfloat16:so3_rotation_angle" not in names
+    assert real_result.extra["samplers"] == ["reference"] + [f"stiefel_init_{d}" for d in samplers.TORCH_DTYPES]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_rounded_law_of_an_entry_is_exact(dtype):
+    """F(y) and F(y-) of a squared entry stored in a low-precision dtype, against the empirical law of
+    exact Beta-distributed entries rounded to that dtype: within the DKW band of 10^5 draws."""
+    torch = pytest.importorskip("torch")
+    d = 3
+    rng = np.random.default_rng(7)
+    exact = rng.standard_normal((100_000, d))
+    entry = exact[:, 0] / np.linalg.norm(exact, axis=1)
+    stored = torch.tensor(entry).to(getattr(torch, dtype)).to(torch.float64).numpy()
+    values = np.unique(np.abs(stored))[::97]
+    at, below = samplers.rounded_cdfs(values, d, dtype)
+    empirical_at = np.searchsorted(np.sort(np.abs(stored)), values, side="right") / stored.size
+    empirical_below = np.searchsorted(np.sort(np.abs(stored)), values, side="left") / stored.size
+    band = math.sqrt(math.log(2 / 1e-6) / (2 * stored.size))  # DKW at level 1e-6
+    assert np.max(np.abs(at - empirical_at)) < band and np.max(np.abs(below - empirical_below)) < band
+    assert np.all(below <= at)
+
+
+def test_a_stiefel_init_by_qr_without_the_sign_fix_is_caught():
+    pytest.importorskip("torch")
+    evidence = samplers.broken_sampler(samplers.Context(0, get_profile("quick"), optimizer=samplers.TORCH_QR_CONTROL))
+    assert max(check.max_ratio for check in evidence.checks) >= DETECTION_FACTOR
