@@ -1,0 +1,304 @@
+"""Projection to the manifold: reference_impl.project_to_manifold returns the nearest frame.
+
+Claim
+    For every full-rank A in R^{d x r}, X = project_to_manifold(A) is the point of St(d, r) nearest to
+    A in the Frobenius norm: the polar factor of A. Equivalently X^T X = I and X^T A = H is symmetric
+    positive definite, with eigenvalues the singular values of A. Consequences: project_to_manifold
+    is idempotent (a frame is its own nearest frame), O(d) x O(r)-equivariant
+    (project(Q A R) = Q project(A) R) and scale free (project(c A) = project(A), c > 0). This is
+    what a user calls to put a frame that drifted back on the manifold, and what the polar retraction
+    R_W(xi) = project(W + xi) is.
+
+Why it is true
+    For Y on St(d, r), ||A - Y||_F^2 = ||A||_F^2 - 2 tr(Y^T A) + r, so the nearest Y maximises
+    tr(Y^T A). With A = U S V^T (thin SVD), tr(Y^T A) = tr(S V^T Y^T U) <= tr(S) (each diagonal
+    entry of the r x r matrix V^T Y^T U is at most 1 in absolute value), with equality exactly at
+    Y = U V^T when S > 0: the polar factor, for which X^T A = V S V^T. Q A R = (Q U) S (R^T V)^T gives
+    the equivariance, c A = U (c S) V^T the scale freedom, and a frame's singular values are all 1.
+
+How it is checked
+    * symbolically: the expansion of ||A - Y||^2 at an orthonormal Y (explicit entries), and the
+      nearest unit vector to a column a (d = 2, r = 1) is a / ||a||;
+    * in float64 over the claim's shape plan, with A a frame plus a perturbation of relative size
+      10^U(-12, 0) (a frame that drifted, or one far off) or a Gaussian matrix, times a power of two
+      in 2^U(-300, 300): X on St(d, r) (`on_manifold`), skew(X^T A) = 0 (`polar_symmetry`, first-order
+      optimality), the eigenvalues of sym(X^T A) against the singular values of A (`polar_factor`:
+      the symmetric factor is positive definite, second-order optimality), project(X) against X
+      (`idempotent`), project(Q A R) against Q project(A) R for Haar Q, R of both determinants
+      (`equivariance`), project(2^k A) against project(A) (`scale_free`). Each bound is derived next to
+      its check from the one analysis (propositions/kit/bounds.py: the SVD route of the polar factor,
+      its perturbation, the Gram defect).
+
+What would make it fail
+    A projection that is a frame but not the nearest one: the sign-fixed QR factor (`qr_projection`:
+    X^T A = R is triangular, not symmetric, and the right action is lost), or one that is not a frame:
+    columns normalised one by one (`normalized_columns`). Each must miss a bound by DETECTION_FACTOR.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import sympy as sp
+
+import reference_impl as ref
+from reference_impl import UNIT_ROUNDOFF
+
+from .kit.bounds import feasibility_bound, gamma, polar_error_bound, polar_perturbation_bound, svd_backward_error
+from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic, map_evidence
+from ._common import NumericalCheck, SymbolicStep, batch_chunks, rng_for, shape_plan
+
+u = UNIT_ROUNDOFF
+CLAIM_ID = "projection"
+RELATIVE_PERTURBATION_LOG10 = (-12.0, 0.0)
+SCALE_LOG2 = (-300, 300)
+GAUSSIAN_SHARE = 0.25  # of each chunk: A Gaussian, the rest a frame plus a perturbation
+
+
+def _qr_projection(A: np.ndarray) -> np.ndarray:
+    return ref.haar_from_gaussian(A)  # the sign-fixed QR factor
+
+
+def _normalized_columns(A: np.ndarray) -> np.ndarray:
+    return A / np.linalg.norm(A, axis=-2, keepdims=True)
+
+
+CONTROLS = {
+    "qr_projection": ("the sign-fixed QR factor of A: a frame, but not the nearest one (X^T A is triangular)", _qr_projection),
+    "normalized_columns": ("the columns of A normalised one by one: not a frame", _normalized_columns),
+}
+
+
+def _projection(name: str):
+    return ref.project_to_manifold if name == "reference" else CONTROLS[name][1]
+
+
+# --------------------------------------------------------------------------------------------
+# Symbolic
+# --------------------------------------------------------------------------------------------
+
+
+def symbolic_derivation() -> list[SymbolicStep]:
+    steps = []
+    a = sp.Matrix(3, 2, sp.symbols("a0:6", real=True))
+    theta = sp.symbols("theta", real=True)
+    # an orthonormal 3 x 2 frame with explicit entries: two columns of a rotation about the z axis
+    Y = sp.Matrix([[sp.cos(theta), -sp.sin(theta)], [sp.sin(theta), sp.cos(theta)], [0, 0]])
+    expansion = ((a - Y).T * (a - Y)).trace() - ((a.T * a).trace() - 2 * (Y.T * a).trace() + 2)
+    residual = sp.trigsimp(sp.expand(expansion))
+    steps.append(SymbolicStep("||A - Y||^2 = ||A||^2 - 2 tr(Y^T A) + r for orthonormal Y (d = 3, r = 2, explicit entries)",
+                              sp.latex(sp.Eq(sp.Symbol(r"\|A - Y\|_F^2 - \|A\|_F^2 + 2\,\mathrm{tr}(Y^\top A) - r"), residual)),
+                              residual == 0))
+    a1, a2, t = sp.symbols("a1 a2 t", real=True)
+    norm = sp.sqrt(a1**2 + a2**2)
+    distance = (a1 - sp.cos(t)) ** 2 + (a2 - sp.sin(t)) ** 2
+    stationary = sp.simplify(sp.diff(distance, t).subs({sp.cos(t): a1 / norm, sp.sin(t): a2 / norm}))
+    curvature = sp.simplify(sp.diff(distance, t, 2).subs({sp.cos(t): a1 / norm, sp.sin(t): a2 / norm}))
+    steps.append(SymbolicStep("d = 2, r = 1: y = a / ||a|| is stationary for ||a - y||^2 on the unit circle, and a minimum (second derivative 2 ||a|| > 0)",
+                              sp.latex(sp.Eq(sp.Symbol(r"\partial_t \|a - y(t)\|^2|_{y = a/\|a\|}"), stationary)) + r",\quad "
+                              + sp.latex(sp.Eq(sp.Symbol(r"\partial_t^2 \|a - y(t)\|^2|_{y = a/\|a\|}"), curvature)),
+                              stationary == 0 and sp.simplify(curvature - 2 * norm) == 0))
+    return steps
+
+
+# --------------------------------------------------------------------------------------------
+# Bounds, each next to its derivation
+# --------------------------------------------------------------------------------------------
+
+
+def on_manifold_bound(d: int, r: int) -> float:
+    """||X^T X - I||_F of X = fl(U V^T) from the float64 SVD: the Gram defect at the distance of the
+    computed polar factor to an orthonormal matrix, whatever A's conditioning (kit.bounds.feasibility_bound)."""
+    return feasibility_bound(d, r)
+
+
+def symmetry_bound(d: int, r: int, A_2, A_F, cond):
+    """||skew(fl(X^T A))||_F: X = X* + D with X*^T A = H symmetric and ||D||_F <= polar_svd(kappa), so
+    skew(X^T A) = skew(D^T A), at most ||D||_F ||A||_2; forming X^T A in float64 adds gamma_d |X|^T |A|,
+    of Frobenius norm at most gamma_d ||X||_F ||A||_F = gamma_d sqrt(r) ||A||_F (first order), which
+    skew does not enlarge."""
+    return polar_error_bound(d, r, cond) * A_2 + gamma(d) * math.sqrt(r) * A_F
+
+
+def factor_bound(d: int, r: int, A_2, A_F, cond):
+    """max_i |lambda_i(sym(fl(X^T A))) - fl(sigma_i(A))|: sym(X^T A) = H + sym(D^T A) + the product's
+    rounding, so by Weyl its eigenvalues are within ||D||_F ||A||_2 + gamma_d sqrt(r) ||A||_F of those of
+    H, the singular values of A; numpy's eigvalsh of the r x r matrix (backward stable, the
+    svd_backward count at d = r) and its svd of A (svd_backward) each add their backward error
+    times the norm of what they factor (<= sqrt(r) ||A||_2 and ||A||_F)."""
+    return (symmetry_bound(d, r, A_2, A_F, cond) + svd_backward_error(r, r) * math.sqrt(r) * A_2
+            + svd_backward_error(d, r) * A_F)
+
+
+def idempotent_bound(d: int, r: int, defect):
+    """||fl(project(X)) - X||_F for X with ||X^T X - I||_F = defect (measured, < 1): with X = U S V^T,
+    X - polar(X) = U (S - I) V^T and |s - 1| = |s^2 - 1| / (s + 1) <= |s^2 - 1|, so the exact distance is
+    at most ||S^2 - I||_F = defect; computing polar(X) errs by polar_svd at kappa(X) <= sqrt((1 + defect) / (1 - defect))."""
+    kappa = np.sqrt((1.0 + defect) / (1.0 - defect))
+    return defect + polar_error_bound(d, r, kappa)
+
+
+def product_rounding(d: int, r: int, norm_F):
+    """||fl(Q M R) - Q M R||_F for orthogonal Q (d x d), R (r x r) and M of Frobenius norm norm_F:
+    each entry of Q M is a length-d inner product, |fl - exact| <= gamma_d (|Q| |M|), and
+    || |Q| |M| ||_F <= || |Q| ||_2 ||M||_F <= sqrt(d) ||M||_F; then (Q M) R likewise with gamma_r sqrt(r)."""
+    return (gamma(d) * math.sqrt(d) + gamma(r) * math.sqrt(r)) * norm_F * (1 + 2 * gamma(d) * math.sqrt(d))
+
+
+def equivariance_bound(d: int, r: int, A_F, sigma_min, cond):
+    """||fl(project(fl(Q A R))) - fl(Q fl(project(A)) R)||_F: B = fl(Q A R) is within
+    e_B = product_rounding(||A||_F) of Q A R, so polar(B) is within polar_perturbation(e_B, sigma_min - e_B)
+    of Q polar(A) R = polar(Q A R); each computed polar factor errs by polar_svd at its kappa (B's
+    within the perturbation of A's: kappa(A) (sigma_min + e_B) / (sigma_min - e_B)); Q X R is formed with
+    product_rounding(||X||_F = sqrt(r) (1 + defect))."""
+    e_B = product_rounding(d, r, A_F)
+    cond_B = cond * (sigma_min + e_B) / np.maximum(sigma_min - e_B, 1e-300)
+    return (polar_perturbation_bound(e_B, sigma_min - e_B, r) + polar_error_bound(d, r, cond_B) + polar_error_bound(d, r, cond)
+            + product_rounding(d, r, math.sqrt(r) * 1.01))
+
+
+def scale_bound(d: int, r: int, cond):
+    """||fl(project(2^k A)) - fl(project(A))||_F: 2^k A is exact (no overflow or underflow in the drawn
+    range), polar(2^k A) = polar(A), so the two computed factors differ by at most twice polar_svd at kappa."""
+    return 2.0 * polar_error_bound(d, r, cond)
+
+
+# --------------------------------------------------------------------------------------------
+# Draws and checks
+# --------------------------------------------------------------------------------------------
+
+
+def _matrices(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarray:
+    """count matrices (count, d, r): a Haar frame plus a perturbation of relative size 10^U(-12, 0), or
+    (a GAUSSIAN_SHARE of them) a Gaussian matrix; each times 2^k, k uniform in SCALE_LOG2."""
+    W = ref.random_point(d, r, rng, (count,))
+    E = rng.standard_normal((count, d, r))
+    size = 10.0 ** rng.uniform(*RELATIVE_PERTURBATION_LOG10, size=count)
+    perturbed = W + E * (size * math.sqrt(r) / np.linalg.norm(E, axis=(-2, -1)))[:, None, None]
+    gaussian = rng.random(count) < GAUSSIAN_SHARE
+    A = np.where(gaussian[:, None, None], E, perturbed)
+    exponent = rng.integers(SCALE_LOG2[0], SCALE_LOG2[1] + 1, size=count)
+    return A * np.ldexp(1.0, exponent)[:, None, None]
+
+
+def _text(function) -> str:
+    return " ".join(function.__doc__.split())
+
+
+def _new_checks(prefix: str) -> dict[str, NumericalCheck]:
+    def check(name, description, function):
+        return NumericalCheck(f"{prefix}{name}", description, _text(function))
+
+    return {
+        "on_manifold": check("on_manifold", "||X^T X - I||_F, X = project_to_manifold(A)", on_manifold_bound),
+        "symmetry": check("polar_symmetry", "||skew(X^T A)||_F (first-order optimality of the nearest frame)", symmetry_bound),
+        "factor": check("polar_factor", "max_i |lambda_i(sym(X^T A)) - sigma_i(A)| (the symmetric factor is (A^T A)^(1/2), positive definite)",
+                        factor_bound),
+        "idempotent": check("idempotent", "||project(X) - X||_F", idempotent_bound),
+        "equivariance": check("equivariance", "||project(Q A R) - Q project(A) R||_F, Q, R Haar with both determinants",
+                              equivariance_bound),
+        "scale": check("scale_free", "||project(2^k A) - project(A)||_F, k uniform in [-300, 300]", scale_bound),
+    }
+
+
+def _applied(project, M: np.ndarray, errors: list) -> np.ndarray:
+    """project(M), or NaN where it raised (the error recorded): a projection that fails on a valid
+    input fails the checks that need its output, with the reason, instead of stopping the claim."""
+    try:
+        out = np.asarray(project(M), dtype=np.float64)
+        if out.shape != M.shape:
+            raise ValueError(f"returned shape {out.shape} for input shape {M.shape}")
+        return out
+    except Exception as error:  # any exception of the function under test is its failure
+        errors.append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        return np.full(M.shape, np.nan)
+
+
+def _eigenvalues(S: np.ndarray) -> np.ndarray:
+    """Descending eigenvalues of symmetric S (count, r, r); NaN for a matrix that is not finite."""
+    finite = np.all(np.isfinite(S), axis=(-2, -1))
+    values = np.full(S.shape[:-1], np.nan)
+    if finite.any():
+        values[finite] = np.linalg.eigvalsh(S[finite])[:, ::-1]
+    return values
+
+
+def chunk_checks(chunk, seed: int, name: str, prefix: str) -> Evidence:
+    """Every check on one chunk (d, r, count, index) of matrices for the projection `name`."""
+    d, r, count, index = chunk
+    key = (CLAIM_ID, name, d, r, index)
+    rng = rng_for(seed, *key)
+    A = _matrices(rng, d, r, count)
+    project = _projection(name)
+    checks = _new_checks(prefix)
+    errors: list = []
+    with np.errstate(all="ignore"):
+        X = _applied(project, A, errors)
+        singular = np.linalg.svd(A, compute_uv=False)
+        A_2, sigma_min = singular[:, 0], singular[:, -1]
+        A_F = np.linalg.norm(A, axis=(-2, -1))
+        cond = A_2 / sigma_min
+        XtA = np.swapaxes(X, -1, -2) @ A
+        defect = np.linalg.norm(np.swapaxes(X, -1, -2) @ X - np.eye(r), axis=(-2, -1))
+        checks["on_manifold"].add(defect, on_manifold_bound(d, r), shape=(d, r), key=key, seed=seed)
+        checks["symmetry"].add(np.linalg.norm(XtA - np.swapaxes(XtA, -1, -2), axis=(-2, -1)) / 2.0,
+                               symmetry_bound(d, r, A_2, A_F, cond), shape=(d, r), key=key, seed=seed)
+        eigenvalues = _eigenvalues((XtA + np.swapaxes(XtA, -1, -2)) / 2.0)
+        checks["factor"].add(np.max(np.abs(eigenvalues - singular), axis=-1), factor_bound(d, r, A_2, A_F, cond),
+                             shape=(d, r), key=key, seed=seed)
+        usable = defect < 0.5  # idempotence of a frame: asked of outputs that are frames
+        again = _applied(project, X, errors)
+        checks["idempotent"].add(np.where(usable, np.linalg.norm(again - X, axis=(-2, -1)), np.inf),
+                                 idempotent_bound(d, r, np.minimum(defect, 0.5)), shape=(d, r), key=key, seed=seed)
+        Q, R = ref.random_orthogonal(d, rng, (count,)), ref.random_orthogonal(r, rng, (count,))
+        moved = _applied(project, Q @ A @ R, errors) - Q @ X @ R
+        checks["equivariance"].add(np.linalg.norm(moved, axis=(-2, -1)), equivariance_bound(d, r, A_F, sigma_min, cond),
+                                   shape=(d, r), key=key, seed=seed)
+        shift = rng.integers(-200, 201, size=count)  # |k| <= 500: 2^k A stays far inside float64's range
+        scaled = _applied(project, A * np.ldexp(1.0, shift)[:, None, None], errors)
+        checks["scale"].add(np.linalg.norm(scaled - X, axis=(-2, -1)), scale_bound(d, r, cond), shape=(d, r), key=key, seed=seed)
+    return Evidence(checks=list(checks.values()), frames=count,
+                    notes=[f"{name} raised on a chunk of ({d}, {r}) matrices: {error}" for error in dict.fromkeys(errors)])
+
+
+def projection_checks(seed: int, profile, name: str = "reference", prefix: str = "", frames: int | None = None) -> Evidence:
+    """Every check over the claim's shape plan (chunks as tasks of the current executor)."""
+    plan = shape_plan(profile, large=((32, 8), (64, 16), (128, 16)), frames=frames)
+    return map_evidence(chunk_checks, batch_chunks(plan), seed, name, prefix, task_label="projection_checks")
+
+
+def projection_part(ctx: Context) -> Evidence:
+    evidence = projection_checks(ctx.seed, ctx.profile)
+    evidence.extra.update({"relative_perturbation_log10": list(RELATIVE_PERTURBATION_LOG10), "scale_log2": list(SCALE_LOG2),
+                           "gaussian_share": GAUSSIAN_SHARE})
+    return evidence
+
+
+def control_part(ctx: Context) -> Evidence:
+    name = ctx.optimizer
+    return Evidence(checks=projection_checks(ctx.seed, ctx.profile, name, f"{name}:", ctx.profile.control_frames).checks)
+
+
+def _prepare(ctx: Context) -> None:
+    if ctx.optimizer not in CONTROLS:
+        ref.get_variant(ctx.optimizer)  # an unknown name is refused; any optimizer leaves project_to_manifold as it is
+
+
+CLAIM = Claim(
+    id=CLAIM_ID,
+    title="project_to_manifold returns the nearest frame: the polar factor",
+    statement=(
+        "For every full-rank A in R^{d x r}, reference_impl.project_to_manifold(A) is the nearest point of St(d, r) "
+        "in the Frobenius norm, the polar factor X with X^T A symmetric positive definite (its eigenvalues the "
+        "singular values of A); hence it is idempotent, O(d) x O(r)-equivariant and scale free."
+    ),
+    latex=(
+        r"X = \operatorname*{arg\,min}_{Y \in \mathrm{St}(d,r)} \|A - Y\|_F = \mathrm{polar}(A):\quad X^\top X = I_r,\ "
+        r"X^\top A = (A^\top A)^{1/2} \succ 0;\quad X(QAR) = Q\,X(A)\,R,\ X(cA) = X(A),\ X(X) = X"
+    ),
+    symbolic=Symbolic("sympy: the distance expansion at an orthonormal frame (explicit entries) and the nearest unit vector", symbolic_derivation),
+    parts=(Part("projection", projection_part),),
+    controls=tuple(Control(name, control_part, description) for name, (description, _) in CONTROLS.items()),
+    prepare=_prepare,
+)

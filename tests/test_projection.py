@@ -1,0 +1,45 @@
+"""The claim 'projection' (propositions/projection.py): reference_impl.project_to_manifold is the
+nearest frame; its controls and projections written wrong the way real ones are fail it."""
+
+import numpy as np
+import pytest
+
+import reference_impl as ref
+from propositions import get_profile, projection
+from propositions._common import DETECTION_FACTOR
+
+
+def test_project_to_manifold_passes_and_both_controls_are_detected():
+    result = projection.CLAIM.run(1, get_profile("quick"))
+    assert result.verdict == "pass", result.failures()
+    assert {c.name for c in result.checks} == {"on_manifold", "polar_symmetry", "polar_factor", "idempotent", "equivariance", "scale_free"}
+    assert all(control.detected for control in result.controls)
+    assert all(step.reduced for step in result.symbolic.steps)
+
+
+def _eigh_polar(A):
+    """polar(A) = A (A^T A)^(-1/2) by eigh: right in exact arithmetic, but A^T A overflows at 2^512 and beyond."""
+    eigenvalues, vectors = np.linalg.eigh(np.swapaxes(A, -1, -2) @ A)
+    return A @ (vectors * (1 / np.sqrt(eigenvalues))[..., None, :]) @ np.swapaxes(vectors, -1, -2)
+
+
+def _transposed_factor(A):
+    U, _, Vh = np.linalg.svd(A, full_matrices=False)
+    return U @ np.swapaxes(Vh, -1, -2)  # V where V^T was meant
+
+
+def _one_newton_step(A):
+    """One Newton-Schulz step from A, as if A were already close to St(d, r)."""
+    return A @ (1.5 * np.eye(A.shape[-1]) - 0.5 * np.swapaxes(A, -1, -2) @ A)
+
+
+def _unscaled_qr(A):
+    return np.linalg.qr(A)[0]
+
+
+@pytest.mark.parametrize("broken", [_eigh_polar, _transposed_factor, _one_newton_step, _unscaled_qr])
+def test_a_wrong_project_to_manifold_fails(monkeypatch, broken):
+    monkeypatch.setattr(ref, "project_to_manifold", broken)
+    evidence = projection.projection_checks(2, get_profile("quick"), frames=400)
+    worst = max(check.max_ratio for check in evidence.checks)
+    assert worst >= DETECTION_FACTOR or np.isnan(worst)
