@@ -948,11 +948,21 @@ BAD_SETTINGS = (("lr", -1.0), ("lr", 0.0), ("lr", math.nan), ("betas", (1.0, 0.9
 
 
 def _bad_tensors():
-    """(label, tensor) that a frame group must refuse: not on St, wide, 1-D, an integer and a float16 tensor."""
+    """(label, tensor) that a frame group must refuse: not on St (twice a frame, and a frame whose
+    ||W^T W - I|| is 100 times torch_impl.manifold_tolerance of its shape and dtype, in float64 and
+    float32), wide, 1-D, an integer and a float16 tensor."""
     import torch
+    from torch_impl import manifold_tolerance
 
     frame = torch.linalg.qr(torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))[0]
-    return (("not_a_frame", 2.0 * frame), ("wide", frame.mT.contiguous()), ("one_dimensional", frame[:, 0].contiguous()),
+    drifted = {}
+    for dtype in (torch.float64, torch.float32):
+        # W (1 + s) has W^T W - I = (2 s + s^2) I, of Frobenius norm sqrt(3) (2 s + s^2)
+        target = 100.0 * manifold_tolerance(5, 3, dtype)
+        s = math.sqrt(1.0 + target / math.sqrt(3.0)) - 1.0
+        drifted[dtype] = (frame * (1.0 + s)).to(dtype)
+    return (("not_a_frame", 2.0 * frame), ("drifted_float64", drifted[torch.float64]), ("drifted_float32", drifted[torch.float32]),
+            ("wide", frame.mT.contiguous()), ("one_dimensional", frame[:, 0].contiguous()),
             ("integer", torch.zeros(5, 3, dtype=torch.int64)), ("float16", frame.to(torch.float16)))
 
 
@@ -966,7 +976,8 @@ def refusal_part(ctx: Context) -> Evidence:
                              "(0; inf if accepted, another exception or a message that does not name it)",
                              "exact: the documented refusal", tightness_note="an exact equality: 0 by design")
     accepted = NumericalCheck("benign_options_accepted", "each foreign option at the value that asks for nothing, in the constructor "
-                              "and in a param group: accepted (0; inf if refused)", "exact: the documented acceptance",
+                              "and in a param group, and stiefel_init_ frames of every dtype: accepted (0; inf if refused)",
+                              "exact: the documented acceptance",
                               tightness_note="an exact equality: 0 by design")
     good = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
     for label, value, name in _bad_cases():
@@ -984,6 +995,17 @@ def refusal_part(ctx: Context) -> Evidence:
             accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "benign"), seed=ctx.seed,
                          extra={"option": name, "value": repr(value), "place": place,
                                 "raised": None if error is None else f"{type(error).__name__}: {error}"})
+    for dtype in ("float64", "float32", "bfloat16"):  # what users initialise frames with is a frame, in every dtype
+        from torch_impl import stiefel_init_
+
+        frames = stiefel_init_(torch.empty(4, 9, 3, dtype=getattr(torch, dtype)), generator=torch.Generator().manual_seed(ctx.seed))
+        try:
+            subject.optimizer_class([torch.nn.Parameter(frames)])
+            error = None
+        except Exception as raised:  # refusing a stiefel_init_ frame is the failure this records
+            error = raised
+        accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "stiefel_init"), seed=ctx.seed,
+                     extra={"tensor": f"stiefel_init_ (4, 9, 3) {dtype}", "raised": None if error is None else f"{type(error).__name__}: {error}"})
     return Evidence(checks=[refused, accepted])
 
 
