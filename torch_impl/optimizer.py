@@ -392,7 +392,7 @@ class StiefelAdam(torch.optim.Optimizer):
         A bucket whose parameters, or states, lie one after the other in one storage is written
         with one copy (its join was a view); otherwise with one foreach copy per kind."""
         layout = bucket.layout
-        if layout.fresh:
+        if layout.targets is None:
             layout.create_state(self.state)
         layout.write(bucket.W, bucket.m, bucket.v, bucket.t)
 
@@ -673,41 +673,40 @@ class _BucketLayout:
     user allocated as slices of one tensor) is joined as a view of that storage, with no copy, and
     written back with one copy; other lists are joined with torch.cat and written back with one
     foreach copy. Under torch.compile the joins are always torch.cat (the compiler fuses them).
-    A parameter without state gets zeros here and its state at the write (`create_state`)."""
+    A parameter without state contributes zeros here and gets its state at the write
+    (`create_state`), so that a refused step leaves no state behind."""
 
     def __init__(self, params: list, states, compiling: bool):
         self.params = params
         d, r = params[0].shape[-2:]
         self.frames = [_frame_count(p) for p in params]
-        self.fresh = any(len(states[p]) == 0 for p in params)
         self.W, self.W_view = _join([p.detach() for p in params], (d, r), compiling)
         self.G, _ = _join([p.grad for p in params], (d, r), compiling)
-        work = compute_dtype(params[0].dtype)
-        total, device = sum(self.frames), params[0].device
-        if self.fresh:
-            self.m = torch.zeros((total, d, r), dtype=work, device=device)
-            self.v = torch.zeros(total, dtype=work, device=device)
-            self.t = torch.zeros(total, dtype=torch.float64, device=device)
-            self.m_view = self.v_view = self.t_view = None
-            self.targets = None
+        self.fresh = [p for p in params if len(states[p]) == 0]
+        self.m_view = self.v_view = self.t_view = self.targets = None
+        if len(self.fresh) == len(params):
+            zeros = _zero_state(params[0], sum(self.frames))
+            self.t, self.m, self.v = (zeros[key] for key in FRAME_STATE)
             return
-        self.targets = [[states[p][key] for p in params] for key in FRAME_STATE]
-        self.t, self.t_view = _join(self.targets[0], (), compiling)
-        self.m, self.m_view = _join(self.targets[1], (d, r), compiling)
-        self.v, self.v_view = _join(self.targets[2], (), compiling)
+        kinds = [[states[p][key] if len(states[p]) else _zero_state(p, _frame_count(p))[key] for p in params] for key in FRAME_STATE]
+        self.t, self.t_view = _join(kinds[0], (), compiling)
+        self.m, self.m_view = _join(kinds[1], (d, r), compiling)
+        self.v, self.v_view = _join(kinds[2], (), compiling)
+        if not self.fresh:
+            self.targets = kinds
 
     def create_state(self, states) -> None:
-        """Fresh state for the parameters without one: for a bucket that is all fresh, one buffer
-        per kind whose slices are the parameters' state (the next join is then a view)."""
-        fresh = [p for p in self.params if len(states[p]) == 0]
-        if len(fresh) == len(self.params):
+        """State for the parameters without one: for a bucket that is all fresh, one buffer per
+        kind whose slices are the parameters' state (the next join is then a view)."""
+        if len(self.fresh) == len(self.params):
             for p, state in zip(self.params, _state_views(self.params, self.m, self.v, self.t)):
                 states[p].update(state)
-            self.m_view, self.v_view, self.t_view = self.m, self.v, self.t
+            self.t_view, self.m_view, self.v_view = self.t, self.m, self.v
         else:
-            for p in fresh:
-                states[p].update(_state_views([p], torch.zeros_like(self.m[: _frame_count(p)]),
-                                              torch.zeros_like(self.v[: _frame_count(p)]), torch.zeros_like(self.t[: _frame_count(p)]))[0])
+            for p in self.fresh:
+                zeros = _zero_state(p, _frame_count(p))
+                states[p].update(_state_views([p], zeros["exp_avg"], zeros["exp_avg_sq"], zeros["step"])[0])
+            self.t_view = self.m_view = self.v_view = None
         self.targets = [[states[p][key] for p in self.params] for key in FRAME_STATE]
 
     def write(self, W, m, v, t) -> None:
@@ -715,6 +714,17 @@ class _BucketLayout:
         _write_joined(t, self.t_view, self.targets[0], self.frames)
         _write_joined(m, self.m_view, self.targets[1], self.frames)
         _write_joined(v, self.v_view, self.targets[2], self.frames)
+
+
+def _zero_state(p: torch.Tensor, frames: int) -> dict:
+    """Zero state of `frames` frames shaped like p's: counts (frames,) float64, m (frames, d, r)
+    and v (frames,) in p's compute dtype."""
+    work = compute_dtype(p.dtype)
+    return {
+        "step": torch.zeros(frames, dtype=torch.float64, device=p.device),
+        "exp_avg": torch.zeros((frames,) + tuple(p.shape[-2:]), dtype=work, device=p.device),
+        "exp_avg_sq": torch.zeros(frames, dtype=work, device=p.device),
+    }
 
 
 def _state_views(params: list, m: torch.Tensor, v: torch.Tensor, t: torch.Tensor) -> list:
