@@ -24,14 +24,15 @@ def _gradients(shape, steps, seed, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lr_dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("skip", [False, True])
-def test_a_tensor_lr_and_eps_step_bit_for_bit_as_the_numbers_of_the_same_value(dtype, skip):
-    """lr a float32 tensor filled by a cosine schedule (which computes in the tensor's dtype: its
-    values are float32 numbers), eps a float64 tensor: every frame, moment and count after 8
-    steps equals the run given the same values as Python numbers."""
+def test_a_tensor_lr_and_eps_step_bit_for_bit_as_the_numbers_of_the_same_value(dtype, lr_dtype, skip):
+    """lr a tensor filled by a cosine schedule (which computes in the tensor's dtype: its values
+    are numbers of that dtype), eps a float64 tensor: every frame, moment and count after 8 steps
+    equals the run given the same values as Python numbers."""
     frames = _frames(0, dtype)
     p = torch.nn.Parameter(frames.clone())
-    optimizer = StiefelAdam([p], lr=torch.tensor(0.0123456789), eps=torch.tensor(1e-6, dtype=torch.float64),
+    optimizer = StiefelAdam([p], lr=torch.tensor(0.0123456789, dtype=lr_dtype), eps=torch.tensor(1e-6, dtype=torch.float64),
                             weight_decay=0.1, skip_nonfinite=skip)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=8)
     twin = torch.nn.Parameter(frames.clone())
