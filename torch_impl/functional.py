@@ -146,12 +146,17 @@ def _identity_like(S: torch.Tensor) -> torch.Tensor:
     return torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
 
 
+@memoized
+def _scaled_identity(value: float, r: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """value I_r (r, r), kept per arguments (never written to: the iteration only reads it)."""
+    return value * torch.eye(r, dtype=dtype, device=device)
+
+
 def _inverse_sqrt_newton_schulz(S: torch.Tensor, trust_radius: float) -> torch.Tensor:
     """M ~ S^(-1/2) for Gram matrices S (B, r, r) with spectrum in [1, 1 + Delta^2]."""
     a, b, c = QUINTIC_COEFFICIENTS
     scale = 1.0 + trust_radius**2 / 2.0
-    identity = _identity_like(S)
-    a_identity = (a * identity).expand_as(S)
+    a_identity = _scaled_identity(a, S.shape[-1], S.dtype, S.device)  # broadcast over the batch
     # the first iterate X_0 = A / sqrt(c) is M_0 = I / sqrt(c): start from its closed form
     XtX = S / scale
     M = torch.add(a_identity, XtX, alpha=b)
@@ -168,6 +173,11 @@ def _inverse_sqrt_newton_schulz(S: torch.Tensor, trust_radius: float) -> torch.T
 def _inverse_sqrt_eigh(S: torch.Tensor) -> torch.Tensor:
     eigenvalues, eigenvectors = torch.linalg.eigh(S)
     return (eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT
+
+
+def _in_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as dtype (x itself, without a dispatch, when it already is)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _as_batch3(x: torch.Tensor) -> torch.Tensor:
@@ -465,12 +475,12 @@ def stiefel_adam_step(
     work = compute_dtype(W.dtype)
     batch_shape = W.shape[:-2]
     d, r = W.shape[-2], W.shape[-1]
-    W_c = _as_batch3(W.to(work))
-    G_c = decayed_gradient(W_c, _as_batch3(G.to(work)), weight_decay)
-    m_c, WtG = project_moment(W_c, G_c, _as_batch3(m.to(work)), beta1)
+    W_c = _as_batch3(_in_dtype(W, work))
+    G_c = decayed_gradient(W_c, _as_batch3(_in_dtype(G, work)), weight_decay)
+    m_c, WtG = project_moment(W_c, G_c, _as_batch3(_in_dtype(m, work)), beta1)
     drift = frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method)
     g_squared = gradient_norm_squared(W_c, G_c, WtG, drift, sync_free)
-    v_c = second_moment(v.to(work).reshape(-1), g_squared, beta2, d * r)
+    v_c = second_moment(_in_dtype(v, work).reshape(-1), g_squared, beta2, d * r)
     step_count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
     coefficient = step_coefficient(m_c, v_c, step_count, lr, beta1, beta2, eps, trust_radius)
     W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)

@@ -366,7 +366,7 @@ class StiefelAdam(torch.optim.Optimizer):
             retraction_method=method, sync_free=skip or compiling,
         )
         d, r = W.shape[-2:]
-        deviation = frame_deviation(W.to(compute_dtype(W.dtype)))
+        deviation = self._frame_deviation(W)
         on_manifold = deviation <= manifold_tolerance(d, r, W.dtype)
         # |W_new| <= 1 entrywise, so a frame whose sum is not finite has a NaN or inf entry; every
         # NaN or inf of G or of m_new reaches W_new or v (it makes ||g||^2, hence v, non-finite,
@@ -386,6 +386,11 @@ class StiefelAdam(torch.optim.Optimizer):
         bucket = _BucketStep(members, layout, W_new, m_new, v_new, t + stepped, finite)
         bucket.on_manifold, bucket.deviation = on_manifold, deviation
         return bucket
+
+    def _frame_deviation(self, W: torch.Tensor) -> torch.Tensor:
+        """||W^T W - I||_F of every frame of W (B, d, r) in the compute dtype, shape (B,): the check
+        of every step (functional.frame_deviation; its rounding is within manifold_tolerance)."""
+        return frame_deviation(W if W.dtype == compute_dtype(W.dtype) else W.to(compute_dtype(W.dtype)))
 
     def _write(self, bucket: "_BucketStep") -> None:
         """In place, as torch.optim does: references to the parameter and the state stay valid.
@@ -501,7 +506,7 @@ class StiefelAdam(torch.optim.Optimizer):
         if checked:
             # the one decision of the error mode, on one device
             flags = [(bucket.finite & bucket.on_manifold).all() for bucket in checked]
-            accepted = torch.stack([flag.to(flags[0].device, non_blocking=True) for flag in flags]).all()
+            accepted = flags[0] if len(flags) == 1 else torch.stack([flag.to(flags[0].device, non_blocking=True) for flag in flags]).all()
             if not compiling:
                 # the one wait for the device in an eager step, and only in the error mode
                 if not bool(accepted):
@@ -680,7 +685,8 @@ class _BucketLayout:
         self.params = params
         d, r = params[0].shape[-2:]
         self.frames = [_frame_count(p) for p in params]
-        self.W, self.W_view = _join([p.detach() for p in params], (d, r), compiling)
+        self.values = [p.detach() for p in params]
+        self.W, self.W_view = _join(self.values, (d, r), compiling)
         self.G, _ = _join([p.grad for p in params], (d, r), compiling)
         self.fresh = [p for p in params if len(states[p]) == 0]
         self.m_view = self.v_view = self.t_view = self.targets = None
@@ -710,7 +716,7 @@ class _BucketLayout:
         self.targets = [[states[p][key] for p in self.params] for key in FRAME_STATE]
 
     def write(self, W, m, v, t) -> None:
-        _write_joined(W, self.W_view, [p.detach() for p in self.params], self.frames)
+        _write_joined(W, self.W_view, self.values, self.frames)
         _write_joined(t, self.t_view, self.targets[0], self.frames)
         _write_joined(m, self.m_view, self.targets[1], self.frames)
         _write_joined(v, self.v_view, self.targets[2], self.frames)
