@@ -124,10 +124,12 @@ def bench_shape(shape, dtype, rounds: int, min_time: float, generator, device, c
     contenders["matmul W^T X"] = lambda: torch.bmm(X.mT, X)
     contenders["matmul X M"] = lambda: torch.bmm(X, M)
     contenders["matmul M M"] = lambda: torch.bmm(M, M)
-    # warm up, and choose repetitions per round so that each entry runs about min_time
+    # warm up (three calls: a compiled step compiles at the first, which creates the state, and
+    # once more at the second), then choose repetitions per round so that each entry runs about min_time
     repetitions = {}
     for name, function in contenders.items():
-        function()
+        for _ in range(3):
+            function()
         repetitions[name] = max(1, math.ceil(min_time / max(_per_step(function, 1, device), 1e-6)))
     times = {name: [] for name in contenders}
     names = list(contenders)

@@ -258,3 +258,31 @@ def test_a_compiled_step_refuses_on_the_device_and_the_next_eager_call_raises(sk
     gradients()
     compiled()
     optimizer.zero_grad()
+
+
+def test_a_compiled_first_step_that_is_refused_leaves_fresh_state_only():
+    """Refused at the very first compiled step (its state is created inside it): the frames and the
+    AdamW tensors keep their values, the state that step created is the zero state with count 0,
+    and the next step is the first step of a fresh optimizer, bit for bit (both compiled alike:
+    torch.optim's AdamW takes another route for its bias corrections when compiled)."""
+    frames = _frames((2, 8, 3), 17, torch.float32)
+    weight = torch.randn(2, 3, generator=torch.Generator().manual_seed(18))
+    grads = [torch.randn(2, 8, 3, generator=torch.Generator().manual_seed(19)), torch.randn(2, 3, generator=torch.Generator().manual_seed(20))]
+    runs = []
+    for refused_first in (True, False):
+        params = [torch.nn.Parameter(frames.clone()), torch.nn.Parameter(weight.clone())]
+        optimizer = StiefelAdam([{"params": params[:1]}, {"params": params[1:], "manifold": "euclidean"}], lr=torch.tensor(0.02))
+        step = torch.compile(optimizer.step, backend="aot_eager")
+        if refused_first:
+            params[0].grad, params[1].grad = grads[0].clone(), grads[1].clone()
+            params[0].grad[1, 0, 0] = math.nan
+            step()
+            assert torch.equal(params[0].detach(), frames) and torch.equal(params[1].detach(), weight)
+            for p in params:
+                assert len(optimizer.state[p]) and all(not value.any() for value in optimizer.state[p].values())
+            with pytest.raises(ValueError, match="gradient must be finite"):
+                optimizer.zero_grad()
+        params[0].grad, params[1].grad = grads[0].clone(), grads[1].clone()
+        step()
+        runs.append([p.detach().clone() for p in params] + [optimizer.state[p][key].clone() for p in params for key in sorted(optimizer.state[p])])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

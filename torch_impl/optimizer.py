@@ -471,16 +471,19 @@ class StiefelAdam(torch.optim.Optimizer):
                     kind[index].copy_(torch.where(finite.to(kind[index].device), kind[index], old[index]))
                 self._count_skipped(grad.device, (~finite).to(torch.int64))
 
-    def _ordinary_tensors(self) -> list:
-        """Every ordinary parameter with a gradient and its AdamW state tensors (those that exist)."""
-        tensors = []
+    def _ordinary_tensors(self) -> tuple[list, list]:
+        """(every ordinary parameter with a gradient and its AdamW state tensors, those parameters
+        that have no state yet: their step creates it)."""
+        tensors, fresh = [], []
         for group in self.param_groups:
             if group["manifold"] == "euclidean":
                 for p in group["params"]:
                     if p.grad is not None:
                         tensors.append(p)
                         tensors.extend(value for value in self.state[p].values() if torch.is_tensor(value))
-        return tensors
+                        if not len(self.state[p]):
+                            fresh.append(p)
+        return tensors, fresh
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -516,7 +519,7 @@ class StiefelAdam(torch.optim.Optimizer):
             self._record_refusal(accepted)
             for bucket in steps:
                 bucket.keep_unless(accepted)
-            ordinary = self._ordinary_tensors()
+            ordinary, fresh = self._ordinary_tensors()
             before = [x.clone() for x in ordinary]
         for bucket in steps:
             self._write(bucket)
@@ -526,6 +529,9 @@ class StiefelAdam(torch.optim.Optimizer):
         if accepted is not None:
             for x, old in zip(ordinary, before):
                 x.copy_(torch.where(accepted.to(x.device), x, old))
+            # a state this step created goes back to zeros and a count of 0: AdamW's fresh state
+            for value in (value for p in fresh for value in self.state[p].values() if torch.is_tensor(value)):
+                value.copy_(torch.where(accepted.to(value.device), value, 0))
         return loss
 
     def _record_refusal(self, accepted: torch.Tensor) -> None:
