@@ -389,7 +389,14 @@ class StiefelAdam(torch.optim.Optimizer):
 
     def _frame_deviation(self, W: torch.Tensor) -> torch.Tensor:
         """||W^T W - I||_F of every frame of W (B, d, r) in the compute dtype, shape (B,): the check
-        of every step (functional.frame_deviation; its rounding is within manifold_tolerance)."""
+        of every step (functional.frame_deviation; its rounding is within manifold_tolerance).
+
+        Why a product of its own: the step's r x r quantities do not determine D = W^T W - I. Its
+        Gram matrix is S = (W + c m)^T (W + c m) = I + D - c (D Sigma + Sigma D) + c^2 m^T m (m the
+        projected moment, Sigma the symmetrised W^T(beta1 m_old + (1 - beta1) G~)), and m^T m is
+        not formed; what S and the known ||m||^2 give is tr(D) - 2 c tr(D Sigma), blind to every D
+        of trace zero (unit columns that are not orthogonal: a normalised weight matrix). W^T G~ and
+        W^T m_old involve W only through products with unknowns. So D costs one Gram product."""
         return frame_deviation(W if W.dtype == compute_dtype(W.dtype) else W.to(compute_dtype(W.dtype)))
 
     def _write(self, bucket: "_BucketStep") -> None:
@@ -805,10 +812,6 @@ class _BucketStep:
         self.members, self.layout = members, layout
         self.W, self.m, self.v, self.t, self.finite = W, m, v, t, finite
         self.on_manifold = self.deviation = None
-
-    @property
-    def states(self) -> list:
-        return self.layout.targets
 
     def keep_unless(self, accepted: torch.Tensor) -> None:
         """Every value back to what it was unless `accepted` (a 0-d bool on the device)."""
