@@ -225,3 +225,30 @@ def test_a_state_replaced_by_the_user_is_the_one_stepped():
     optimizer.step(), reference.step()
     assert torch.equal(params[1].detach(), twin.detach())
     assert torch.equal(replaced, reference.state[twin]["exp_avg"])
+
+
+@pytest.mark.parametrize("order", ["reversed", "gap", "transposed"])
+def test_slices_of_one_tensor_out_of_order_are_not_read_as_one_view(order):
+    """Parameters that share one storage but do not follow one another in the bucket's order (given
+    in reverse, with a slice left out between them, or each a transposed, non-contiguous view)
+    must be joined by copying: a view spanning them would step each with another one's frames."""
+    bank = _frames((4, 2, 8, 3), 22)
+    separate = [bank[k].clone() for k in range(4)]
+    indices = [2, 1, 0] if order == "reversed" else [0, 2, 3] if order == "gap" else [0, 1, 2]
+    if order == "transposed":
+        storage = bank.mT.contiguous()  # (4, 2, 3, 8): each parameter storage[k].mT is (2, 8, 3), not contiguous
+        sliced = [torch.nn.Parameter(storage[k].mT) for k in indices]
+        assert not sliced[0].is_contiguous()
+    else:
+        storage = bank.clone()
+        sliced = [torch.nn.Parameter(storage[k]) for k in indices]
+    alone = _Alone([separate[k] for k in indices], [dict(lr=0.04)] * 3)
+    optimizer = StiefelAdam(sliced, lr=0.04)
+    generator = torch.Generator().manual_seed(23)
+    for _ in range(3):
+        grads = [torch.randn(2, 8, 3, dtype=torch.float64, generator=generator) for _ in sliced]
+        for p, grad in zip(sliced, grads):
+            p.grad = grad.clone()
+        optimizer.step()
+        alone.step(grads)
+    alone.assert_equal(sliced, optimizer)
