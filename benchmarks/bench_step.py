@@ -1,15 +1,18 @@
 """Time per optimizer step: torch_impl.StiefelAdam against geoopt and against its own roofline.
 
-    python benchmarks/bench_step.py [--shapes 12,768,64 32,1024,128] [--dtype float32]
+    python benchmarks/bench_step.py [--shapes 1,20,10 8,256,32 12,768,64 32,1024,128] [--dtype float32]
                                     [--rounds 7] [--min-time 0.2] [--threads N] [--device cpu|cuda]
-                                    [--out table.md]
+                                    [--compiled] [--out table.md]
 
 For each (heads, d, r): one parameter of shape (heads, d, r) with a fixed random gradient, stepped by
-StiefelAdam, geoopt's RiemannianAdam on EuclideanStiefel (skipped with a message when geoopt is not
-installed) and torch.optim.AdamW (Euclidean, no manifold: a floor). The implementations are
-interleaved: each round times every one of them (in an order rotated from round to round), so a
-change in the machine's load hits all of them alike, and every ratio is formed within a round. The
-table gives the median ratio over the rounds and its spread (min - max).
+StiefelAdam (default mode), StiefelAdam without its per-step frame check (a subclass whose check
+returns 0: what the check costs), geoopt's RiemannianAdam on EuclideanStiefel (skipped with a
+message when geoopt is not installed), torch.optim.AdamW (Euclidean, no manifold: a floor) and,
+with --compiled, `torch.compile(optimizer.step)` of a StiefelAdam with a tensor lr (compiled before
+the clock starts). (1, 20, 10) is geoopt's own test shape, where the per-call overhead dominates.
+The implementations are interleaved: each round times every one of them (in an order rotated from
+round to round), so a change in the machine's load hits all of them alike, and every ratio is
+formed within a round. The table gives the median ratio over the rounds and its spread (min - max).
 
 Roofline. StiefelAdam's cost is its d x r^2 matrix products; the script counts them in one step
 (a dispatch-mode counter: batched matmuls with an operand of d rows), split into the two shapes
@@ -42,7 +45,7 @@ try:
 except ImportError:  # optional baseline
     geoopt = None
 
-DEFAULT_SHAPES = ((12, 768, 64), (32, 1024, 128))
+DEFAULT_SHAPES = ((1, 20, 10), (8, 256, 32), (12, 768, 64), (32, 1024, 128))
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 MATMULS = (torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default, torch.ops.aten.baddbmm_.default)
 
@@ -96,9 +99,21 @@ def _per_step(function, repetitions: int, device) -> float:
     return (time.perf_counter() - start) / repetitions
 
 
-def bench_shape(shape, dtype, rounds: int, min_time: float, generator, device) -> dict:
+class WithoutFrameCheck(StiefelAdam):
+    """StiefelAdam whose per-step check ||W^T W - I|| <= tol is skipped (every frame reads as on
+    the manifold): the step minus the check, to time the check. Not for training."""
+
+    def _frame_deviation(self, W):
+        return torch.zeros(W.shape[0], dtype=torch.float32, device=W.device)
+
+
+def bench_shape(shape, dtype, rounds: int, min_time: float, generator, device, compiled: bool = False) -> dict:
     heads, d, r = shape
     contenders = {"StiefelAdam": StiefelAdam([make_parameter(shape, dtype, generator, device)], lr=1e-3).step}
+    contenders["StiefelAdam without frame check"] = WithoutFrameCheck([make_parameter(shape, dtype, generator, device)], lr=1e-3).step
+    if compiled:
+        lr = torch.tensor(1e-3, device=device)
+        contenders["StiefelAdam compiled"] = torch.compile(StiefelAdam([make_parameter(shape, dtype, generator, device)], lr=lr).step)
     if geoopt is not None:
         manifold = geoopt.EuclideanStiefel()
         contenders["geoopt EuclideanStiefel"] = geoopt.optim.RiemannianAdam([make_parameter(shape, dtype, generator, device, manifold)], lr=1e-3).step
@@ -109,10 +124,12 @@ def bench_shape(shape, dtype, rounds: int, min_time: float, generator, device) -
     contenders["matmul W^T X"] = lambda: torch.bmm(X.mT, X)
     contenders["matmul X M"] = lambda: torch.bmm(X, M)
     contenders["matmul M M"] = lambda: torch.bmm(M, M)
-    # warm up, and choose repetitions per round so that each entry runs about min_time
+    # warm up (three calls: a compiled step compiles at the first, which creates the state, and
+    # once more at the second), then choose repetitions per round so that each entry runs about min_time
     repetitions = {}
     for name, function in contenders.items():
-        function()
+        for _ in range(3):
+            function()
         repetitions[name] = max(1, math.ceil(min_time / max(_per_step(function, 1, device), 1e-6)))
     times = {name: [] for name in contenders}
     names = list(contenders)
@@ -126,6 +143,10 @@ def _summary(values) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f} - {max(values):.2f})"
 
 
+def _percent(values) -> str:
+    return f"{100 * statistics.median(values):+.1f}% ({100 * min(values):+.1f} - {100 * max(values):+.1f})"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in DEFAULT_SHAPES], help="heads,d,r triples")
@@ -134,6 +155,7 @@ def main(argv=None) -> int:
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per entry and round (at least one step)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--compiled", action="store_true", help="also time torch.compile(optimizer.step) (inductor)")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     if args.threads:
@@ -148,14 +170,16 @@ def main(argv=None) -> int:
         f"{args.rounds} interleaved rounds; ratios: median (min - max) over rounds",
         "",
         "| heads, d, r | products (W^T X + X M) | r x r products | StiefelAdam ms | geoopt ms | geoopt / StiefelAdam "
-        "| StiefelAdam / roofline | StiefelAdam / roofline with r x r | StiefelAdam / AdamW |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| StiefelAdam / roofline | StiefelAdam / roofline with r x r | StiefelAdam / AdamW | frame check cost "
+        "| compiled ms | geoopt / compiled |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
         counts = count_products(shape, dtype, generator, device)
-        times = bench_shape(shape, dtype, args.rounds, args.min_time, generator, device)
+        times = bench_shape(shape, dtype, args.rounds, args.min_time, generator, device, args.compiled)
         ours = times["StiefelAdam"]
+        compiled = times.get("StiefelAdam compiled")
         roofline = [counts["WtX"] * a + counts["XM"] * b for a, b in zip(times["matmul W^T X"], times["matmul X M"])]
         with_rr = [f + counts["rr"] * c for f, c in zip(roofline, times["matmul M M"])]
         geo = times.get("geoopt EuclideanStiefel")
@@ -163,12 +187,15 @@ def main(argv=None) -> int:
             str(shape),
             f"{counts['WtX'] + counts['XM']} ({counts['WtX']} + {counts['XM']})",
             str(counts["rr"]),
-            f"{1e3 * statistics.median(ours):.2f}",
-            f"{1e3 * statistics.median(geo):.2f}" if geo else "-",
+            f"{1e3 * statistics.median(ours):.3f}",
+            f"{1e3 * statistics.median(geo):.3f}" if geo else "-",
             _summary([g / s for g, s in zip(geo, ours)]) if geo else "-",
             _summary([s / f for s, f in zip(ours, roofline)]),
             _summary([s / f for s, f in zip(ours, with_rr)]),
             _summary([s / a for s, a in zip(ours, times["AdamW"])]),
+            _percent([s / n - 1 for s, n in zip(ours, times["StiefelAdam without frame check"])]),
+            f"{1e3 * statistics.median(compiled):.3f}" if compiled else "-",
+            _summary([g / c for g, c in zip(geo, compiled)]) if geo and compiled else "-",
         ]
         lines.append("| " + " | ".join(row) + " |")
         print(lines[-1], flush=True)

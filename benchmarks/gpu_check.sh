@@ -6,8 +6,10 @@
 #      on cuda, its three dtypes and its controls;
 #   3. no host synchronisation: StiefelAdam.step with skip_nonfinite=True under
 #      torch.cuda.set_sync_debug_mode("error") (a synchronising call raises);
-#   4. the step benchmark at the two large shapes, float32 and float64, and bench_optimizer.py
-#      (batched parameters, compiled against eager) at (12, 768, 64) float32.
+#   4. the step benchmark (bench_step.py: geoopt, AdamW, the roofline, the cost of the frame check)
+#      at geoopt's (20, 10) and the three larger shapes in float32, with the compiled step, and at
+#      the two large shapes in float64; bench_optimizer.py (twelve parameters against one, with
+#      separate tensors and as slices of one storage; compiled against eager) at (12, 768, 64).
 # Results go to ${OUT:-gpu_check_out}/: one JSON per dtype, the benchmark table, a log.
 # Usage: benchmarks/gpu_check.sh            (from the repository root; PYTHON overrides the interpreter)
 set -euo pipefail
@@ -95,11 +97,11 @@ torch.cuda.synchronize()
 print(f"3 steps of 2 x (12, 768, 64) frames and an AdamW group with no host synchronisation; skipped frames: {optimizer.skipped_steps}")
 EOF
 
-echo "== step benchmark on cuda, large shapes"
-for dtype in float32 float64; do
-  timeout 120 "$PYTHON" benchmarks/bench_step.py --device cuda --shapes 12,768,64 32,1024,128 \
-    --dtype "$dtype" --min-time 0.5 --out "$OUT_DIR/bench_cuda_$dtype.md" || status=1
-done
+echo "== step benchmark on cuda"
+timeout 240 "$PYTHON" benchmarks/bench_step.py --device cuda --shapes 1,20,10 8,256,32 12,768,64 32,1024,128 \
+  --dtype float32 --min-time 0.3 --compiled --out "$OUT_DIR/bench_cuda_float32.md" || status=1
+timeout 120 "$PYTHON" benchmarks/bench_step.py --device cuda --shapes 12,768,64 32,1024,128 \
+  --dtype float64 --min-time 0.5 --out "$OUT_DIR/bench_cuda_float64.md" || status=1
 timeout 150 "$PYTHON" benchmarks/bench_optimizer.py --device cuda --rounds 5 --min-time 0.3 \
   --out "$OUT_DIR/bench_optimizer_cuda.md" || status=1
 

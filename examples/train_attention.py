@@ -5,7 +5,9 @@ A one-layer, four-head attention model learns to output, at every position, the 
 back (a task that needs the attention pattern, so the frames must move). One `StiefelAdam` holds
 two param groups, `{"params": [W_Q, W_K]}` (frames, the default manifold) and
 `{"params": rest, "manifold": "euclidean", "weight_decay": 0.01}` (stepped by torch.optim's
-AdamW), under one cosine schedule, with gradient clipping, bfloat16 autocast and
+AdamW), under one cosine schedule (its lr a 0-d tensor, as for a compiled step), with gradient
+clipping over the finite frames and tensors (`clip_grad_norm_finite_`: a NaN in one head leaves
+that head to skip_nonfinite instead of turning every gradient into NaN), bfloat16 autocast and
 skip_nonfinite=True. Half way it saves a checkpoint (model, optimizer, scheduler), and at the end
 it resumes from that checkpoint into fresh objects, trains the second half again, and checks that
 the two runs end bit for bit the same.
@@ -29,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torch_impl import StiefelAdam, feasibility, stiefel_init_  # noqa: E402
+from torch_impl import StiefelAdam, clip_grad_norm_finite_, feasibility, stiefel_init_  # noqa: E402
 
 VOCABULARY, LENGTH = 16, 12
 
@@ -85,7 +87,7 @@ def make(seed: int, steps: int):
             {"params": model.frames()},
             {"params": model.ordinary(), "manifold": "euclidean", "weight_decay": 0.01},
         ],
-        lr=1e-2,
+        lr=torch.tensor(1e-2),  # a tensor: the scheduler fills it in place
         skip_nonfinite=True,
     )
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
@@ -103,7 +105,7 @@ def train(model, optimizer, scheduler, steps, log=None):
         loss = torch.nn.functional.cross_entropy(logits[:, 1:].float().reshape(-1, VOCABULARY), targets[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        clip_grad_norm_finite_(optimizer.param_groups, max_norm=1.0)
         optimizer.step()
         scheduler.step()
         accuracy = float((logits[:, 1:].argmax(-1) == targets[:, 1:]).float().mean())

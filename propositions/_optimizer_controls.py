@@ -61,15 +61,11 @@ def broken_classes() -> dict:
             if settings[5]:
                 # "finite so far": the first non-finite frame stops every frame after it in the call
                 later = torch.cumprod(bucket.finite.to(torch.int64), 0).to(torch.bool)
-                keep = later[:, None, None]
-                params = [p for p, _ in members]
-                states = [self.state[p] for p in params]
-                W = module._joined(params).to(bucket.W.dtype)
-                if all(len(s) for s in states):
-                    bucket.m = torch.where(keep, bucket.m, module._joined([s["exp_avg"] for s in states]))
-                    bucket.v = torch.where(later, bucket.v, module._joined_counts([s["exp_avg_sq"] for s in states]))
-                    bucket.t = torch.where(later, bucket.t, module._joined_counts([s["step"] for s in states]))
-                bucket.W = torch.where(keep, bucket.W, W)
+                keep, layout = later[:, None, None], bucket.layout
+                bucket.W = torch.where(keep, bucket.W, layout.W)
+                bucket.m = torch.where(keep, bucket.m, layout.m)
+                bucket.v = torch.where(later, bucket.v, layout.v)
+                bucket.t = torch.where(later, bucket.t, layout.t)
             return bucket
 
     class StepsWithoutGradient(StiefelAdam):
@@ -149,27 +145,25 @@ def broken_classes() -> dict:
     class OverflowNotSkipped(StiefelAdam):
         def _step_bucket(self, settings, members):
             skip = settings[5]
-            # screened for NaN and inf in the gradient only, as a first port of the check would be
-            finite_gradient = torch.isfinite(module._joined([p.grad for p, _ in members])).all(dim=(-2, -1))
             bucket = super()._step_bucket(settings[:5] + (False,) + settings[6:], members)
-            params = [p for p, _ in members]
-            states = [self.state[p] if len(self.state[p]) else self._fresh_state(p) for p in params]
+            # screened for NaN and inf in the gradient only, as a first port of the check would be
+            finite = torch.isfinite(bucket.layout.G).all(dim=-1).all(dim=-1)
             if skip:
-                keep = finite_gradient[:, None, None]
-                bucket.W = torch.where(keep, bucket.W, module._joined(params).to(bucket.W.dtype))
-                bucket.m = torch.where(keep, bucket.m, module._joined([s["exp_avg"] for s in states]))
-                bucket.v = torch.where(finite_gradient, bucket.v, module._joined_counts([s["exp_avg_sq"] for s in states]))
-                counts = module._joined_counts([s["step"] for s in states])
-                bucket.t = torch.where(finite_gradient, counts + 1, counts)
-                self._count_skipped(bucket.W.device, (~finite_gradient).sum())
-            bucket.finite = finite_gradient
+                keep, layout = finite[:, None, None], bucket.layout
+                bucket.W = torch.where(keep, bucket.W, layout.W)
+                bucket.m = torch.where(keep, bucket.m, layout.m)
+                bucket.v = torch.where(finite, bucket.v, layout.v)
+                bucket.t = torch.where(finite, layout.t + 1, layout.t)
+            bucket.finite = finite
             return bucket
 
     class CountInParameterDtype(StiefelAdam):
-        def _fresh_state(self, p):
-            state = super()._fresh_state(p)
-            state["step"] = state["step"].to(p.dtype)
-            return state
+        def _write(self, bucket):
+            super()._write(bucket)
+            for p, _ in bucket.members:  # the count kept in the parameter's dtype from its first step on
+                state = self.state[p]
+                if state["step"].dtype != p.dtype:
+                    state["step"] = state["step"].to(p.dtype)
 
     class ForeignOptionsUncheckedInGroups(StiefelAdam):
         def add_param_group(self, param_group):

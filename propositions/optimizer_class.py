@@ -722,8 +722,20 @@ def run_scenario(scenario: Scenario, seed: int, subject: Subject | None = None, 
     except Exception as error:  # a class that raises where the scenario expects nothing fails scenario_completes
         message = str(error).splitlines()[0] if str(error) else ""
         raised = f"{type(error).__name__}: {message}"
-        checks["completes"].add([math.inf], 0.5, key=(CLAIM_ID, scenario.dtype, scenario.label), seed=seed, extra={"raised": raised})
+        checks["completes"].add([math.inf], 0.5, key=(CLAIM_ID, scenario.dtype, scenario.label), seed=seed,
+                                extra={"raised": raised, "raised_at": _where(error)})
     return RunOutcome(checks, coverage, run.stepped if run else 0, run.undefined if run else [], raised)
+
+
+def _where(error: BaseException) -> str:
+    """file:line of the innermost frame that raised (the class's, or the claim's own if it broke)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "?"
+    parts = frames[-1].filename.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) + f":{frames[-1].lineno}"
 
 
 def _resume_check(scenario: Scenario, seed: int, subject: Subject, device: str, check: NumericalCheck) -> None:

@@ -49,6 +49,10 @@ def test_each_broken_class_fails_a_check_of_the_claim_by_the_detection_factor(na
     evidence = control_part(Context(4, get_profile("quick"), optimizer=name))
     assert max(check.max_ratio for check in evidence.checks if check.samples) >= DETECTION_FACTOR
     assert name in broken_subjects() or CONTROLS[name].part == "refusals"
+    # a control is caught by the class it breaks, never by an error of the claim's own code
+    for check in evidence.checks:
+        if check.name.endswith("scenario_completes") and check.worst and check.worst.get("raised_at"):
+            assert not check.worst["raised_at"].startswith("propositions/"), check.worst
 
 
 def test_the_plan_is_deterministic_and_covers_every_feature_for_many_seeds():

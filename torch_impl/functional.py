@@ -54,6 +54,7 @@ S^(-1/2) is evaluated by one of two methods (``retraction_method``):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -74,6 +75,26 @@ DRIFT_ALLOWANCE = 1e-2
 RETRACTION_METHODS = ("auto", "newton_schulz", "eigh")
 
 
+def memoized(function):
+    """function with its results kept per argument tuple (pure scalar helpers that the step calls
+    with a few distinct arguments: iteration counts, bounds, tolerances). Under torch.compile the
+    function is called directly: the compiler evaluates it once while tracing, and would warn about
+    a cache it cannot see through."""
+    cache: dict = {}
+
+    @functools.wraps(function)
+    def cached(*args):
+        if torch.compiler.is_compiling():
+            return function(*args)
+        try:
+            return cache[args]
+        except KeyError:
+            value = cache[args] = function(*args)
+            return value
+
+    return cached
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 storage computes in float64; float32 and bfloat16 (and float16) in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -84,6 +105,7 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2.0
 
 
+@memoized
 def newton_schulz_iterations(trust_radius: float, dtype: torch.dtype) -> int:
     """Quintic iterations that bring every eigenvalue of X^T X to 1 within unit_roundoff(dtype).
 
@@ -109,6 +131,7 @@ def newton_schulz_iterations(trust_radius: float, dtype: torch.dtype) -> int:
     raise AssertionError("the quintic iteration failed to converge inside its basin")  # unreachable
 
 
+@memoized
 def resolve_retraction(method: str, trust_radius: float) -> str:
     if method not in RETRACTION_METHODS:
         raise ValueError(f"retraction_method must be one of {RETRACTION_METHODS}, got {method!r}")
@@ -123,12 +146,17 @@ def _identity_like(S: torch.Tensor) -> torch.Tensor:
     return torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
 
 
+@memoized
+def _scaled_identity(value: float, r: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """value I_r (r, r), kept per arguments (never written to: the iteration only reads it)."""
+    return value * torch.eye(r, dtype=dtype, device=device)
+
+
 def _inverse_sqrt_newton_schulz(S: torch.Tensor, trust_radius: float) -> torch.Tensor:
     """M ~ S^(-1/2) for Gram matrices S (B, r, r) with spectrum in [1, 1 + Delta^2]."""
     a, b, c = QUINTIC_COEFFICIENTS
     scale = 1.0 + trust_radius**2 / 2.0
-    identity = _identity_like(S)
-    a_identity = (a * identity).expand_as(S)
+    a_identity = _scaled_identity(a, S.shape[-1], S.dtype, S.device)  # broadcast over the batch
     # the first iterate X_0 = A / sqrt(c) is M_0 = I / sqrt(c): start from its closed form
     XtX = S / scale
     M = torch.add(a_identity, XtX, alpha=b)
@@ -150,6 +178,11 @@ def _inverse_sqrt_eigh(S: torch.Tensor) -> torch.Tensor:
     eigenvalues, eigenvectors = torch.linalg.eigh(torch.where(finite, S, _identity_like(S)))
     inverse_sqrt = (eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT
     return torch.where(finite, inverse_sqrt, math.nan)
+
+
+def _in_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as dtype (x itself, without a dispatch, when it already is)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _as_batch3(x: torch.Tensor) -> torch.Tensor:
@@ -204,6 +237,18 @@ def feasibility(W: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(gram - _identity_like(gram))
 
 
+def frame_deviation(W: torch.Tensor) -> torch.Tensor:
+    """||fl(W^T W) - I_r||_F per frame, in W's dtype: one batched r x r Gram product, the check
+    that the optimizer makes of every frame at every step. W: (B, d, r), float32 or float64;
+    returns (B,). Its own error: fl(W^T W) errs by gamma_d |W|^T |W| entrywise, of Frobenius norm
+    at most d u ||W||_F^2 = d r u for a frame (plus u per subtraction of the identity), which the
+    manifold tolerance's d r u term already holds (optimizer.manifold_tolerance). A NaN or inf
+    entry of W gives a non-finite deviation."""
+    gram = torch.bmm(W.mT, W)
+    gram.diagonal(dim1=-2, dim2=-1).sub_(1.0)
+    return torch.linalg.vector_norm(gram, dim=(-2, -1))
+
+
 def decayed_gradient(W: torch.Tensor, G: torch.Tensor, weight_decay: float = 0.0) -> torch.Tensor:
     """Stage 1: G~ = G + lambda W, shapes (..., d, r) in one compute dtype."""
     return torch.add(G, W, alpha=weight_decay) if weight_decay != 0 else G
@@ -232,6 +277,7 @@ def project_moment(W: torch.Tensor, G_decayed: torch.Tensor, m: torch.Tensor, be
     return m_new.baddbmm_(W, combined, alpha=-1.0), WtG
 
 
+@memoized
 def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, method: str = "auto") -> float:
     """Bound on ||W^T W - I||_F for a frame that this kernel returned (the precondition under
     which `gradient_norm_squared` may use its r x r identity); inf for the eigh retraction.
@@ -343,26 +389,51 @@ def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> t
     corrections are then `torch.pow` on the device, which is accurate to about one ulp of
     beta^t but not always correctly rounded, so the two forms can differ in the last bit of
     beta^t. Otherwise the two forms evaluate the same operations in the same order.
+
+    lr and eps may be Python numbers or 0-d tensors (so that a scheduler's new lr is data, not a
+    constant that torch.compile specialises on). A tensor gives bit for bit the coefficient of the
+    number of the same value: lr is converted to float64 exactly (every float32 or bfloat16 value
+    is a float64), -lr / (1 - beta1^t) is then the same float64 division either way, and eps
+    enters `root_v_hat + eps` as a scalar operand, rounded to the compute dtype as a number is.
     """
+    lr_tensor = torch.is_tensor(lr)
+    if lr_tensor:
+        lr = _float64_scalar(lr, v.device)
     if torch.is_tensor(step_count):
         work = v.dtype
         count = step_count.to(device=v.device, dtype=torch.float64)
         # the operations of the int form, elementwise: `scalar / tensor` is torch's
         # reciprocal(tensor) * scalar, `tensor / scalar` a division in the compute dtype
         bias_correction2 = (1 - torch.pow(beta2, count)).to(work)
-        numerator = (torch.full_like(count, -lr) / (1 - torch.pow(beta1, count))).to(work)  # as Python's -lr / bc1
+        negative_lr = torch.neg(lr) if lr_tensor else torch.full_like(count, -lr)
+        numerator = (negative_lr / (1 - torch.pow(beta1, count))).to(work)  # as Python's -lr / bc1
         root_v_hat = torch.sqrt(v / bias_correction2)
         coefficient = torch.where(root_v_hat > 0, torch.reciprocal(root_v_hat + eps) * numerator, 0.0)
     else:
         bias_correction1 = 1 - beta1**step_count
         bias_correction2 = 1 - beta2**step_count
         root_v_hat = torch.sqrt(v / bias_correction2)
-        coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
+        if lr_tensor:
+            # float64 tensor / float64 tensor (a true division, as Python's), then Python's
+            # `number / tensor`, which is reciprocal(tensor) * number
+            numerator = torch.neg(lr) / torch.tensor(bias_correction1, dtype=torch.float64, device=lr.device)
+            coefficient = torch.where(root_v_hat > 0, torch.reciprocal(root_v_hat + eps) * numerator, 0.0)
+        else:
+            coefficient = torch.where(root_v_hat > 0, (-lr / bias_correction1) / (root_v_hat + eps), 0.0)
     if not math.isinf(trust_radius):
         # Frobenius norm, a rotation-invariant cap: keeps the step O(d) x O(r) equivariant
         norm = torch.linalg.vector_norm(m, dim=(-2, -1)) * coefficient.abs()
         coefficient = coefficient * torch.where(norm > trust_radius, trust_radius / norm, 1.0)
     return coefficient
+
+
+def _float64_scalar(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A 0-d hyper-parameter tensor as float64 (exact for every floating dtype). A 0-d tensor on
+    the CPU stays there: torch reads such an operand as a scalar in a kernel on any device, with
+    no copy to the device and no wait; one on another device is moved to `device`."""
+    if value.device.type != "cpu" and value.device != device:
+        value = value.to(device)
+    return value.to(torch.float64)
 
 
 def transported_moment(W: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -409,12 +480,12 @@ def stiefel_adam_step(
     work = compute_dtype(W.dtype)
     batch_shape = W.shape[:-2]
     d, r = W.shape[-2], W.shape[-1]
-    W_c = _as_batch3(W.to(work))
-    G_c = decayed_gradient(W_c, _as_batch3(G.to(work)), weight_decay)
-    m_c, WtG = project_moment(W_c, G_c, _as_batch3(m.to(work)), beta1)
+    W_c = _as_batch3(_in_dtype(W, work))
+    G_c = decayed_gradient(W_c, _as_batch3(_in_dtype(G, work)), weight_decay)
+    m_c, WtG = project_moment(W_c, G_c, _as_batch3(_in_dtype(m, work)), beta1)
     drift = frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method)
     g_squared = gradient_norm_squared(W_c, G_c, WtG, drift, sync_free)
-    v_c = second_moment(v.to(work).reshape(-1), g_squared, beta2, d * r)
+    v_c = second_moment(_in_dtype(v, work).reshape(-1), g_squared, beta2, d * r)
     step_count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
     coefficient = step_coefficient(m_c, v_c, step_count, lr, beta1, beta2, eps, trust_radius)
     W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
