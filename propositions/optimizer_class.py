@@ -87,6 +87,29 @@ def _derivation(dtype_name: str, output: str) -> str:
             + step_analysis.step_error_text(output))
 
 
+def projection_bound(d: int, r: int, dtype_name: str, cond):
+    """||stiefel_project_(X) - project_to_manifold(X)||_F for stored values X of condition number cond:
+    both compute the polar factor in float64 by LAPACK's SVD (each within polar_svd at cond of the
+    exact one: kit/bounds.py), and the class rounds it to its dtype (||E||_F <= u_s ||X||_F = u_s sqrt(r))."""
+    from propositions.kit.bounds import polar_error_bound
+
+    u_s = step_analysis.UNIT_ROUNDOFFS[dtype_name] if dtype_name != "float64" else 0.0
+    return 2.0 * polar_error_bound(d, r, cond) + u_s * math.sqrt(r)
+
+
+def clip_bound(entries: int, units: int, dtype_name: str) -> float:
+    """Relative error of one unit's clipped gradient against c G, c = min(1, max_norm / (total + 1e-6))
+    from the exact norms of the gradients the class holds: each unit's norm sums `entries` squares
+    (gamma_n, accumulated in the compute dtype u_c: float32 for a float32 or bfloat16 gradient) and is
+    returned in the gradient's dtype (u_g); the total sums `units` squares of them (u_t: float64 if any
+    gradient is float64, else float32) with its root; adding 1e-6 and dividing round by u_t each; the
+    product c G rounds once to the gradient's dtype. First order: (entries + 2) u_c + u_g + (units + 4) u_t + u_g."""
+    u_g = step_analysis.UNIT_ROUNDOFFS[dtype_name]
+    u_c = step_analysis.UNIT_ROUNDOFFS[step_analysis.COMPUTE_DTYPES[dtype_name]]
+    u_t = step_analysis.UNIT_ROUNDOFFS["float64" if dtype_name == "float64" else "float32"]
+    return (entries + 2) * u_c + 2 * u_g + (units + 4) * u_t
+
+
 CHECKS = (
     ("completes", "scenario_completes", "the run ends without an exception where none is expected (0; inf if the class raised)",
      "exact: a correct class raises only where the scenario expects it"),
@@ -97,21 +120,28 @@ CHECKS = (
     ("count_dtype", "count_dtype", f"state['step'] of every frame parameter is a {COUNT_DTYPE} tensor with one count per frame (0; inf otherwise)",
      "exact: the documented dtype and shape"),
     ("untouched", "no_gradient_untouched", "a parameter whose .grad is None: parameter and state after the step against before (ulps)", EXACT),
-    ("skipped", "nonfinite_frame_untouched", "a frame whose step is not finite under skip_nonfinite: frame, m, v and count against before (ulps)", EXACT),
+    ("skipped", "nonfinite_frame_untouched", "a frame whose step is not finite, or that is off St(d, r), under skip_nonfinite: frame, m, v "
+     "and count against before (ulps)", EXACT),
     ("refused", "refused_step_untouched", "a step with a non-finite frame in a group that does not skip: ValueError, and every parameter, state "
      "and skipped_steps as before (ulps; inf if not refused)", EXACT),
     ("refusal_names", "refusal_names_parameter", "the refusal's message names a parameter at fault as 'params[i] of param group g' (0; inf otherwise)",
      "exact: the documented message"),
-    ("skipped_count", "skipped_count", "skipped_steps after every step against the frames and tensors the model skipped since construction (ulps)", EXACT),
+    ("skipped_count", "skipped_count", "skipped_steps and off_manifold_steps after every step against the frames and tensors the model "
+     "skipped since construction (ulps)", EXACT),
     ("closure", "closure_loss", "the loss step(closure) returns against the closure's own (0 if the same object; else ulps; inf if none)", EXACT),
     ("ordinary", "euclidean_is_adamw", "every manifold='euclidean' tensor and its state against torch.optim.AdamW with its group's current "
      "settings, skipped whole when not finite under skip_nonfinite (a state AdamW never made taken as its fresh one) (ulps)", EXACT),
     ("round_trip", "checkpoint_round_trip", "after a load: every parameter's state (keys, dtypes, values) and every group's settings against "
      "what was saved, an older-format count expanded to one per frame (ulps; inf for another key or dtype)", EXACT),
+    ("projected", "stiefel_project", "||stiefel_project_(X) - project_to_manifold(X)||_F per frame of a projected parameter",
+     " ".join(projection_bound.__doc__.split())),
+    ("clip", "clip_grad_norm_finite", "clip_grad_norm_finite_ over the param groups: per finite unit (a frame; a whole ordinary tensor) "
+     "||G_clipped - c G|| / (c ||G||), c = min(1, max_norm / (total + 1e-6)) from the finite units' exact norms; a unit that is not "
+     "finite untouched (ulps)", " ".join(clip_bound.__doc__.split())),
     ("resume", "checkpoints_change_nothing", "the run replayed without the lock-step, with and without its checkpoints: parameters and states at "
      "the end (ulps)", EXACT),
 )
-BOUNDED = {"W", "m", "v"}
+BOUNDED = {"W", "m", "v"}  # held to the step analysis; "projected" and "clip" to their own bounds above
 
 
 def _new_checks(dtype_name: str) -> dict:
@@ -119,7 +149,8 @@ def _new_checks(dtype_name: str) -> dict:
     for key, name, description, derivation in CHECKS:
         if key in BOUNDED:
             derivation = _derivation(dtype_name, key)
-        note = "an exact equality: 0 by design" if key not in BOUNDED else None
+        note = ("an exact equality: 0 by design" if derivation == EXACT or derivation.startswith("exact") else
+                "units not clipped (c = 1) and units that are not finite are exact equalities: 0 by design" if key == "clip" else None)
         checks[key] = NumericalCheck(f"{dtype_name}/{name}", description, derivation, tightness_note=note)
     return checks
 
@@ -161,9 +192,10 @@ def _torch_dtype(name):
 
 
 def _to_numpy(x) -> np.ndarray:
+    """A float64 copy (never a view: the class writes its tensors in place)."""
     import torch
 
-    return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    return x.detach().to(device="cpu", dtype=torch.float64, copy=True).numpy()
 
 
 def _max_ulps(x, y) -> float:
@@ -217,6 +249,7 @@ class _Frames:
         d, r = W.shape[-2:]
         self.W = np.array(W, dtype=np.float64).reshape(-1, d, r)
         count = self.W.shape[0]
+        self.drifted = np.zeros(count, dtype=bool)  # sent off the manifold, not projected back yet
         self.m = np.zeros_like(self.W)
         self.moment_in = np.zeros_like(self.W)
         self.v = np.zeros(count)
@@ -297,7 +330,7 @@ class ScenarioRun:
                     self.models[(group.name, p)] = _Frames(initial)
         self.active = [g.name for g in scenario.groups if not g.late]
         self.lr = {g.name: g.settings.lr for g in scenario.groups}
-        self.skipped = 0
+        self.skipped = self.off_manifold = 0
         self.stepped = 0
         self.optimizer = self._build(self.active)
         self.twin, self.twin_params = self._build_twin()
@@ -333,9 +366,12 @@ class ScenarioRun:
         return (torch.optim.AdamW(groups) if groups else None), twin_params
 
     def _twin_group(self, name, twin_params) -> dict:
+        import torch
+
         group = self.scenario.group(name)
         s = group.settings
-        return {"params": [twin_params[(name, p)] for p in range(len(group.shapes))], "lr": self.lr[name], "betas": s.betas,
+        lr = torch.tensor(self.lr[name], dtype=torch.float64) if s.lr_tensor else self.lr[name]
+        return {"params": [twin_params[(name, p)] for p in range(len(group.shapes))], "lr": lr, "betas": s.betas,
                 "eps": s.eps, "weight_decay": s.weight_decay}
 
     # draws --------------------------------------------------------------------------------
@@ -374,16 +410,16 @@ class ScenarioRun:
     def _run(self, checks, coverage) -> None:
         for op, plan in grammar.walk(self.scenario):
             if coverage is not None:
-                names = plan.features if plan is not None else [
-                    {"add_group": "add_group", "schedule": "schedule"}.get(op.kind) or f"checkpoint_{op.option}"]
-                for name in names:
+                for name in plan.features:
                     coverage[name] = coverage.get(name, 0) + 1
             if op.kind == "add_group":
                 self._add_group(op.option)
             elif op.kind == "schedule":
                 self._schedule(op.option)
             elif op.kind == "checkpoint":
-                self._checkpoint(op, checks)
+                self._checkpoint(op, plan, checks)
+            elif op.kind == "project":
+                self._project(op, checks)
             else:
                 self._step(op, plan, checks)
 
@@ -410,28 +446,30 @@ class ScenarioRun:
             self.lr[name] = self.lr[name] * factor
         if self.twin is not None:
             for group in self.twin.param_groups:
-                group["lr"] = group["lr"] * factor
+                if torch.is_tensor(group["lr"]):
+                    group["lr"].mul_(factor)  # as the scheduler updates a tensor lr: in place, in float64
+                else:
+                    group["lr"] = group["lr"] * factor
 
-    def _checkpoint(self, op, checks) -> None:
-        """Save and load (op.option: fresh, same, old_format); the loaded state must equal the saved."""
-        import torch
-
+    def _checkpoint(self, op, plan, checks) -> None:
+        """Save and load (op.option: fresh, same, old_format); the loaded state must equal the saved.
+        While a frame is off the manifold the load (or the fresh instance's constructor) must refuse
+        it with a ValueError and change nothing."""
         saved = copy.deepcopy(self.optimizer.state_dict())
         before = {key: _snapshot(p, self.optimizer.state[p])[1] for key, p in self._live_params()}
         groups_before = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        if op.option == "same":
-            self.optimizer.load_state_dict(saved)
-        else:
-            if op.option == "old_format":
-                saved = _older_format(saved, self.optimizer)
-            self.params = {key: _cloned(p) for key, p in self.params.items()}
-            fresh = self.subject.optimizer_class([self._group_options(name) for name in self.active], lr=1e-3)
-            fresh.load_state_dict(saved)
-            self.optimizer = fresh
-            self.skipped = 0  # skipped_steps counts since construction
+        try:
+            self._load(op, saved)
+            refused = False
+        except ValueError:
+            if not plan.refused:
+                raise
+            refused = True
         if checks is None:
             return
         batch = _Batch()
+        if plan.refused:
+            batch.add("round_trip", 0.0 if refused else math.inf, 0.5, {"op": op.id, "checkpoint": op.option, "expected": "refused: a frame off St"})
         for key, p in self._live_params():
             batch.add("round_trip", _state_ulps(self.optimizer.state[p], before[key]), 0.5,
                       {"op": op.id, "checkpoint": op.option, "parameter": f"{key[0]}.{key[1]}"})
@@ -439,6 +477,47 @@ class ScenarioRun:
         mismatched = [i for i, (a, b) in enumerate(zip(groups_after, groups_before)) if a != b] + (
             [-1] if len(groups_after) != len(groups_before) else [])
         batch.add("round_trip", math.inf if mismatched else 0.0, 0.5, {"op": op.id, "checkpoint": op.option, "groups_differ": mismatched})
+        batch.flush(checks, self.seed, self.key)
+
+    def _load(self, op, saved: dict) -> None:
+        if op.option == "same":
+            self.optimizer.load_state_dict(saved)
+            return
+        if op.option == "old_format":
+            saved = _older_format(saved, self.optimizer)
+        params = {key: _cloned(p) for key, p in self.params.items()}
+        kept, self.params = self.params, params
+        try:
+            fresh = self.subject.optimizer_class([self._group_options(name) for name in self.active], lr=1e-3)
+            fresh.load_state_dict(saved)
+        except ValueError:
+            self.params = kept
+            raise
+        self.optimizer = fresh
+        self.skipped = self.off_manifold = 0  # the counters count since construction
+
+    def _project(self, op, checks) -> None:
+        """torch_impl.stiefel_project_ on one parameter: every frame against the nearest frame of its
+        stored values (reference_impl.project_to_manifold of them, float64); the model's frames that
+        were off the manifold go back to the nearest frame."""
+        from torch_impl import stiefel_project_
+
+        key = tuple(op.option)
+        p = self.params[key]
+        d, r = p.shape[-2:]
+        stored = _to_numpy(p).reshape(-1, d, r)
+        stiefel_project_(p.data)
+        model = self.models[key]
+        if model.drifted.any():
+            model.W[model.drifted] = ref.project_to_manifold(model.W[model.drifted])
+            model.drifted[:] = False
+        if checks is None:
+            return
+        expected = ref.project_to_manifold(stored)
+        singular = np.linalg.svd(stored, compute_uv=False)
+        bound = projection_bound(d, r, self.dtype_name, singular[:, 0] / singular[:, -1])
+        batch = _Batch()
+        batch.add("projected", ref.frobenius(_to_numpy(p).reshape(-1, d, r) - expected), bound, {"op": op.id, "parameter": f"{key[0]}.{key[1]}"})
         batch.flush(checks, self.seed, self.key)
 
     def _live_params(self):
@@ -452,14 +531,17 @@ class ScenarioRun:
         import torch
 
         gradients = {key: self.gradient(op, plan, key) for key in plan.gradients}
-        if op.kind == "step":
+        if op.kind in ("step", "clip_step"):
             for key, G in gradients.items():
                 p = self.params[key]
                 p.grad = None if G is None else torch.tensor(G, dtype=self.dtype, device=self.device)
         if checks is not None:
             self._set_inputs()
+        self._drift(plan, lockstep=checks is not None)
+        if op.kind == "clip_step":
+            gradients = self._clip(op, plan, checks)
         before = {key: _snapshot(p, self.optimizer.state[p]) for key, p in self._live_params()}
-        skipped_before = self.subject_skipped()
+        skipped_before = self.subject_counts()
         closure = self._closure(gradients) if op.kind == "closure_step" else None
         raised = None
         try:
@@ -476,6 +558,7 @@ class ScenarioRun:
             return
         self._step_twin(plan, gradients)
         self.skipped += sum(1 for what in plan.frames.values() if what == "skip") + sum(1 for what in plan.euclidean.values() if what == "skip")
+        self.off_manifold += sum(1 for what in plan.frames.values() if what == "off")
         if checks is None:
             return
         batch = _Batch()
@@ -487,11 +570,81 @@ class ScenarioRun:
                 self._compare_frames(op, plan, key, gradients[key], before[key], batch)
             else:
                 self._compare_euclidean(op, key, batch)
-        batch.add("skipped_count", _max_ulps(self.subject_skipped(), self.skipped), 0.5, {"op": op.id, "expected": self.skipped})
+        counts = self.subject_counts()
+        batch.add("skipped_count", max(_max_ulps(counts[0], self.skipped), _max_ulps(counts[1], self.off_manifold)), 0.5,
+                  {"op": op.id, "expected": [self.skipped, self.off_manifold], "counted": list(counts)})
         batch.flush(checks, self.seed, self.key)
 
-    def subject_skipped(self) -> int:
-        return int(self.optimizer.skipped_steps)
+    def subject_counts(self) -> tuple:
+        """(skipped_steps, off_manifold_steps) of the class (reading them waits for the device)."""
+        return int(self.optimizer.skipped_steps), int(getattr(self.optimizer, "off_manifold_steps", 0))
+
+    def _drift(self, plan: StepPlan, lockstep: bool) -> None:
+        """off_manifold events: the frame multiplied by 1 + DRIFT in place, the model's too (it stays
+        so, and is not stepped, until a project op)."""
+        import torch
+
+        for (name, p), planted in plan.events.items():
+            for event in planted:
+                if event.kind != "off_manifold":
+                    continue
+                param = self.params[(name, p)]
+                frames = param.data.view((-1,) + tuple(param.shape[-2:]))
+                if lockstep:
+                    model = self.models[(name, p)]
+                    model.W[event.frame] *= 1.0 + grammar.DRIFT
+                    model.drifted[event.frame] = True
+                    frames[event.frame].copy_(torch.from_numpy(model.W[event.frame]).to(dtype=self.dtype, device=self.device))
+                else:
+                    frames[event.frame].mul_(1.0 + grammar.DRIFT)
+
+    def _clip(self, op, plan: StepPlan, checks) -> dict:
+        """clip_grad_norm_finite_ over the optimizer's param groups, against c G from the exact norms
+        of the gradients the class holds; returns the gradients the step then sees (float64)."""
+        from torch_impl import clip_grad_norm_finite_
+
+        held = {key: (None if self.params[key].grad is None else _to_numpy(self.params[key].grad)) for key in plan.gradients}
+        clip_grad_norm_finite_(self.optimizer.param_groups, float(op.option))
+        after = {key: (None if self.params[key].grad is None else _to_numpy(self.params[key].grad)) for key in plan.gradients}
+        if checks is None:
+            return after
+        units = {key: self._units(key, G) for key, G in held.items() if G is not None}
+        finite = [norm for pieces in units.values() for _, norm in pieces if norm is not None]
+        total = math.sqrt(math.fsum(norm * norm for norm in finite))
+        c = min(1.0, float(op.option) / (total + 1e-6))
+        bound = clip_bound(max((G.size // max(len(units[key]), 1) for key, G in held.items() if G is not None), default=1), len(finite), self.dtype_name)
+        batch = _Batch()
+        for key, pieces in units.items():
+            clipped = after[key].reshape(len(pieces), -1)
+            for index, (values, norm) in enumerate(pieces):
+                extra = {"op": op.id, "parameter": f"{key[0]}.{key[1]}", "unit": index, "coefficient": c}
+                if norm is None:  # not finite: untouched
+                    batch.add("clip", _max_ulps(clipped[index], values), 0.5, {**extra, "finite": False})
+                elif norm == 0.0 or c == 1.0:
+                    batch.add("clip", _max_ulps(clipped[index], values), 0.5, extra)
+                else:
+                    residual = np.linalg.norm(clipped[index] - c * values) / (c * norm)
+                    batch.add("clip", residual, bound, extra)
+        batch.flush(checks, self.seed, self.key)
+        return after
+
+    def _units(self, key, G: np.ndarray) -> list:
+        """The clip units of one gradient: (values, exact norm or None where not finite): a frame of a
+        frame parameter, a whole ordinary tensor. Not finite: a NaN or inf entry, or a sum of squares
+        beyond the largest number of the dtype the norm is accumulated in (float64 for float64,
+        else float32: an overflowing gradient is left to the optimizer, which skips its step)."""
+        group = self.scenario.group(key[0])
+        pieces = G.reshape((-1, G.shape[-2] * G.shape[-1])) if group.frames else G.reshape(1, -1)
+        largest = np.finfo(np.float64 if self.dtype_name == "float64" else np.float32).max
+        out = []
+        for values in pieces:
+            scale = float(np.max(np.abs(values))) if values.size else 0.0
+            if not np.all(np.isfinite(values)):
+                out.append((values, None))
+                continue
+            norm = scale * float(np.linalg.norm(values / scale)) if scale > 0 else 0.0
+            out.append((values, norm if 2 * math.log2(max(norm, 1e-300)) < math.log2(largest) else None))
+        return out
 
     def _closure(self, gradients: dict):
         """loss = sum_p <p, G_p> over the parameters with a drawn gradient: backward leaves p.grad = G_p
@@ -533,7 +686,7 @@ class ScenarioRun:
         batch = _Batch()
         unchanged = max((max(_max_ulps(_to_numpy(p), _to_numpy(before[key][0])), _state_ulps(self.optimizer.state[p], before[key][1]))
                          for key, p in self._live_params()), default=0.0)
-        unchanged = max(unchanged, _max_ulps(self.subject_skipped(), skipped_before))
+        unchanged = max(unchanged, _max_ulps(np.array(self.subject_counts(), dtype=float), np.array(skipped_before, dtype=float)))
         batch.add("refused", unchanged if raised is not None else math.inf, 0.5, {"op": op.id})
         names = {f"params[{p}] of param group {self._group_position(g)}" for g, p in plan.offenders}
         named = raised is not None and any(name in str(raised) for name in names)
@@ -570,7 +723,7 @@ class ScenarioRun:
                 residual = max(residual, _frame_state_ulps(state, state_before, k, d, r))
             elif len(state):  # a first step that is skipped must not leave a state behind with a count
                 residual = max(residual, _max_ulps(_to_numpy(state["step"]).reshape(-1)[k], 0.0))
-            batch.add("skipped" if what[k] == "skip" else "untouched", residual, 0.5, {**extra, "frame": k})
+            batch.add("skipped" if what[k] in ("skip", "off") else "untouched", residual, 0.5, {**extra, "frame": k, "kept": what[k]})
         if stepping:
             self._compare_stepped(key, G, stepping, extra, batch)
         if len(state) or stepping:
@@ -900,8 +1053,8 @@ def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
         checks=list(checks.values()), frames=stepped,
         extra={f"coverage_{dtype_name}": {name: coverage.get(name, {"count": 0, "runs": 0}) for name in grammar.FEATURES},
                f"runs_{dtype_name}": {"runs": len(runs), "operations": sum(len(s.ops) for s in runs),
-                                      "steps": sum(1 for s in runs for op in s.ops if op.kind in ("step", "closure_step", "zero_grad")),
-                                      "longest_run_steps": max(sum(1 for op in s.ops if op.kind in ("step", "closure_step", "zero_grad")) for s in runs)},
+                                      "steps": sum(1 for s in runs for op in s.ops if op.kind in grammar.STEP_KINDS),
+                                      "longest_run_steps": max(sum(1 for op in s.ops if op.kind in grammar.STEP_KINDS) for s in runs)},
                f"undefined_frame_steps_{dtype_name}": undefined,
                f"unit_roundoffs_{dtype_name}": _unit_roundoffs(dtype_name)})
     uncovered = [name for name in grammar.FEATURES if not coverage.get(name)]

@@ -58,7 +58,7 @@ import numpy as np
 
 CLAIM_ID = "optimizer"
 DTYPES = ("float64", "float32", "bfloat16")
-SETTING_NAMES = ("lr", "betas", "eps", "trust_radius", "weight_decay", "skip_nonfinite")
+SETTING_NAMES = ("lr", "betas", "eps", "trust_radius", "weight_decay", "skip_nonfinite", "lr_tensor")
 
 # Frame shapes (d, r): r = 1, r = d and between, small so that long runs stay cheap.
 FRAME_SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (3, 1), (6, 1), (2, 2), (4, 4), (4, 2), (5, 3), (7, 2), (6, 4))
@@ -75,13 +75,17 @@ CHOICES = {
     "trust_radius": (0.002, 0.2, 0.5, 1.0, 3.0, math.inf),
     "weight_decay": (0.0, 0.01, 0.1),
     "skip_nonfinite": (True, False),
+    "lr_tensor": (False, True),  # lr given as a 0-d float64 tensor (what compiled steps and schedulers use)
 }
 EUCLIDEAN_EPS = (1e-8, 1e-6)  # AdamW divides by sqrt(v^) + eps: eps = 0 at a zero gradient is 0/0
 SCHEDULE_FACTORS = (0.5, 0.8, 1.25)
+CLIP_NORMS = (0.5, 2.0, 1e6)  # max_norm of a clip_step: mostly clipping, sometimes not
 CHECKPOINT_KINDS = ("fresh", "same", "old_format")
-OP_KINDS = ("step", "closure_step", "zero_grad", "add_group", "schedule", "checkpoint")
-EVENT_KINDS = ("no_grad", "nan", "inf", "overflow", "zero")
+OP_KINDS = ("step", "closure_step", "clip_step", "zero_grad", "add_group", "schedule", "checkpoint", "project")
+STEP_KINDS = ("step", "closure_step", "clip_step", "zero_grad")
+EVENT_KINDS = ("no_grad", "nan", "inf", "overflow", "zero", "off_manifold")
 NONFINITE = ("nan", "inf", "overflow")
+DRIFT = 0.1  # an off_manifold event multiplies the frame by 1 + DRIFT: ||W^T W - I|| = sqrt(r) (2 DRIFT + DRIFT^2)
 
 # A long run per dtype: past 256 steps, where a count kept in bfloat16 (8 significant bits) stops
 # counting (257 rounds to 256) and a count kept in a uint8 wraps.
@@ -95,7 +99,7 @@ LAYOUT_FEATURES = (
     "joined_call", "euclidean_several_shapes", "late_group", "eigh_route", "newton_schulz_route",
 )
 OPERATION_FEATURES = tuple(f"siblings_differ_in_{name}" for name in SETTING_NAMES) + (
-    "weight_decay_frames", "euclidean_weight_decay",
+    "weight_decay_frames", "euclidean_weight_decay", "tensor_lr", "clip_step", "clip_with_nonfinite_unit", "project",
     "step", "closure_step", "zero_grad_set_to_none", "zero_grad_zeros", "add_group", "schedule",
     "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format", "refused_step", "refused_step_not_first_parameter",
     "count_past_256",
@@ -103,7 +107,7 @@ OPERATION_FEATURES = tuple(f"siblings_differ_in_{name}" for name in SETTING_NAME
 EVENT_FEATURES = (
     "no_grad_frames", "no_grad_euclidean", "nan_frame", "inf_frame", "overflow_frame",
     "nonfinite_frame_not_last_of_call", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite", "zero_gradient_at_v_zero",
-    "skipped_frame",
+    "skipped_frame", "off_manifold_frame", "off_manifold_refused",
 )
 FEATURES = LAYOUT_FEATURES + OPERATION_FEATURES + EVENT_FEATURES
 
@@ -121,12 +125,19 @@ class Settings:
     trust_radius: float
     weight_decay: float
     skip_nonfinite: bool
+    lr_tensor: bool = False
 
     def replaced(self, name: str, value) -> "Settings":
         return replace(self, **{name: value})
 
     def as_options(self) -> dict:
-        return {"lr": self.lr, "betas": tuple(self.betas), "eps": self.eps, "trust_radius": self.trust_radius,
+        """The group's options as the class takes them (lr a 0-d float64 tensor where lr_tensor)."""
+        lr = self.lr
+        if self.lr_tensor:
+            import torch
+
+            lr = torch.tensor(self.lr, dtype=torch.float64)
+        return {"lr": lr, "betas": tuple(self.betas), "eps": self.eps, "trust_radius": self.trust_radius,
                 "weight_decay": self.weight_decay, "skip_nonfinite": self.skip_nonfinite}
 
 
@@ -190,8 +201,8 @@ class Scenario:
 
 
 def _settings_text(s: Settings) -> str:
-    return (f"lr={s.lr:g} betas=({s.betas[0]:g}, {s.betas[1]:g}) eps={s.eps:g} trust_radius={s.trust_radius:g} "
-            f"weight_decay={s.weight_decay:g} skip_nonfinite={s.skip_nonfinite}")
+    return (f"lr={s.lr:g}{' (tensor)' if s.lr_tensor else ''} betas=({s.betas[0]:g}, {s.betas[1]:g}) eps={s.eps:g} "
+            f"trust_radius={s.trust_radius:g} weight_decay={s.weight_decay:g} skip_nonfinite={s.skip_nonfinite}")
 
 
 def _op_text(op: Op) -> str:
@@ -208,7 +219,8 @@ def scenario_from_dict(data: dict) -> Scenario:
     groups = tuple(Group(g["name"], g["manifold"], tuple(tuple(int(n) for n in s) for s in g["shapes"]),
                          Settings(number(g["settings"]["lr"]), tuple(number(b) for b in g["settings"]["betas"]),
                                   number(g["settings"]["eps"]), number(g["settings"]["trust_radius"]),
-                                  number(g["settings"]["weight_decay"]), bool(g["settings"]["skip_nonfinite"])),
+                                  number(g["settings"]["weight_decay"]), bool(g["settings"]["skip_nonfinite"]),
+                                  bool(g["settings"].get("lr_tensor", False))),
                          bool(g["late"])) for g in data["groups"])
     ops = tuple(Op(int(o["id"]), o["kind"], tuple(Event(**e) for e in o["events"]), _option(o["kind"], o["option"]))
                 for o in data["ops"])
@@ -216,10 +228,12 @@ def scenario_from_dict(data: dict) -> Scenario:
 
 
 def _option(kind: str, option):
-    if kind == "schedule":
+    if kind in ("schedule", "clip_step"):
         return float(option)
     if kind == "zero_grad":
         return bool(option)
+    if kind == "project":
+        return (str(option[0]), int(option[1]))
     return option
 
 
@@ -230,10 +244,12 @@ def _option(kind: str, option):
 
 @dataclass
 class FrameBook:
-    """One frame's bookkeeping: its count and whether its second moment is still exactly 0."""
+    """One frame's bookkeeping: its count, whether its second moment is still exactly 0, and whether
+    an off_manifold event left it off St(d, r) (until a project op)."""
 
     t: int = 0
     v_zero: bool = True
+    drifted: bool = False
 
 
 @dataclass
@@ -241,10 +257,11 @@ class StepPlan:
     """What one step-like operation must do, decided by the walk.
 
     gradients: (group, param) -> "drawn", "zero" (zero_grad with zeros) or None (no gradient);
-    events: (group, param) -> the events planted in that gradient;
-    refused: the step must raise ValueError and change nothing (a non-finite frame in a group that
-    does not skip); frames: (group, param, frame) -> "step", "skip" or "keep" (no gradient);
-    euclidean: (group, param) -> "step", "skip" or "keep"."""
+    events: (group, param) -> the events planted in that gradient (or, off_manifold, in that frame);
+    refused: the step must raise ValueError and change nothing (a non-finite or off-manifold frame
+    in a group that does not skip); frames: (group, param, frame) -> "step", "skip" (not finite),
+    "off" (off the manifold) or "keep" (no gradient); euclidean: (group, param) -> "step", "skip" or
+    "keep"; offenders: (scenario group index, param index) of the frames that refuse."""
 
     op: Op
     gradients: dict
@@ -252,7 +269,17 @@ class StepPlan:
     refused: bool = False
     frames: dict = field(default_factory=dict)
     euclidean: dict = field(default_factory=dict)
-    offenders: list = field(default_factory=list)  # (group index, param index) of frames that refuse
+    offenders: list = field(default_factory=list)
+    features: list = field(default_factory=list)
+
+
+@dataclass
+class OpPlan:
+    """What another operation must do: refused, for a checkpoint while a frame is off the manifold
+    (the fresh instance's constructor or the load refuses it, and nothing changes)."""
+
+    op: Op
+    refused: bool = False
     features: list = field(default_factory=list)
 
 
@@ -261,23 +288,32 @@ def frame_count(shape) -> int:
 
 
 def walk(scenario: Scenario):
-    """Yield (op, plan) for every operation: plan a StepPlan for step-like operations, else None.
+    """Yield (op, plan) for every operation: a StepPlan for step-like operations, else an OpPlan.
 
-    The books (per frame) are updated as the class must update them; the StepPlan's `features` are
-    the coverage features the operation exercises."""
+    The books (per frame) are updated as the class must update them; a plan's `features` are the
+    coverage features the operation exercises."""
     active = [g.name for g in scenario.groups if not g.late]
     books = {(g.name, p, k): FrameBook() for g in scenario.groups if g.frames for p, s in enumerate(g.shapes) for k in range(frame_count(s))}
     has_grad: dict = {}
     for op in scenario.ops:
+        if op.kind in STEP_KINDS:
+            yield op, _plan_step(scenario, op, active, has_grad, books)
+            continue
+        plan = OpPlan(op)
         if op.kind == "add_group":
             if op.option not in active:
                 active.append(op.option)
-            yield op, None
-            continue
-        if op.kind in ("schedule", "checkpoint"):
-            yield op, None
-            continue
-        plan = _plan_step(scenario, op, active, has_grad, books)
+            plan.features.append("add_group")
+        elif op.kind == "schedule":
+            plan.features.append("schedule")
+        elif op.kind == "checkpoint":
+            plan.refused = any(book.drifted for key, book in books.items() if key[0] in active)
+            plan.features.append("checkpoint_refused_off_manifold" if plan.refused else f"checkpoint_{op.option}")
+        elif op.kind == "project":
+            for key, book in books.items():
+                if key[:2] == tuple(op.option):
+                    book.drifted = False
+            plan.features.append("project")
         yield op, plan
 
 
@@ -287,11 +323,13 @@ def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: 
     for event in op.events:
         if event.group in active:
             events.setdefault((event.group, event.param), []).append(event)
+            if event.kind == "off_manifold":
+                books[(event.group, event.param, event.frame)].drifted = True
     gradients = {}
     for name in active:
         for p in range(len(scenario.group(name).shapes)):
             key = (name, p)
-            if op.kind in ("step", "closure_step"):
+            if op.kind != "zero_grad":
                 gradients[key] = None if any(e.kind == "no_grad" for e in events.get(key, ())) else "drawn"
             else:  # zero_grad: None stays None; a gradient becomes zeros unless set to None
                 gradients[key] = None if (op.option or has_grad.get(key) is None) else "zero"
@@ -300,19 +338,21 @@ def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: 
     has_grad.clear()
     has_grad.update(gradients)
     plan = StepPlan(op, gradients, events)
-    plan.features.append({"step": "step", "closure_step": "closure_step"}.get(op.kind) or
-                         ("zero_grad_set_to_none" if op.option else "zero_grad_zeros"))
+    plan.features.append(op.kind if op.kind != "zero_grad" else ("zero_grad_set_to_none" if op.option else "zero_grad_zeros"))
     _plan_frames(scenario, plan, active, books)
     _plan_euclidean(scenario, plan, active)
+    if op.kind == "clip_step" and any(e.kind in ("nan", "inf") for key, planted in events.items() if gradients[key] for e in planted):
+        plan.features.append("clip_with_nonfinite_unit")
     if plan.refused:  # a refused step exercises the refusal and its events, nothing that steps
-        plan.features = ["refused_step"] + [f for f in plan.features if f in ("nan_frame", "inf_frame", "overflow_frame")]
+        kept = ("nan_frame", "inf_frame", "overflow_frame", "off_manifold_refused", "clip_with_nonfinite_unit")
+        plan.features = ["refused_step"] + [f for f in plan.features if f in kept]
         first = (scenario.groups.index(scenario.group(active[0])), 0)
         if first not in plan.offenders:
             plan.features.append("refused_step_not_first_parameter")
         plan.frames = {key: "keep" for key in plan.frames}
         plan.euclidean = {key: "keep" for key in plan.euclidean}
         return plan
-    plan.features += _sibling_features(scenario, plan)
+    plan.features += _setting_features(scenario, plan)
     for key, what in plan.frames.items():
         book = books[key]
         if what == "step":
@@ -328,11 +368,11 @@ def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: 
     return plan
 
 
-def _sibling_features(scenario: Scenario, plan: StepPlan) -> list[str]:
+def _setting_features(scenario: Scenario, plan: StepPlan) -> list[str]:
     """siblings_differ_in_<setting>: two groups that differ only in that setting step frames of one
-    shape (d, r) in this step, a shape whose tangent space is not {0} (on 1 x 1 frames g = 0, so no
-    setting changes the step); weight_decay_frames, euclidean_weight_decay: a frame or an ordinary
-    tensor stepped with lambda > 0."""
+    shape (d, r) in this step, with drawn gradients, on a shape whose tangent space is not {0} (on
+    1 x 1 frames g = 0, so no setting changes the step); weight_decay_frames, euclidean_weight_decay:
+    a frame or an ordinary tensor stepped with lambda > 0; tensor_lr: one stepped with a tensor lr."""
     stepping: dict = {}
     for (name, p, k), what in plan.frames.items():
         shape = scenario.group(name).shapes[p][-2:]
@@ -346,19 +386,24 @@ def _sibling_features(scenario: Scenario, plan: StepPlan) -> list[str]:
             if stepping[a] & stepping[b]:
                 sa, sb = scenario.group(a).settings, scenario.group(b).settings
                 differing = [n for n in SETTING_NAMES if getattr(sa, n) != getattr(sb, n)]
-                if len(differing) == 1:
+                # two tensor lrs are two objects: the class never joins their groups, whatever else is equal
+                joinable = differing == ["lr_tensor"] or not (sa.lr_tensor or sb.lr_tensor)
+                if len(differing) == 1 and joinable:
                     found.append(f"siblings_differ_in_{differing[0]}")
+    stepped_euclidean = [name for (name, _), what in plan.euclidean.items() if what == "step"]
     if any(scenario.group(name).settings.weight_decay > 0 for name in stepping):
         found.append("weight_decay_frames")
-    if any(what == "step" and scenario.group(name).settings.weight_decay > 0 for (name, _), what in plan.euclidean.items()):
+    if any(scenario.group(name).settings.weight_decay > 0 for name in stepped_euclidean):
         found.append("euclidean_weight_decay")
+    if any(scenario.group(name).settings.lr_tensor for name in list(stepping) + stepped_euclidean):
+        found.append("tensor_lr")
     return sorted(set(found))
 
 
 def _plan_frames(scenario: Scenario, plan: StepPlan, active: list, books: dict) -> None:
-    """Which frames step, skip or keep; whether the step is refused; the event features."""
+    """Which frames step, skip, stay off the manifold or keep; whether the step is refused; the event features."""
     calls: dict = {}  # the batched calls a correct class may form: frames in call order
-    for index, name in enumerate(active):
+    for name in active:
         group = scenario.group(name)
         if not group.frames:
             continue
@@ -371,22 +416,26 @@ def _plan_frames(scenario: Scenario, plan: StepPlan, active: list, books: dict) 
                 bad = [e for e in planted if e.frame == k and nonfinite_step(e.kind, shape)]
                 if plan.gradients[key] is None:
                     plan.frames[(name, p, k)] = "keep"
+                    continue
+                plan.features += [f"{e.kind}_frame" for e in bad]
+                off = books[(name, p, k)].drifted
+                if (off or bad) and not group.settings.skip_nonfinite:
+                    plan.frames[(name, p, k)] = "step"
+                    plan.refused = True
+                    plan.offenders.append((scenario.groups.index(group), p))
+                    if off:
+                        plan.features.append("off_manifold_refused")
+                elif off:  # off the manifold first: the class counts it there, whatever its step
+                    plan.frames[(name, p, k)] = "off"
+                    plan.features.append("off_manifold_frame")
                 elif bad:
-                    plan.features += [f"{e.kind}_frame" for e in bad]
-                    if group.settings.skip_nonfinite:
-                        plan.frames[(name, p, k)] = "skip"
-                        plan.features.append("skipped_frame")
-                    else:
-                        plan.frames[(name, p, k)] = "step"
-                        plan.refused = True
-                        plan.offenders.append((scenario.groups.index(group), p))
+                    plan.frames[(name, p, k)] = "skip"
+                    plan.features.append("skipped_frame")
                 else:
                     plan.frames[(name, p, k)] = "step"
-                if plan.gradients[key] is not None:
-                    call = (shape[-2:], group.settings)
-                    calls.setdefault(call, []).append((name, p, k))
+                calls.setdefault((shape[-2:], group.settings), []).append((name, p, k))
     for members in calls.values():
-        for position, key in enumerate(members[:-1]):
+        for key in members[:-1]:
             if plan.frames[key] == "skip":
                 plan.features.append("nonfinite_frame_not_last_of_call")
                 break
@@ -448,10 +497,8 @@ def layout_features(scenario: Scenario) -> list[str]:
 def features(scenario: Scenario) -> dict[str, int]:
     """Coverage of one scenario: feature -> times exercised (layout features count once)."""
     counts = {name: 1 for name in layout_features(scenario)}
-    for op, plan in walk(scenario):
-        names = plan.features if plan is not None else [
-            {"add_group": "add_group", "schedule": "schedule"}.get(op.kind) or f"checkpoint_{op.option}"]
-        for name in names:
+    for _, plan in walk(scenario):
+        for name in plan.features:
             counts[name] = counts.get(name, 0) + 1
     return counts
 
@@ -506,6 +553,8 @@ def draw_layout(rng: np.random.Generator, missing: set, long: bool) -> tuple[Gro
         if name in ("lr", "eps", "betas"):
             # a trust region that clips both groups' steps would hide lr, eps and betas (xi = Delta m / ||m||)
             bases = [g for g in bases if g.settings.trust_radius >= 0.5]
+        if name != "lr_tensor":  # groups with tensor lrs are never joined: a sibling pair needs float lrs
+            bases = [g for g in bases if not g.settings.lr_tensor]
         if bases and rng.random() < (0.8 if sibling_kinds else 0.4):
             if sibling_kinds:
                 sibling_kinds.pop(0)
@@ -514,8 +563,8 @@ def draw_layout(rng: np.random.Generator, missing: set, long: bool) -> tuple[Gro
             shared = _pick(rng, [s[-2:] for s in base.shapes if tuple(s[-2:]) != (1, 1)])
         else:
             settings = _settings(rng)
-            if sibling_kinds:  # a base for the siblings still wanted: a shape with g != 0 and a radius that rarely clips
-                settings = settings.replaced("trust_radius", _pick(rng, (0.5, 1.0, 3.0, math.inf)))
+            if sibling_kinds:  # a base for the siblings still wanted: a shape with g != 0, a radius that rarely clips, a float lr
+                settings = settings.replaced("trust_radius", _pick(rng, (0.5, 1.0, 3.0, math.inf))).replaced("lr_tensor", False)
             shared = _pick(rng, FRAME_SHAPES if not sibling_kinds else FRAME_SHAPES[1:])
         params = 1 if long else int(rng.integers(1, 4))
         shapes = [_frame_shape(rng, _pick(rng, leads), shared)]
@@ -578,35 +627,58 @@ def _euclidean_event(rng, groups, kind: str) -> Event | None:
     return Event(kind, group.name, p, 0, int(rng.integers(math.prod(group.shapes[p]))))
 
 
+EVENT_TARGETS = ("nan_frame", "inf_frame", "overflow_frame", "no_grad_frames", "no_grad_euclidean", "nonfinite_euclidean",
+                 "nonfinite_euclidean_beside_finite", "nonfinite_frame_not_last_of_call", "refused_step",
+                 "refused_step_not_first_parameter", "off_manifold_frame", "off_manifold_refused")
+RANDOM_EVENT_KINDS = ("no_grad", "nan", "inf", "overflow", "zero")  # off_manifold only when wanted or rarely
+
+
+def _event_kind(rng, target) -> str:
+    if target in ("off_manifold_frame", "off_manifold_refused"):
+        return "off_manifold"
+    if target in ("nonfinite_frame_not_last_of_call", "refused_step", "refused_step_not_first_parameter"):
+        return _pick(rng, NONFINITE)
+    fixed = {"nan_frame": "nan", "inf_frame": "inf", "overflow_frame": "overflow", "no_grad_frames": "no_grad", "zero_gradient_at_v_zero": "zero"}
+    if target in fixed:
+        return fixed[target]
+    return "off_manifold" if rng.random() < 0.04 else _pick(rng, RANDOM_EVENT_KINDS)
+
+
+def _event_groups(groups, target):
+    """The frame groups an event for `target` may land in."""
+    frames = [g for g in groups if g.frames and not g.late]
+    if target == "zero_gradient_at_v_zero":
+        return [g for g in frames if g.settings.eps == 0 and g.settings.weight_decay == 0]
+    if target in ("refused_step", "refused_step_not_first_parameter", "off_manifold_refused"):
+        chosen = [g for g in frames if not g.settings.skip_nonfinite] or groups
+        if target == "refused_step_not_first_parameter":
+            chosen = [g for g in chosen if g is not groups[0] or len(g.shapes) > 1] or chosen
+        return chosen
+    if target == "off_manifold_frame":
+        return [g for g in frames if g.settings.skip_nonfinite] or groups
+    return groups
+
+
 def _events(rng, groups, missing: set, first: bool) -> tuple[Event, ...]:
     """0-3 events for one step, steered toward the missing event features (a zero gradient at v = 0
-    only at the first step, where every frame's v is still 0)."""
+    only at the first step, where every frame's v is still 0); a target drawn for is taken out of
+    `missing` (the run's own copy), so that one run does not repeat it at every step."""
     events = []
-    wanted = (["zero_gradient_at_v_zero"] if first and "zero_gradient_at_v_zero" in missing else []) + [name for name in ("nan_frame", "inf_frame", "overflow_frame", "no_grad_frames", "no_grad_euclidean",
-                                "nonfinite_euclidean", "nonfinite_euclidean_beside_finite", "nonfinite_frame_not_last_of_call",
-                                "refused_step", "refused_step_not_first_parameter")
-              if name in missing]
+    wanted = (["zero_gradient_at_v_zero"] if first and "zero_gradient_at_v_zero" in missing else []) + [
+        name for name in EVENT_TARGETS if name in missing]
     count = int(rng.choice([0, 0, 1, 1, 2, 3])) + (1 if wanted else 0)
     for _ in range(count):
         target = wanted.pop(0) if wanted else None
+        missing.discard(target)
         if target in ("no_grad_euclidean", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite"):
             kind = "no_grad" if target == "no_grad_euclidean" else _pick(rng, ("nan", "inf"))
             event = _euclidean_event(rng, groups, kind)
         else:
-            kind = {"nan_frame": "nan", "inf_frame": "inf", "overflow_frame": "overflow", "no_grad_frames": "no_grad",
-                    "zero_gradient_at_v_zero": "zero"}.get(target) or (
-                _pick(rng, NONFINITE) if target in ("nonfinite_frame_not_last_of_call", "refused_step", "refused_step_not_first_parameter")
-                else _pick(rng, EVENT_KINDS))
-            candidates = groups
-            if target == "zero_gradient_at_v_zero":
-                candidates = [g for g in groups if g.frames and not g.late and g.settings.eps == 0 and g.settings.weight_decay == 0]
-            elif target in ("refused_step", "refused_step_not_first_parameter"):
-                candidates = [g for g in groups if g.frames and not g.late and not g.settings.skip_nonfinite] or groups
-                if target == "refused_step_not_first_parameter":
-                    candidates = [g for g in candidates if g is not groups[0] or len(g.shapes) > 1] or candidates
-            event = _frame_event(rng, candidates, kind, prefer_not_last=target == "nonfinite_frame_not_last_of_call" or rng.random() < 0.3,
+            kind = _event_kind(rng, target)
+            event = _frame_event(rng, _event_groups(groups, target), kind,
+                                 prefer_not_last=target == "nonfinite_frame_not_last_of_call" or rng.random() < 0.3,
                                  avoid=groups[0].name if target == "refused_step_not_first_parameter" else None)
-            if event is None and target is None:
+            if event is None and target is None and kind != "off_manifold":
                 event = _euclidean_event(rng, groups, kind)
         # one event per frame, and none beside a missing gradient: the walk reads each planted value alone
         taken = {(e.group, e.param, e.frame) for e in events} | {(e.group, e.param, None) for e in events if e.kind == "no_grad"}
@@ -617,18 +689,23 @@ def _events(rng, groups, missing: set, first: bool) -> tuple[Event, ...]:
 
 
 def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, steps: int) -> tuple[Op, ...]:
-    """`steps` step-like operations interleaved with the others; late groups added at random places."""
+    """`steps` step-like operations interleaved with the others; late groups added at random places;
+    a frame sent off the manifold is projected back (stiefel_project_) one to three steps later."""
     ops: list[Op] = []
-    wanted_kinds = [k for k in ("closure_step", "zero_grad_set_to_none", "zero_grad_zeros", "schedule",
+    missing = set(missing)  # this run's copy: _events takes out what it has drawn for
+    wanted_kinds = [k for k in ("closure_step", "clip_step", "zero_grad_set_to_none", "zero_grad_zeros", "schedule",
                                 "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format") if k in missing]
     late = [g.name for g in groups if g.late]
     additions: dict = {}  # step index -> late groups added before that step
     for name in late:
         additions.setdefault(int(rng.integers(0, max(1, min(steps, 6) - 1)) + 1), []).append(name)
+    projections: dict = {}  # step index -> parameters projected back before that step
     step_index = 0
     while step_index < steps:
         for name in additions.pop(step_index, []):
             ops.append(Op(len(ops), "add_group", option=name))
+        for target in projections.pop(step_index, []):
+            ops.append(Op(len(ops), "project", option=target))
         roll = rng.random()
         if step_index >= 8 and roll < 0.9:  # past the first steps, plain steps (a long run's bulk)
             ops.append(Op(len(ops), "step"))
@@ -638,7 +715,7 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
             kind = wanted_kinds.pop(0)
         elif roll < 0.5:
             kind = _pick(rng, ("schedule", "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format", "closure_step",
-                               "zero_grad_set_to_none", "zero_grad_zeros"))
+                               "clip_step", "zero_grad_set_to_none", "zero_grad_zeros"))
         else:
             kind = "step"
         if kind.startswith("checkpoint_"):
@@ -649,10 +726,21 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
             continue
         if kind.startswith("zero_grad"):
             ops.append(Op(len(ops), "zero_grad", option=kind == "zero_grad_set_to_none"))
-        else:
-            ops.append(Op(len(ops), kind, events=_events(rng, groups, missing if step_index < 8 else set(), step_index == 0)
-                          if (step_index < 8 or rng.random() < 0.05) else ()))
+            step_index += 1
+            continue
+        events = _events(rng, groups, missing if step_index < 8 else set(), step_index == 0) if (step_index < 8 or rng.random() < 0.05) else ()
+        if kind == "clip_step" and "clip_with_nonfinite_unit" in missing and not any(e.kind in ("nan", "inf") for e in events):
+            extra = _frame_event(rng, groups, "nan", prefer_not_last=False)
+            if extra is not None and all((e.group, e.param) != (extra.group, extra.param) for e in events):
+                events = events + (extra,)
+        option = float(_pick(rng, CLIP_NORMS)) if kind == "clip_step" else None
+        ops.append(Op(len(ops), kind, events=events, option=option))
+        for event in events:
+            if event.kind == "off_manifold":
+                projections.setdefault(step_index + int(rng.integers(1, 4)), []).append((event.group, event.param))
         step_index += 1
+    for targets in projections.values():  # a frame still off the manifold at the end is projected back
+        ops += [Op(len(ops) + i, "project", option=target) for i, target in enumerate(targets)]
     return tuple(ops)
 
 

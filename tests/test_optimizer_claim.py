@@ -63,7 +63,7 @@ def test_the_plan_is_deterministic_and_covers_every_feature_for_many_seeds():
             assert missing == []
             again, _ = grammar.draw_plan(seed, dtype, settings, rng_for)
             assert [s.to_dict() for s in runs] == [s.to_dict() for s in again]
-            assert sum(1 for op in runs[0].ops if op.kind in ("step", "closure_step", "zero_grad")) >= grammar.LONG_RUN_STEPS
+            assert sum(1 for op in runs[0].ops if op.kind in grammar.STEP_KINDS) >= grammar.LONG_RUN_STEPS
 
 
 def test_a_feature_left_out_makes_the_claim_inconclusive_and_names_it(monkeypatch):
@@ -136,3 +136,37 @@ def test_the_refusals_cover_every_foreign_option_the_adamw_and_geoopt_apis_have(
     names = {name for name, _ in optimizer_class.FOREIGN_ASKING}
     assert names == {"amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay", "stabilize"}
     assert {name for name, _ in optimizer_class.FOREIGN_BENIGN} == names
+
+
+def test_the_walk_keeps_a_frame_off_the_manifold_until_it_is_projected_and_refuses_its_checkpoint():
+    settings = grammar.Settings(0.02, (0.9, 0.999), 1e-8, 0.5, 0.0, True)
+    groups = (grammar.Group("f0", "stiefel", ((2, 4, 2),), settings),
+              grammar.Group("f1", "stiefel", ((4, 2),), replace(settings, skip_nonfinite=False)))
+    ops = (grammar.Op(0, "step", (grammar.Event("off_manifold", "f0", 0, 1),)),
+           grammar.Op(1, "step"),
+           grammar.Op(2, "checkpoint", option="same"),
+           grammar.Op(3, "project", option=("f0", 0)),
+           grammar.Op(4, "checkpoint", option="fresh"),
+           grammar.Op(5, "clip_step", (grammar.Event("off_manifold", "f1", 0, 0), grammar.Event("nan", "f0", 0, 0, 2)), option=0.5))
+    plans = [plan for _, plan in grammar.walk(grammar.Scenario("float64", "t", groups, ops))]
+    assert plans[0].frames[("f0", 0, 1)] == "off" and plans[0].frames[("f0", 0, 0)] == "step"
+    assert plans[1].frames[("f0", 0, 1)] == "off" and "off_manifold_frame" in plans[1].features
+    assert plans[2].refused and "checkpoint_refused_off_manifold" in plans[2].features
+    assert "project" in plans[3].features and not plans[4].refused
+    assert plans[5].refused and "off_manifold_refused" in plans[5].features and "clip_with_nonfinite_unit" in plans[5].features
+
+
+def test_a_drifted_frame_run_checks_the_projection_and_the_counters():
+    """The real class on the scenario above, in bfloat16: every check of the run passes and the
+    projection, off-manifold counter and clip checks have samples."""
+    settings = grammar.Settings(0.02, (0.9, 0.999), 1e-8, 0.5, 0.0, True)
+    groups = (grammar.Group("f0", "stiefel", ((2, 4, 2),), settings),
+              grammar.Group("f1", "stiefel", ((4, 2),), replace(settings, skip_nonfinite=False)),
+              grammar.Group("e0", "euclidean", ((3,), (2, 2)), replace(settings, lr_tensor=True)))
+    ops = (grammar.Op(0, "step", (grammar.Event("off_manifold", "f0", 0, 1),)), grammar.Op(1, "clip_step", option=0.5),
+           grammar.Op(2, "checkpoint", option="same"), grammar.Op(3, "project", option=("f0", 0)), grammar.Op(4, "step"),
+           grammar.Op(5, "checkpoint", option="fresh"), grammar.Op(6, "schedule", option=0.5), grammar.Op(7, "step"))
+    outcome = run_scenario(grammar.Scenario("bfloat16", "t", groups, ops), 0)
+    assert outcome.failing() == [] and outcome.raised is None
+    for name in ("stiefel_project", "clip_grad_norm_finite", "skipped_count", "checkpoint_round_trip", "euclidean_is_adamw"):
+        assert outcome.checks[[k for k, c in outcome.checks.items() if c.name == f"bfloat16/{name}"][0]].samples > 0

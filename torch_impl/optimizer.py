@@ -613,13 +613,15 @@ class StiefelAdam(torch.optim.Optimizer):
         )
         id_to_param = {saved_id: p for saved_id, p in zip(saved_ids, frame_params) if p is not None}
         saved_state = state_dict["state"]
-        super().load_state_dict(state_dict)
-        self._plan = None
-        for group_index, group in enumerate(self.param_groups):
-            group["lr"], group["eps"] = _as_scalar(group["lr"]), _as_scalar(group["eps"])
-            if group["manifold"] == "stiefel":
+        # every frame is checked before anything is loaded: a refused load leaves the optimizer as it was
+        for group_index, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if saved.get("manifold", "stiefel") == "stiefel":
                 for position, p in enumerate(group["params"]):
                     _check_frame(f"params[{position}] of param group {group_index}", p)
+        super().load_state_dict(state_dict)
+        self._plan = None
+        for group in self.param_groups:
+            group["lr"], group["eps"] = _as_scalar(group["lr"]), _as_scalar(group["eps"])
         loaded = {}
         for saved_id, p in id_to_param.items():
             if saved_id not in saved_state:
