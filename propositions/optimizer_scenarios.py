@@ -250,6 +250,7 @@ class FrameBook:
     t: int = 0
     v_zero: bool = True
     drifted: bool = False
+    has_state: bool = False  # the class keeps a state for its parameter (a written step with a gradient)
 
 
 @dataclass
@@ -308,13 +309,30 @@ def walk(scenario: Scenario):
             plan.features.append("schedule")
         elif op.kind == "checkpoint":
             plan.refused = any(book.drifted for key, book in books.items() if key[0] in active)
-            plan.features.append("checkpoint_refused_off_manifold" if plan.refused else f"checkpoint_{op.option}")
+            if plan.refused:
+                plan.features.append("checkpoint_refused_off_manifold")
+            elif op.option != "old_format" or _older_counts(scenario, books, active):
+                plan.features.append(f"checkpoint_{op.option}")
         elif op.kind == "project":
             for key, book in books.items():
                 if key[:2] == tuple(op.option):
                     book.drifted = False
             plan.features.append("project")
         yield op, plan
+
+
+def _older_counts(scenario: Scenario, books: dict, active: list) -> bool:
+    """Whether the older format holds an int count here: a frame parameter with a state (it had a
+    gradient at a step that was written) whose frames all have the same count."""
+    for name in active:
+        group = scenario.group(name)
+        if not group.frames:
+            continue
+        for p in range(len(group.shapes)):
+            counts = {book.t for key, book in books.items() if key[:2] == (name, p)}
+            if books[(name, p, 0)].has_state and len(counts) == 1:
+                return True
+    return False
 
 
 def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: dict) -> StepPlan:
@@ -355,6 +373,7 @@ def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: 
     plan.features += _setting_features(scenario, plan)
     for key, what in plan.frames.items():
         book = books[key]
+        book.has_state = book.has_state or what != "keep"
         if what == "step":
             book.t += 1
             group = scenario.group(key[0])
