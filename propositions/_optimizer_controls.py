@@ -178,6 +178,14 @@ def broken_classes() -> dict:
                 return
             super().add_param_group(param_group)
 
+    class EuclideanGroupsUnchecked(StiefelAdam):
+        def add_param_group(self, param_group):
+            if param_group.get("manifold") == "euclidean":  # settings checked for frame groups only
+                torch.optim.Optimizer.add_param_group(self, param_group)
+                self.param_groups[-1]["betas"] = tuple(self.param_groups[-1]["betas"])
+                return
+            super().add_param_group(param_group)
+
     class OrdinaryCountAdvancesOnSkip(StiefelAdam):
         def _step_euclidean(self, group, group_index):
             nonfinite = [p for p in group["params"] if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
@@ -205,5 +213,51 @@ def broken_classes() -> dict:
         "count_in_parameter_dtype": CountInParameterDtype,
         "foreign_options_unchecked_in_groups": ForeignOptionsUncheckedInGroups,
         "later_groups_unchecked": LaterGroupsUnchecked,
+        "euclidean_groups_unchecked": EuclideanGroupsUnchecked,
         "ordinary_count_advances_on_skip": OrdinaryCountAdvancesOnSkip,
+    }
+
+
+def broken_functions() -> dict:
+    """name -> (the Subject field it replaces, a public function written wrong)."""
+    import torch
+    import torch_impl
+    from torch_impl import clipping
+
+    def clip_counts_inf_units(parameters, max_norm, norm_type=2.0):
+        # units screened for NaN only: an inf norm enters the total
+        grads, frames = clipping._gradients(parameters)
+        norms = [clipping._unit_norms(g, norm_type, f) for g, f in zip(grads, frames)]
+        counted = [~torch.isnan(norm) for norm in norms]
+        total = torch.linalg.vector_norm(torch.cat([torch.where(ok, n, 0.0).reshape(-1).double() for n, ok in zip(norms, counted)]), norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g, ok, f in zip(grads, counted, frames):
+            factor = torch.where(ok, coefficient, 1.0).to(g.dtype)
+            g.mul_(factor[..., None, None] if f else factor)
+        return total
+
+    def clip_groups_default_to_frames(parameters, max_norm, norm_type=2.0):
+        # a group without the key taken for a frame group
+        items = [dict(item, manifold=item.get("manifold", "stiefel")) if isinstance(item, dict) else item for item in parameters]
+        return torch_impl.clip_grad_norm_finite_(items, max_norm, norm_type)
+
+    def init_ignores_generator(tensor, generator=None):
+        return torch_impl.stiefel_init_(tensor)
+
+    @torch.no_grad()
+    def project_by_qr(tensor):
+        Q, R = torch.linalg.qr(tensor.detach().to(torch.float64))
+        signs = torch.where(torch.diagonal(R, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(torch.float64)
+        tensor.copy_((Q * signs[..., None, :]).to(tensor.dtype))
+        return tensor
+
+    def untransported(W, m):
+        return m
+
+    return {
+        "untransported_moment_reported": ("transported_moment", untransported),
+        "clip_counts_inf_units": ("clip", clip_counts_inf_units),
+        "clip_groups_default_to_frames": ("clip", clip_groups_default_to_frames),
+        "init_ignores_generator": ("init", init_ignores_generator),
+        "project_by_qr": ("project", project_by_qr),
     }

@@ -285,18 +285,23 @@ class _Frames:
 
 @dataclass
 class Subject:
-    """What is under test: the optimizer class and the function that reports the transported moment."""
+    """What is under test: the optimizer class and the public functions users call beside it
+    (functional.transported_moment, clip_grad_norm_finite_, stiefel_init_, stiefel_project_)."""
 
     optimizer_class: type
     transported_moment: object
+    clip: object = None
+    init: object = None
+    project: object = None
     name: str = REAL_OPTIMIZER
 
 
 def real_subject() -> Subject:
-    from torch_impl import StiefelAdam
+    import torch_impl
     from torch_impl.functional import transported_moment
 
-    return Subject(StiefelAdam, transported_moment)
+    return Subject(torch_impl.StiefelAdam, transported_moment, torch_impl.clip_grad_norm_finite_, torch_impl.stiefel_init_,
+                   torch_impl.stiefel_project_)
 
 
 def _overflow_exponent(dtype_name: str) -> int:
@@ -500,16 +505,18 @@ class ScenarioRun:
         """torch_impl.stiefel_project_ on one parameter: every frame against the nearest frame of its
         stored values (reference_impl.project_to_manifold of them, float64); the model's frames that
         were off the manifold go back to the nearest frame."""
-        from torch_impl import stiefel_project_
-
         key = tuple(op.option)
         p = self.params[key]
         d, r = p.shape[-2:]
         stored = _to_numpy(p).reshape(-1, d, r)
-        stiefel_project_(p.data)
+        self.subject.project(p.data)
         model = self.models[key]
         if model.drifted.any():
-            model.W[model.drifted] = ref.project_to_manifold(model.W[model.drifted])
+            # the frame moved: the moment the class holds is transported to the new frame by the next
+            # step's projection (docs/algorithm.md, stage 8), so the model's m+ is P_W(m) at the new W
+            moved = model.drifted
+            model.W[moved] = ref.project_to_manifold(model.W[moved])
+            model.m[moved] = ref.project_tangent(model.W[moved], model.moment_in[moved])
             model.drifted[:] = False
         if checks is None:
             return
@@ -580,8 +587,9 @@ class ScenarioRun:
         return int(self.optimizer.skipped_steps), int(getattr(self.optimizer, "off_manifold_steps", 0))
 
     def _drift(self, plan: StepPlan, lockstep: bool) -> None:
-        """off_manifold events: the frame multiplied by 1 + DRIFT in place, the model's too (it stays
-        so, and is not stepped, until a project op)."""
+        """off_manifold events: the frame W becomes (1 + DRIFT) W + E in place, E Gaussian of Frobenius
+        norm about DRIFT (drawn from the op's key: a scaled frame alone would have the same polar and QR
+        factors), the model's too (it stays so, and is not stepped, until a project op)."""
         import torch
 
         for (name, p), planted in plan.events.items():
@@ -589,62 +597,33 @@ class ScenarioRun:
                 if event.kind != "off_manifold":
                     continue
                 param = self.params[(name, p)]
-                frames = param.data.view((-1,) + tuple(param.shape[-2:]))
+                d, r = param.shape[-2:]
+                frames = param.data.view(-1, d, r)
+                noise = rng_for(self.seed, CLAIM_ID, "drift", self.dtype_name, self.scenario.label, plan.op.id, name, p, event.frame)
+                E = noise.standard_normal((d, r)) * (grammar.DRIFT / math.sqrt(d * r))
                 if lockstep:
                     model = self.models[(name, p)]
-                    model.W[event.frame] *= 1.0 + grammar.DRIFT
+                    model.W[event.frame] = (1.0 + grammar.DRIFT) * model.W[event.frame] + E
                     model.drifted[event.frame] = True
                     frames[event.frame].copy_(torch.from_numpy(model.W[event.frame]).to(dtype=self.dtype, device=self.device))
                 else:
-                    frames[event.frame].mul_(1.0 + grammar.DRIFT)
+                    moved = (1.0 + grammar.DRIFT) * _to_numpy(frames[event.frame]) + E
+                    frames[event.frame].copy_(torch.from_numpy(moved).to(dtype=self.dtype, device=self.device))
 
     def _clip(self, op, plan: StepPlan, checks) -> dict:
         """clip_grad_norm_finite_ over the optimizer's param groups, against c G from the exact norms
         of the gradients the class holds; returns the gradients the step then sees (float64)."""
-        from torch_impl import clip_grad_norm_finite_
-
         held = {key: (None if self.params[key].grad is None else _to_numpy(self.params[key].grad)) for key in plan.gradients}
-        clip_grad_norm_finite_(self.optimizer.param_groups, float(op.option))
+        self.subject.clip(self.optimizer.param_groups, float(op.option))
         after = {key: (None if self.params[key].grad is None else _to_numpy(self.params[key].grad)) for key in plan.gradients}
         if checks is None:
             return after
-        units = {key: self._units(key, G) for key, G in held.items() if G is not None}
-        finite = [norm for pieces in units.values() for _, norm in pieces if norm is not None]
-        total = math.sqrt(math.fsum(norm * norm for norm in finite))
-        c = min(1.0, float(op.option) / (total + 1e-6))
-        bound = clip_bound(max((G.size // max(len(units[key]), 1) for key, G in held.items() if G is not None), default=1), len(finite), self.dtype_name)
+        units = {key: _units(G, self.scenario.group(key[0]).frames) for key, G in held.items() if G is not None}
+        clipped = {key: _units(after[key], self.scenario.group(key[0]).frames) for key in units}
         batch = _Batch()
-        for key, pieces in units.items():
-            clipped = after[key].reshape(len(pieces), -1)
-            for index, (values, norm) in enumerate(pieces):
-                extra = {"op": op.id, "parameter": f"{key[0]}.{key[1]}", "unit": index, "coefficient": c}
-                if norm is None:  # not finite: untouched
-                    batch.add("clip", _max_ulps(clipped[index], values), 0.5, {**extra, "finite": False})
-                elif norm == 0.0 or c == 1.0:
-                    batch.add("clip", _max_ulps(clipped[index], values), 0.5, extra)
-                else:
-                    residual = np.linalg.norm(clipped[index] - c * values) / (c * norm)
-                    batch.add("clip", residual, bound, extra)
+        clip_samples(units, clipped, float(op.option), self.dtype_name, batch, {"op": op.id})
         batch.flush(checks, self.seed, self.key)
         return after
-
-    def _units(self, key, G: np.ndarray) -> list:
-        """The clip units of one gradient: (values, exact norm or None where not finite): a frame of a
-        frame parameter, a whole ordinary tensor. Not finite: a NaN or inf entry, or a sum of squares
-        beyond the largest number of the dtype the norm is accumulated in (float64 for float64,
-        else float32: an overflowing gradient is left to the optimizer, which skips its step)."""
-        group = self.scenario.group(key[0])
-        pieces = G.reshape((-1, G.shape[-2] * G.shape[-1])) if group.frames else G.reshape(1, -1)
-        largest = np.finfo(np.float64 if self.dtype_name == "float64" else np.float32).max
-        out = []
-        for values in pieces:
-            scale = float(np.max(np.abs(values))) if values.size else 0.0
-            if not np.all(np.isfinite(values)):
-                out.append((values, None))
-                continue
-            norm = scale * float(np.linalg.norm(values / scale)) if scale > 0 else 0.0
-            out.append((values, norm if 2 * math.log2(max(norm, 1e-300)) < math.log2(largest) else None))
-        return out
 
     def _closure(self, gradients: dict):
         """loss = sum_p <p, G_p> over the parameters with a drawn gradient: backward leaves p.grad = G_p
@@ -801,6 +780,44 @@ def _cloned(p):
     clone = torch.nn.Parameter(p.detach().clone())
     clone.grad = None if p.grad is None else p.grad.detach().clone()
     return clone
+
+
+def _units(G: np.ndarray, frames: bool) -> list:
+    """The clip units of one gradient (float64 values of its dtype): its frames, or the whole tensor."""
+    return list(G.reshape((-1, G.shape[-2] * G.shape[-1])) if frames else G.reshape(1, -1))
+
+
+def _unit_norm(values: np.ndarray, dtype_name: str):
+    """The exact norm of one unit, or None where it is not finite: a NaN or inf entry, or a sum of
+    squares beyond the largest number of the dtype the norm is accumulated in (float64 for float64,
+    else float32: an overflowing gradient is left to the optimizer, which skips its step)."""
+    if not np.all(np.isfinite(values)):
+        return None
+    scale = float(np.max(np.abs(values))) if values.size else 0.0
+    if scale == 0.0:
+        return 0.0
+    norm = scale * float(np.linalg.norm(values / scale))
+    largest = np.finfo(np.float64 if dtype_name == "float64" else np.float32).max
+    return norm if 2 * math.log2(norm) < math.log2(largest) else None
+
+
+def clip_samples(units: dict, clipped: dict, max_norm: float, dtype_name: str, batch: "_Batch", extra: dict) -> None:
+    """The clip check: units / clipped map a tensor to its units before / after clip_grad_norm_finite_;
+    c = min(1, max_norm / (total + 1e-6)) from the exact norms of the finite units. A finite unit's
+    relative distance to c G against clip_bound, exact where c = 1 or G = 0; a unit that is not finite untouched."""
+    norms = {key: [_unit_norm(values, dtype_name) for values in pieces] for key, pieces in units.items()}
+    finite = [n for ns in norms.values() for n in ns if n is not None]
+    total = math.sqrt(math.fsum(n * n for n in finite))
+    c = min(1.0, max_norm / (total + 1e-6))
+    bound = clip_bound(max((values.size for pieces in units.values() for values in pieces), default=1), len(finite), dtype_name)
+    for key, pieces in units.items():
+        for index, (values, norm) in enumerate(zip(pieces, norms[key])):
+            where = {**extra, "tensor": str(key), "unit": index, "coefficient": c}
+            after = clipped[key][index]
+            if norm is None or norm == 0.0 or c == 1.0:  # untouched: exactly
+                batch.add("clip", _max_ulps(after, values), 0.5, {**where, "finite": norm is not None})
+            else:
+                batch.add("clip", np.linalg.norm(after - c * values) / (c * norm), bound, where)
 
 
 def _frame_state_ulps(state: dict, before: dict, k: int, d: int, r: int) -> float:
@@ -1107,6 +1124,8 @@ FOREIGN_ASKING = (("amsgrad", True), ("maximize", True), ("foreach", True), ("fu
 # The values of those options that ask for nothing: code written for AdamW or geoopt runs unchanged.
 FOREIGN_BENIGN = (("amsgrad", False), ("maximize", False), ("foreach", None), ("fused", None), ("capturable", False),
                   ("differentiable", False), ("decoupled_weight_decay", False), ("stabilize", None))
+# Settings that only frame groups use (an ordinary group has no retraction), and the manifold itself.
+FRAME_ONLY_SETTINGS = ("trust_radius", "retraction_method", "manifold")
 BAD_SETTINGS = (("lr", -1.0), ("lr", 0.0), ("lr", math.nan), ("betas", (1.0, 0.999)), ("betas", (0.9, -0.1)), ("betas", (0.9,)),
                 ("eps", -1e-8), ("eps", math.nan), ("trust_radius", 0.0), ("trust_radius", -0.5), ("weight_decay", -0.1),
                 ("retraction_method", "qr"), ("manifold", "sphere"))
@@ -1146,8 +1165,10 @@ def refusal_part(ctx: Context) -> Evidence:
                               tightness_note="an exact equality: 0 by design")
     good = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
     for label, value, name in _bad_cases():
-        for place in ("constructor", "first_group", "later_group", "add_param_group"):
-            if label == "tensor" and place == "constructor":
+        for place in ("constructor", "first_group", "later_group", "add_param_group", "euclidean_group"):
+            if label == "tensor" and place in ("constructor", "euclidean_group"):
+                continue
+            if place == "euclidean_group" and name in FRAME_ONLY_SETTINGS:
                 continue
             error = _attempt(subject.optimizer_class, good, label, name, value, place)
             ok = isinstance(error, ValueError) and name.split(":")[-1] in str(error)
@@ -1161,10 +1182,8 @@ def refusal_part(ctx: Context) -> Evidence:
                          extra={"option": name, "value": repr(value), "place": place,
                                 "raised": None if error is None else f"{type(error).__name__}: {error}"})
     for dtype in ("float64", "float32", "bfloat16"):  # what users initialise frames with is a frame, in every dtype
-        from torch_impl import stiefel_init_
-
-        frames = stiefel_init_(torch.empty(4, 9, 3, dtype=getattr(torch, dtype)), generator=torch.Generator().manual_seed(ctx.seed))
         try:
+            frames = subject.init(torch.empty(4, 9, 3, dtype=getattr(torch, dtype)), generator=torch.Generator().manual_seed(ctx.seed))
             subject.optimizer_class([torch.nn.Parameter(frames)])
             error = None
         except Exception as raised:  # refusing a stiefel_init_ frame is the failure this records
@@ -1172,6 +1191,57 @@ def refusal_part(ctx: Context) -> Evidence:
         accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "stiefel_init"), seed=ctx.seed,
                      extra={"tensor": f"stiefel_init_ (4, 9, 3) {dtype}", "raised": None if error is None else f"{type(error).__name__}: {error}"})
     return Evidence(checks=[refused, accepted])
+
+
+def public_functions_part(ctx: Context) -> Evidence:
+    """The public functions beside the class, as users call them outside its own groups:
+    clip_grad_norm_finite_ on another optimizer's param groups (no "manifold" key: every tensor one
+    unit) and on a list of tensors, with a NaN tensor among them, in every dtype, against c G as in
+    the scenarios; stiefel_init_ with a seeded generator, twice the same frames and another seed others."""
+    import torch
+
+    subject = _subject(ctx.optimizer)
+    clip = {"clip": NumericalCheck("clip_grad_norm_finite_other_groups", "clip_grad_norm_finite_ on torch.optim.AdamW's param "
+                                   "groups and on a list of tensors (1-3 dims, one tensor with a NaN or an inf): per finite tensor ||G_clipped - c G|| / "
+                                   "(c ||G||); a tensor that is not finite untouched (ulps)", " ".join(clip_bound.__doc__.split()),
+                                   tightness_note="tensors not clipped (c = 1) or not finite are exact equalities: 0 by design")}
+    seeded = NumericalCheck("stiefel_init_reproducible", "stiefel_init_ with torch.Generator().manual_seed(s): two calls with the same s "
+                            "against each other (ulps), and a call with s + 1 (0 if its frames differ, inf if identical)",
+                            "exact: a seeded generator fixes the draw", tightness_note="an exact equality: 0 by design")
+    for dtype_name in DTYPE_NAMES:
+        dtype = getattr(torch, dtype_name)
+        generator = torch.Generator().manual_seed(ctx.seed)
+        for form in ("optimizer_groups", "tensor_list"):
+            tensors = [torch.nn.Parameter(torch.randn(shape, generator=generator).to(dtype)) for shape in ((5,), (3, 4), (2, 3, 2), (6,))]
+            for index, p in enumerate(tensors):
+                p.grad = torch.randn(p.shape, generator=generator).to(dtype)
+                if index == 3:
+                    p.grad.view(-1)[1] = math.nan if form == "tensor_list" else math.inf
+            held = {index: _units(_to_numpy(p.grad), False) for index, p in enumerate(tensors)}
+            target = torch.optim.AdamW(tensors).param_groups if form == "optimizer_groups" else tensors
+            _public_call(clip["clip"], lambda: subject.clip(target, 0.5), {"form": form, "dtype": dtype_name})
+            after = {index: _units(_to_numpy(p.grad), False) for index, p in enumerate(tensors)}
+            batch = _Batch()
+            clip_samples(held, after, 0.5, dtype_name, batch, {"form": form, "dtype": dtype_name})
+            batch.flush(clip, ctx.seed, (CLAIM_ID, "clip", dtype_name, form))
+        draws = []
+        for seed in (ctx.seed, ctx.seed, ctx.seed + 1):
+            frames = _public_call(seeded, lambda: subject.init(torch.empty(3, 6, 2, dtype=dtype), generator=torch.Generator().manual_seed(seed)),
+                                  {"dtype": dtype_name})
+            draws.append(None if frames is None else _to_numpy(frames))
+        if all(draw is not None for draw in draws):
+            seeded.add([_max_ulps(draws[1], draws[0]), 0.0 if _max_ulps(draws[2], draws[0]) > 0 else math.inf], 0.5,
+                       key=(CLAIM_ID, "stiefel_init", dtype_name), seed=ctx.seed, extra={"dtype": dtype_name})
+    return Evidence(checks=[clip["clip"], seeded])
+
+
+def _public_call(check: NumericalCheck, call, extra: dict):
+    """call(); where it raises, the check fails (inf) with the error, and None is returned."""
+    try:
+        return call()
+    except Exception as error:  # a public function that raises on valid input fails its check
+        check.add([math.inf], 0.5, extra={**extra, "raised": f"{type(error).__name__}: {error}", "raised_at": _where(error)})
+        return None
 
 
 def _bad_cases():
@@ -1189,7 +1259,10 @@ def _attempt(optimizer_class, good, label, name, value, place):
         return torch.nn.Parameter(x.clone())
 
     base = {"params": [param(good)]}
-    if label == "tensor":
+    if place == "euclidean_group":  # an AdamW group holding an ordinary tensor, after a frame group
+        bad_group = {"params": [param(good[:, 0])], "manifold": "euclidean", name: value}
+        place = "later_group"
+    elif label == "tensor":
         bad_group = {"params": [param(value) if value.is_floating_point() else torch.nn.Parameter(value.clone(), requires_grad=False)]}
     else:
         bad_group = {"params": [param(good)], name: value}
@@ -1227,6 +1300,8 @@ def control_part(ctx: Context) -> Evidence:
     spec = CONTROLS[ctx.optimizer]
     if spec.part == "refusals":
         return refusal_part(ctx)
+    if spec.part == "public":
+        return public_functions_part(ctx)
     subject = _subject(ctx.optimizer)
     runs, _ = grammar.draw_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile), rng_for)
     checks = _new_checks(spec.dtype)
@@ -1243,13 +1318,12 @@ def broken_subjects() -> dict:
     """name -> Subject with one piece of bookkeeping broken (CONTROLS says what)."""
     from ._optimizer_controls import broken_classes
 
+    from ._optimizer_controls import broken_functions
+
     real = real_subject()
-    subjects = {name: Subject(cls, real.transported_moment, name) for name, cls in broken_classes().items()}
-
-    def untransported(W, m):
-        return m
-
-    subjects["untransported_moment_reported"] = Subject(real.optimizer_class, untransported, "untransported_moment_reported")
+    subjects = {name: replace(real, optimizer_class=cls, name=name) for name, cls in broken_classes().items()}
+    for name, (field_name, function) in broken_functions().items():
+        subjects[name] = replace(real, name=name, **{field_name: function})
     return subjects
 
 
@@ -1276,6 +1350,13 @@ CONTROLS = {
     "later_groups_unchecked": ControlSpec("only the first param group's settings and tensors are checked", part="refusals"),
     "ordinary_count_advances_on_skip": ControlSpec("a skipped ordinary tensor's AdamW step count still advances"),
     "untransported_moment_reported": ControlSpec("functional.transported_moment returns the moment untransported (tangent at the previous frame)"),
+    "euclidean_groups_unchecked": ControlSpec("the settings of a manifold='euclidean' group are not checked (lr < 0 accepted there)", part="refusals"),
+    "clip_counts_inf_units": ControlSpec("clip_grad_norm_finite_ leaves out NaN units only: an inf unit makes the total inf and clips "
+                                         "every other unit to zero", part="public"),
+    "clip_groups_default_to_frames": ControlSpec("clip_grad_norm_finite_ takes a param group without a 'manifold' key for a frame "
+                                                 "group (another optimizer's groups are cut into frames)", part="public"),
+    "init_ignores_generator": ControlSpec("stiefel_init_ draws from torch's global generator, not the one it is given", part="public"),
+    "project_by_qr": ControlSpec("stiefel_project_ takes the sign-fixed QR factor: a frame, not the nearest one"),
 }
 CONTROL_NAMES = tuple(CONTROLS)
 
@@ -1317,7 +1398,7 @@ CLAIM = Claim(
         r"\beta(d, r, u_W, u_{mv}, u_c),\quad t_{\mathrm{frame}}^{+} = t_{\mathrm{frame}} + [\mathrm{step\ finite}]"
     ),
     symbolic=Symbolic("not applicable: bookkeeping of an implementation"),
-    parts=tuple(_part(name) for name in DTYPE_NAMES) + (Part("refusals", refusal_part),),
+    parts=tuple(_part(name) for name in DTYPE_NAMES) + (Part("refusals", refusal_part), Part("public_functions", public_functions_part)),
     controls=tuple(Control(name, control_part, spec.description) for name, spec in CONTROLS.items()),
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,

@@ -85,7 +85,7 @@ OP_KINDS = ("step", "closure_step", "clip_step", "zero_grad", "add_group", "sche
 STEP_KINDS = ("step", "closure_step", "clip_step", "zero_grad")
 EVENT_KINDS = ("no_grad", "nan", "inf", "overflow", "zero", "off_manifold")
 NONFINITE = ("nan", "inf", "overflow")
-DRIFT = 0.1  # an off_manifold event multiplies the frame by 1 + DRIFT: ||W^T W - I|| = sqrt(r) (2 DRIFT + DRIFT^2)
+DRIFT = 0.1  # an off_manifold event: W -> (1 + DRIFT) W + E, ||E||_F about DRIFT: far beyond any manifold tolerance
 
 # A long run per dtype: past 256 steps, where a count kept in bfloat16 (8 significant bits) stops
 # counting (257 rounds to 256) and a count kept in a uint8 wraps.
@@ -96,10 +96,10 @@ COUNT_LIMIT = 256
 LAYOUT_FEATURES = (
     "frame_groups_1", "frame_groups_2", "frame_groups_3", "frame_groups_4",
     "leading_axes_0", "leading_axes_1", "leading_axes_2", "r_is_1", "r_between", "r_is_d",
-    "joined_call", "euclidean_several_shapes", "late_group", "eigh_route", "newton_schulz_route",
+    "joined_call", "euclidean_several_shapes", "eigh_route", "newton_schulz_route",
 )
 OPERATION_FEATURES = tuple(f"siblings_differ_in_{name}" for name in SETTING_NAMES) + (
-    "weight_decay_frames", "euclidean_weight_decay", "tensor_lr", "clip_step", "clip_with_nonfinite_unit", "project",
+    "weight_decay_frames", "euclidean_weight_decay", "tensor_lr", "late_group_stepped", "clip_step", "clip_with_nonfinite_unit", "project",
     "step", "closure_step", "zero_grad_set_to_none", "zero_grad_zeros", "add_group", "schedule",
     "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format", "refused_step", "refused_step_not_first_parameter",
     "count_past_256",
@@ -107,7 +107,8 @@ OPERATION_FEATURES = tuple(f"siblings_differ_in_{name}" for name in SETTING_NAME
 EVENT_FEATURES = (
     "no_grad_frames", "no_grad_euclidean", "nan_frame", "inf_frame", "overflow_frame",
     "nonfinite_frame_not_last_of_call", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite", "zero_gradient_at_v_zero",
-    "skipped_frame", "off_manifold_frame", "off_manifold_refused",
+    "skipped_frame", "off_manifold_frame", "off_manifold_refused", "no_grad_between_joined_parameters",
+    "no_grad_euclidean_not_last",
 )
 FEATURES = LAYOUT_FEATURES + OPERATION_FEATURES + EVENT_FEATURES
 
@@ -416,6 +417,9 @@ def _setting_features(scenario: Scenario, plan: StepPlan) -> list[str]:
         found.append("euclidean_weight_decay")
     if any(scenario.group(name).settings.lr_tensor for name in list(stepping) + stepped_euclidean):
         found.append("tensor_lr")
+    stepped_frames = {name for (name, _, _), what in plan.frames.items() if what == "step"}
+    if any(scenario.group(name).late for name in stepped_frames | set(stepped_euclidean)):
+        found.append("late_group_stepped")  # an added group stepped with its own settings
     return sorted(set(found))
 
 
@@ -458,6 +462,22 @@ def _plan_frames(scenario: Scenario, plan: StepPlan, active: list, books: dict) 
             if plan.frames[key] == "skip":
                 plan.features.append("nonfinite_frame_not_last_of_call")
                 break
+    _between_features(scenario, plan, active, books)
+
+
+def _between_features(scenario: Scenario, plan: StepPlan, active: list, books: dict) -> None:
+    """no_grad_between_joined_parameters: in a frame group, a parameter without a gradient between two
+    of the same shape that have one, all three with a state (their states share a buffer)."""
+    for name in active:
+        group = scenario.group(name)
+        if not group.frames:
+            continue
+        for p in range(1, len(group.shapes) - 1):
+            tails = {tuple(group.shapes[q][-2:]) for q in (p - 1, p, p + 1)}
+            with_state = all(books[(name, q, 0)].has_state for q in (p - 1, p, p + 1))
+            if (len(tails) == 1 and with_state and plan.gradients[(name, p)] is None
+                    and plan.gradients[(name, p - 1)] is not None and plan.gradients[(name, p + 1)] is not None):
+                plan.features.append("no_grad_between_joined_parameters")
 
 
 def nonfinite_step(kind: str, shape) -> bool:
@@ -485,6 +505,8 @@ def _plan_euclidean(scenario: Scenario, plan: StepPlan, active: list) -> None:
         kinds = [plan.euclidean[(name, p)] for p in range(len(group.shapes))]
         if "skip" in kinds and "step" in kinds:
             plan.features.append("nonfinite_euclidean_beside_finite")
+        if any(kinds[p] == "keep" and "step" in kinds[p + 1:] for p in range(len(kinds))):
+            plan.features.append("no_grad_euclidean_not_last")
 
 
 def layout_features(scenario: Scenario) -> list[str]:
@@ -499,8 +521,6 @@ def layout_features(scenario: Scenario) -> list[str]:
         if len({s[-2:] for s in g.shapes}) < len(g.shapes):
             found.add("joined_call")
         found.add("eigh_route" if g.settings.trust_radius > 1.0 else "newton_schulz_route")
-        if g.late:
-            found.add("late_group")
     for a_index, a in enumerate(frame_groups):
         for b in frame_groups[a_index + 1:]:
             if {s[-2:] for s in a.shapes} & {s[-2:] for s in b.shapes} and a.settings == b.settings:
@@ -508,8 +528,6 @@ def layout_features(scenario: Scenario) -> list[str]:
     for g in scenario.groups:
         if not g.frames and len(set(g.shapes)) >= 2:
             found.add("euclidean_several_shapes")
-        if not g.frames and g.late:
-            found.add("late_group")
     return sorted(found)
 
 
@@ -586,15 +604,17 @@ def draw_layout(rng: np.random.Generator, missing: set, long: bool) -> tuple[Gro
                 settings = settings.replaced("trust_radius", _pick(rng, (0.5, 1.0, 3.0, math.inf))).replaced("lr_tensor", False)
             shared = _pick(rng, FRAME_SHAPES if not sibling_kinds else FRAME_SHAPES[1:])
         params = 1 if long else int(rng.integers(1, 4))
+        three = index == 0 and "no_grad_between_joined_parameters" in missing and not long
+        params = 3 if three else params
         shapes = [_frame_shape(rng, _pick(rng, leads), shared)]
         for _ in range(params - 1):
-            joined = rng.random() < (0.7 if "joined_call" in missing else 0.35)
+            joined = three or rng.random() < (0.7 if "joined_call" in missing else 0.35)
             shapes.append(_frame_shape(rng, _pick(rng, leads), shared if joined else _pick(rng, FRAME_SHAPES)))
         if long:
             shapes = [tuple(_pick(rng, ((2,), (3,)))) + tuple(_pick(rng, ((3, 1), (4, 2), (2, 2))))]
         if index == 0 and "zero_gradient_at_v_zero" in missing:
             settings = settings.replaced("eps", 0.0).replaced("weight_decay", 0.0)  # where G = 0 gives v^ = 0 exactly
-        late = bool(index > 0 and rng.random() < (0.5 if "late_group" in missing else 0.25))
+        late = bool(index > 0 and rng.random() < (0.5 if "late_group_stepped" in missing else 0.25))
         groups.append(Group(f"f{index}", "stiefel", tuple(shapes), settings, late))
     euclidean = 0 if long else int(rng.integers(0, 3))
     wanted = {"euclidean_several_shapes", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite", "no_grad_euclidean",
@@ -635,20 +655,39 @@ def _frame_event(rng, groups, kind: str, prefer_not_last: bool, avoid: str | Non
     return Event(kind, group.name, p, frame, int(rng.integers(math.prod(shape[-2:]))))
 
 
-def _euclidean_event(rng, groups, kind: str) -> Event | None:
+def _euclidean_event(rng, groups, kind: str, not_last: bool = False) -> Event | None:
+    """An event in one ordinary tensor (a tensor that is not its group's last one when asked)."""
     euclidean = [g for g in groups if not g.frames and (kind not in NONFINITE or g.settings.skip_nonfinite)]
     several = [g for g in euclidean if len(g.shapes) > 1]
-    euclidean = several if several and kind in NONFINITE else euclidean
+    euclidean = several if several and (kind in NONFINITE or not_last) else euclidean
     if not euclidean:
         return None
     group = _pick(rng, euclidean)
-    p = int(rng.integers(len(group.shapes)))
+    p = int(rng.integers(max(1, len(group.shapes) - 1))) if not_last else int(rng.integers(len(group.shapes)))
     return Event(kind, group.name, p, 0, int(rng.integers(math.prod(group.shapes[p]))))
+
+
+def _between_event(rng, groups) -> Event | None:
+    """No gradient for a frame parameter that has joined parameters before and after it: the call then
+    joins parameters whose states lie in one buffer with a gap."""
+    choices = []
+    for g in groups:
+        if not g.frames or g.late:
+            continue
+        for p in range(1, len(g.shapes) - 1):
+            tail = tuple(g.shapes[p][-2:])
+            if tuple(g.shapes[p - 1][-2:]) == tail == tuple(g.shapes[p + 1][-2:]):
+                choices.append((g.name, p))
+    if not choices:
+        return None
+    name, p = _pick(rng, choices)
+    return Event("no_grad", name, p)
 
 
 EVENT_TARGETS = ("nan_frame", "inf_frame", "overflow_frame", "no_grad_frames", "no_grad_euclidean", "nonfinite_euclidean",
                  "nonfinite_euclidean_beside_finite", "nonfinite_frame_not_last_of_call", "refused_step",
-                 "refused_step_not_first_parameter", "off_manifold_frame", "off_manifold_refused")
+                 "refused_step_not_first_parameter", "off_manifold_frame", "off_manifold_refused",
+                 "no_grad_between_joined_parameters", "no_grad_euclidean_not_last")
 RANDOM_EVENT_KINDS = ("no_grad", "nan", "inf", "overflow", "zero")  # off_manifold only when wanted or rarely
 
 
@@ -657,7 +696,8 @@ def _event_kind(rng, target) -> str:
         return "off_manifold"
     if target in ("nonfinite_frame_not_last_of_call", "refused_step", "refused_step_not_first_parameter"):
         return _pick(rng, NONFINITE)
-    fixed = {"nan_frame": "nan", "inf_frame": "inf", "overflow_frame": "overflow", "no_grad_frames": "no_grad", "zero_gradient_at_v_zero": "zero"}
+    fixed = {"nan_frame": "nan", "inf_frame": "inf", "overflow_frame": "overflow", "no_grad_frames": "no_grad", "zero_gradient_at_v_zero": "zero",
+             "no_grad_between_joined_parameters": "no_grad"}
     if target in fixed:
         return fixed[target]
     return "off_manifold" if rng.random() < 0.04 else _pick(rng, RANDOM_EVENT_KINDS)
@@ -683,15 +723,19 @@ def _events(rng, groups, missing: set, first: bool) -> tuple[Event, ...]:
     only at the first step, where every frame's v is still 0); a target drawn for is taken out of
     `missing` (the run's own copy), so that one run does not repeat it at every step."""
     events = []
+    # a zero gradient at v = 0 only at the first step; a missing gradient between joined parameters
+    # only after it (their states must exist)
     wanted = (["zero_gradient_at_v_zero"] if first and "zero_gradient_at_v_zero" in missing else []) + [
-        name for name in EVENT_TARGETS if name in missing]
+        name for name in EVENT_TARGETS if name in missing and not (first and name == "no_grad_between_joined_parameters")]
     count = int(rng.choice([0, 0, 1, 1, 2, 3])) + (1 if wanted else 0)
     for _ in range(count):
         target = wanted.pop(0) if wanted else None
         missing.discard(target)
-        if target in ("no_grad_euclidean", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite"):
-            kind = "no_grad" if target == "no_grad_euclidean" else _pick(rng, ("nan", "inf"))
-            event = _euclidean_event(rng, groups, kind)
+        if target in ("no_grad_euclidean", "no_grad_euclidean_not_last", "nonfinite_euclidean", "nonfinite_euclidean_beside_finite"):
+            kind = "no_grad" if target.startswith("no_grad") else _pick(rng, ("nan", "inf"))
+            event = _euclidean_event(rng, groups, kind, not_last=target == "no_grad_euclidean_not_last")
+        elif target == "no_grad_between_joined_parameters":
+            event = _between_event(rng, groups)
         else:
             kind = _event_kind(rng, target)
             event = _frame_event(rng, _event_groups(groups, target), kind,

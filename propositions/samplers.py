@@ -420,6 +420,20 @@ def shape_tests(shape, sampler: Sampler | str, seed: int, samples: int, prefix: 
     source, d, r = shape
     checks = _new_checks(prefix)
     bound = -math.log10(alpha_per_test())
+    try:
+        return _shape_statistics(sampler, shape, seed, samples, prefix, label, checks, bound)
+    except Exception as error:  # a sampler that raises on a valid shape fails every test of it, with the reason
+        message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        for name, check in checks.items():
+            if name == "orthonormality" or (name, source, (d, r)) in statistical_plan(sampler.storage):
+                check.add([math.inf], 1.0, shape=(d, r), seed=seed, extra={"source": source, "raised": message})
+        return Evidence(checks=list(checks.values()), notes=[f"{sampler.name} raised at ({d}, {r}): {message}"],
+                        extra={"tests_of_sampler": []})
+
+
+def _shape_statistics(sampler: Sampler, shape, seed: int, samples: int, prefix: str, label: str, checks: dict, bound: float) -> Evidence:
+    """shape_tests' statistics on the draws of one shape."""
+    source, d, r = shape
     records = []
     first, last, negative_det, angle = [], [], [], []
     first_key = None

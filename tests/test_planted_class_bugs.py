@@ -66,3 +66,27 @@ def test_stiefel_init_by_qr_without_the_sign_fix_fails(monkeypatch):
             "    tensor.copy_(torch.linalg.qr(gaussian)[0].to(tensor.dtype))\n", "stiefel_init_")
     evidence = samplers.run_tests("stiefel_init_bfloat16", 0, samplers.CONTROL_SAMPLES, prefix="x:")
     assert any(name.endswith("sign") or name.endswith("sign_product") for name in _fails(evidence))
+
+
+def test_a_tensor_without_gradient_that_stops_the_rest_of_its_euclidean_group_fails(monkeypatch):
+    _class_bug(monkeypatch, "            if p.grad is None:\n                continue\n            if p.grad.is_sparse:\n"
+                            "                raise ValueError(f\"params[{index}] of param group {group_index}: StiefelAdam does not support sparse gradients\")\n"
+                            "            state = self.state[p]\n",
+               "            if p.grad is None:\n                break\n            if p.grad.is_sparse:\n"
+               "                raise ValueError(f\"params[{index}] of param group {group_index}: StiefelAdam does not support sparse gradients\")\n"
+               "            state = self.state[p]\n")
+    assert "float32/euclidean_is_adamw" in _fails(dtype_part("float32", Context(1, QUICK)))
+
+
+def test_a_joined_view_that_ignores_a_gap_between_states_fails(monkeypatch):
+    """The no-copy join of states that lie in one buffer, without its offset test: a parameter
+    without a gradient between two that have one gets their state."""
+    _class_bug(monkeypatch, "                or x.storage_offset() != offset + total):", "                ):")
+    assert set(_fails(dtype_part("float64", Context(2, QUICK)))) & {"float64/step_count", "float64/frame", "float64/no_gradient_untouched"}
+
+
+def test_the_settings_of_a_euclidean_group_left_unchecked_fail(monkeypatch):
+    _class_bug(monkeypatch, "        _check_hyperparameters(group[\"lr\"], group[\"betas\"], group[\"eps\"], group[\"trust_radius\"], group[\"weight_decay\"])\n",
+               "        if group[\"manifold\"] == \"stiefel\":\n"
+               "            _check_hyperparameters(group[\"lr\"], group[\"betas\"], group[\"eps\"], group[\"trust_radius\"], group[\"weight_decay\"])\n")
+    assert "bad_options_refused" in _fails(refusal_part(Context(0, QUICK)))

@@ -151,3 +151,23 @@ def test_a_stiefel_init_by_qr_without_the_sign_fix_is_caught():
     pytest.importorskip("torch")
     evidence = samplers.broken_sampler(samplers.Context(0, get_profile("quick"), optimizer=samplers.TORCH_QR_CONTROL))
     assert max(check.max_ratio for check in evidence.checks) >= DETECTION_FACTOR
+
+
+def test_a_stiefel_init_that_raises_fails_the_tests_it_could_not_run(monkeypatch):
+    """stiefel_init_ written to draw in the tensor's dtype (torch's SVD has no bfloat16 kernel on CPU):
+    the bfloat16 tests fail with the error as their reason, the others still run."""
+    torch = pytest.importorskip("torch")
+    import torch_impl
+
+    real = torch_impl.stiefel_init_
+
+    def in_its_dtype(tensor, generator=None):
+        if tensor.dtype == torch.bfloat16:
+            torch.linalg.svd(torch.ones(tensor.shape, dtype=tensor.dtype))
+        return real(tensor, generator)
+
+    monkeypatch.setattr(torch_impl, "stiefel_init_", in_its_dtype)
+    evidence = samplers.run_tests("stiefel_init_bfloat16", 0, 2000, prefix="b:")
+    assert all(not check.passed for check in evidence.checks if check.samples)
+    assert any("raised" in note for note in evidence.notes)
+    assert all(check.passed for check in samplers.run_tests("stiefel_init_float32", 0, 2000, prefix="f:").checks if check.samples)
