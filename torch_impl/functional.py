@@ -79,6 +79,39 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# beta^t and 1 - beta^t are formed in float64 whatever the storage: 1 - beta^t cancels, and beta
+# rounded to float32 alone moves 1 - beta2 by 216 u (beta2 = 0.999) to 22784 u (0.99999) relative
+BIAS_POWER_DTYPE = torch.float64
+
+# The stages of docs/algorithm.md in the order the step evaluates them, by the names of the
+# certifier's rounding analysis; "bias_power" is beta^t and 1 - beta^t, "bias_correction" the
+# divisions m / (1 - beta1^t), v / (1 - beta2^t) that apply them.
+STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_power",
+          "bias_correction", "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def declared_precision(dtype: torch.dtype) -> dict:
+    """How this kernel evaluates the step for frames stored in `dtype`, stage by stage: what the
+    certifier's rounding analysis holds it to (propositions/kit/precision.py reads it; a stage
+    evaluated more coarsely than declared fails the cross-check).
+
+    Returns {"storage": the dtype W and G are received in and W+ is returned in, "state": the dtype
+    of m and v as received and returned, "route": "gram" (the polar factor from the actual Gram
+    matrix: Newton-Schulz for trust_radius <= 1, eigh above), "stages": {stage: dtype}} with every
+    name of STAGES: the dtype that stage's operations round in. Every stage computes in
+    `compute_dtype(dtype)` except bias_power, formed in BIAS_POWER_DTYPE and rounded once to the
+    compute dtype where it is applied. Dtypes are named as torch names them ("float32").
+    """
+    work = _dtype_name(compute_dtype(dtype))
+    stages = {stage: work for stage in STAGES}
+    stages["bias_power"] = _dtype_name(BIAS_POWER_DTYPE)
+    return {"storage": _dtype_name(dtype), "state": work, "route": "gram", "stages": stages}
+
+
 def unit_roundoff(dtype: torch.dtype) -> float:
     """u = eps/2 of a floating dtype: 2^-53 float64, 2^-24 float32, 2^-8 bfloat16, 2^-11 float16."""
     return torch.finfo(dtype).eps / 2.0
@@ -341,7 +374,7 @@ def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> t
     """
     if torch.is_tensor(step_count):
         work = v.dtype
-        count = step_count.to(device=v.device, dtype=torch.float64)
+        count = step_count.to(device=v.device, dtype=BIAS_POWER_DTYPE)
         # the operations of the int form, elementwise: `scalar / tensor` is torch's
         # reciprocal(tensor) * scalar, `tensor / scalar` a division in the compute dtype
         bias_correction2 = (1 - torch.pow(beta2, count)).to(work)

@@ -67,12 +67,22 @@ def second_moment(u_c, beta2, v_in, v_in_err, s, s_err):
     """Stage 4, v = beta2 v_in + (1 - beta2) s with s the mean square: as first_moment, a scalar."""
 
 
-@stage("E_hat", "(x_err + (2*t*Max(1, Abs(log_beta))*beta_t/(1 - beta_t) + 3)*u_c*x)/(1 - beta_t)")
-def bias_correction(u_c, t, beta_t, log_beta, x, x_err):
-    """Stage 5, x^ = x / (1 - beta^t), beta_t = beta^t: 1 - beta^t has relative error
-    (2 t max(1, |log beta|) beta^t / (1 - beta^t) + 2) u_c (beta^t to t u relative by repeated
-    products, or t log beta to 2 t |log beta| u by the -expm1(t log beta) route, amplified by
-    beta^t / (1 - beta^t) in the subtraction; then rounded to the compute dtype), and the division u_c."""
+@stage("E_hat", "(x_err + ((2*t*Max(1, Abs(log_beta))*beta_t/(1 - beta_t) + 1)*u_p + 2*u_c)*x)/(1 - beta_t)")
+def bias_correction(u_c, u_p, t, beta_t, log_beta, x, x_err):
+    """Stage 5, x^ = x / (1 - beta^t), beta_t = beta^t, with beta^t and 1 - beta^t formed in a dtype of
+    unit roundoff u_p (the bias power) and applied in the compute dtype (u_c): beta^t errs by t u_p
+    relative by repeated products, or by 2 t |log beta| u_p by the -expm1(t log beta) route, which the
+    subtraction 1 - beta^t amplifies by beta^t / (1 - beta^t) and rounds by u_p: (2 t max(1,
+    |log beta|) beta^t / (1 - beta^t) + 1) u_p relative; rounding 1 - beta^t to the compute dtype and
+    the division add 2 u_c. A kernel that forms beta^t in float64 and computes in float32 has u_p =
+    2^-53, u_c = 2^-24; an implementation that declares nothing is taken to form it at u_p = u_c
+    (about 2000 u_c at t = 1 for beta = 0.999)."""
+
+
+@stage("E_mv", "u_state*x")
+def moment_cast(u_state, x):
+    """m (Frobenius norm x) or v (x) returned in a state dtype of unit roundoff u_state coarser than
+    the dtype it was computed in: u_state x (0 where the state is kept in the compute dtype)."""
 
 
 @stage("E_q", "sqrt_err + u_c*q")
@@ -225,20 +235,33 @@ COMPUTE_DTYPES = {"float64": "float64", "float32": "float32", "bfloat16": "float
 @dataclass(frozen=True)
 class Rounding:
     """Unit roundoffs of one evaluation of the step: u_c of the computation, u_W of W's storage (W+
-    is rounded to it where it is coarser than u_c), u_state of m and v; route of the retraction:
-    "svd" (the reference), "newton_schulz" (k iterations: newton_schulz_iterations), "eigh" (the
-    Gram route by the eigensolver, the model's), or "any" (the largest of them: an implementation whose
-    route is not known)."""
+    is rounded to it where it is coarser than u_c), u_state of m and v (as received and returned);
+    route of the retraction: "svd" (the reference), "newton_schulz" (k iterations:
+    newton_schulz_iterations), "eigh" (the Gram route by the eigensolver, the model's), or "any"
+    (the largest of them: an implementation whose route is not known). stage_units: (stage, unit
+    roundoff) pairs for the stages an implementation declares it evaluates at another precision
+    than u_c (kit/precision.py), by the names of STEP_STAGES and "bias_power"; every other stage at
+    u_c."""
 
     u_c: float = U64
     u_W: float = 0.0
     u_state: float = 0.0
     route: str = "svd"
     iterations: int = 0
+    stage_units: tuple = ()
+
+    def unit(self, stage_name: str) -> float:
+        """The unit roundoff the stage `stage_name` is evaluated at."""
+        return dict(self.stage_units).get(stage_name, self.u_c)
 
     @property
     def cast(self) -> float:
-        return self.u_W if self.u_W > self.u_c else 0.0
+        return self.u_W if self.u_W > self.unit("retraction") else 0.0
+
+    def state_cast(self, stage_name: str) -> float:
+        """The rounding of m (stage_name "first_moment") or v ("second_moment") into the state dtype,
+        where that is coarser than the stage's own precision."""
+        return self.u_state if self.u_state > self.unit(stage_name) else 0.0
 
 
 @dataclass(frozen=True)
@@ -292,18 +315,47 @@ class StepError:
     well_posed: np.ndarray
 
 
-def kernel_rounding(dtype: str, trust_radius: float, d: int, r: int) -> "Rounding":
-    """The Rounding of the PyTorch kernel with storage `dtype` (a name of UNIT_ROUNDOFFS): u_c of its
-    compute dtype, u_W of the storage, u_state of the compute dtype; the Gram route with Newton-Schulz
-    for Delta <= 1 (docs/algorithm.md), its iteration count derived here from Delta, u_c and the
-    drift of the kernel's own frames (frame_drift_bound), else eigh."""
-    u_c = UNIT_ROUNDOFFS[COMPUTE_DTYPES[dtype]]
-    u_W = UNIT_ROUNDOFFS[dtype]
-    if 0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS:
-        drift = frame_drift_bound(d, r, u_W, u_c, trust_radius)
-        k = newton_schulz_iterations(trust_radius, u_c, drift)
-        return Rounding(u_c=u_c, u_W=u_W, u_state=u_c, route="newton_schulz", iterations=k)
-    return Rounding(u_c=u_c, u_W=u_W, u_state=u_c, route="eigh")
+def declared_rounding(declaration: dict, trust_radius: float, d: int, r: int) -> Rounding:
+    """The Rounding of an implementation that declares its precision stage by stage (the form of
+    torch_impl.functional.declared_precision: {"storage", "state", "route", "stages": {stage: dtype}},
+    dtypes named as in UNIT_ROUNDOFFS): u_c the unit roundoff of its retraction stage (the dtype it
+    computes in), u_W of its storage, u_state of its state, and every stage at its declared unit
+    roundoff. The route "gram" is the Gram matrix with Newton-Schulz for Delta <= 1, its iteration
+    count derived here from Delta, u_c and the drift of the implementation's own frames
+    (frame_drift_bound), else eigh; "svd" and "eigh" are taken as declared."""
+    stages = declaration["stages"]
+    unknown = sorted(set(stages) - set(DECLARED_STAGES))
+    if unknown:
+        raise ValueError(f"declaration names stages {unknown} that the analysis does not know; known: {', '.join(DECLARED_STAGES)}")
+    units = {name: UNIT_ROUNDOFFS[dtype] for name, dtype in stages.items()}
+    u_c = units.get("retraction", UNIT_ROUNDOFFS[declaration["state"]])
+    u_W, u_state = UNIT_ROUNDOFFS[declaration["storage"]], UNIT_ROUNDOFFS[declaration["state"]]
+    stage_units = tuple(sorted((name, unit) for name, unit in units.items() if unit != u_c))
+    route = declaration["route"]
+    if route == "gram":
+        if 0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS:
+            drift = frame_drift_bound(d, r, u_W, u_c, trust_radius)
+            k = newton_schulz_iterations(trust_radius, u_c, drift)
+            return Rounding(u_c=u_c, u_W=u_W, u_state=u_state, route="newton_schulz", iterations=k, stage_units=stage_units)
+        route = "eigh"
+    return Rounding(u_c=u_c, u_W=u_W, u_state=u_state, route=route, stage_units=stage_units)
+
+
+def kernel_declaration(dtype: str) -> dict:
+    """torch_impl.functional.declared_precision for storage `dtype` (a name of UNIT_ROUNDOFFS): how
+    the PyTorch kernel says it evaluates each stage, the statement its analysis holds it to."""
+    import torch
+    from torch_impl import functional
+
+    return functional.declared_precision(getattr(torch, dtype))
+
+
+def kernel_rounding(dtype: str, trust_radius: float, d: int, r: int) -> Rounding:
+    """The Rounding of the PyTorch kernel with storage `dtype` (a name of UNIT_ROUNDOFFS), from its
+    declaration (kernel_declaration, declared_rounding): u_c of its compute dtype, u_W of the storage,
+    u_state and every stage as declared (beta^t in float64); the Gram route with Newton-Schulz for
+    Delta <= 1 (docs/algorithm.md), the iteration count derived on the certifier's side, else eigh."""
+    return declared_rounding(kernel_declaration(dtype), trust_radius, d, r)
 
 
 def retraction_error(d: int, r: int, rounding: Rounding, kappa, trust_radius: float):
@@ -330,32 +382,36 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
     stage bound is one Stage (module docstring), evaluated at the quantities q."""
     beta1, beta2 = config.betas
     lam, lr, eps, delta = config.weight_decay, config.lr, config.eps, config.trust_radius
-    u_c, n = rounding.u_c, d * r
+    n = d * r
+    unit = rounding.unit
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        E_Gd = decay(u_c=u_c, G=q.G, lam=lam, W=q.W, G_rel=inputs.G_rel, W_err=inputs.W)
-        E_g = projection(d=d, r=r, u_c=u_c, X=q.G + lam * q.W, X_err=E_Gd, W_err=inputs.W)
-        E_m = first_moment(u_c=u_c, beta1=beta1, m_in=q.m_in, m_in_err=inputs.m, g=q.g, g_err=E_g)
+        E_Gd = decay(u_c=unit("decay"), G=q.G, lam=lam, W=q.W, G_rel=inputs.G_rel, W_err=inputs.W)
+        E_g = projection(d=d, r=r, u_c=unit("projection"), X=q.G + lam * q.W, X_err=E_Gd, W_err=inputs.W)
+        E_m = first_moment(u_c=unit("first_moment"), beta1=beta1, m_in=q.m_in, m_in_err=inputs.m, g=q.g, g_err=E_g)
+        E_m = E_m + moment_cast(u_state=rounding.state_cast("first_moment"), x=q.m)
         s = q.g**2 / n
-        E_s = mean_square(n=n, u_c=u_c, g=q.g, g_err=E_g)
-        E_v = second_moment(u_c=u_c, beta2=beta2, v_in=q.v_in, v_in_err=inputs.v, s=s, s_err=E_s)
+        E_s = mean_square(n=n, u_c=unit("mean_square"), g=q.g, g_err=E_g)
+        E_v = second_moment(u_c=unit("second_moment"), beta2=beta2, v_in=q.v_in, v_in_err=inputs.v, s=s, s_err=E_s)
+        E_v = E_v + moment_cast(u_state=rounding.state_cast("second_moment"), x=q.v)
         hats = []
         for beta, x, x_err in ((beta1, q.m, E_m), (beta2, q.v, E_v)):
             beta_t = beta**q.t
             log_beta = abs(math.log(beta)) if beta > 0 else 0.0
-            hats.append(bias_correction(u_c=u_c, t=q.t, beta_t=beta_t, log_beta=log_beta, x=x, x_err=x_err))
+            hats.append(bias_correction(u_c=unit("bias_correction"), u_p=unit("bias_power"), t=q.t, beta_t=beta_t,
+                                        log_beta=log_beta, x=x, x_err=x_err))
         E_mh, E_vh = hats
         b1, b2 = 1 - beta1**q.t, 1 - beta2**q.t
         v_hat = q.v / b2
         root = np.sqrt(v_hat)
         qd = root + eps
-        E_q = denominator(u_c=u_c, q=qd, sqrt_err=square_root(u_c=u_c, x=v_hat, x_err=E_vh))
+        E_q = denominator(u_c=unit("denominator"), q=qd, sqrt_err=square_root(u_c=unit("square_root"), x=v_hat, x_err=E_vh))
         margin = qd - E_q
         # xi = 0 exactly on both sides: where the computed v^ is 0 and its error is 0 (g = 0, v_in = 0
         # exactly), or where T_W = {0} (d = r = 1): the exact step is 0 at every input, and the computed
         # one is 0 wherever the computed v^ is (xi = 0 where v^ = 0, stage 6)
         exactly_still = (v_hat == 0) & ((E_vh == 0) | (d * r - r * (r + 1) // 2 == 0))
         possibly_still = (E_vh >= v_hat) & ~exactly_still
-        E_xi0 = direction(u_c=u_c, lr=lr, xi=q.xi_raw, q=qd, q_err=E_q, m_hat_err=E_mh)
+        E_xi0 = direction(u_c=unit("direction"), lr=lr, xi=q.xi_raw, q=qd, q_err=E_q, m_hat_err=E_mh)
         undetermined = direction_undetermined(lr=lr, m_hat=q.m / b1, m_hat_err=E_mh, q=qd, q_err=E_q)
         E_xi0 = np.where(possibly_still, np.fmax(E_xi0, undetermined), E_xi0)
         E_xi0 = np.where(exactly_still, 0.0, E_xi0)
@@ -363,15 +419,15 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
         # xi); E_W is then the 2 sqrt(r) of polar_perturbation's sigma_lo <= 0 and well_posed is False
         E_xi0 = np.where(exactly_still | (margin > 0), E_xi0, np.inf)
         cap = 0.0 if math.isinf(delta) else np.minimum(q.xi_raw, delta)
-        E_xi = trust_region(n=n, u_c=u_c, xi_err=E_xi0, cap=cap)
-        E_A = step_sum(u_c=u_c, A=q.A, W_err=inputs.W, xi_err=E_xi)
+        E_xi = trust_region(n=n, u_c=unit("trust_region"), xi_err=E_xi0, cap=cap)
+        E_A = step_sum(u_c=unit("step_sum"), A=q.A, W_err=inputs.W, xi_err=E_xi)
         sigma_lo = q.sigma_min - E_A
         well_posed = (exactly_still | (margin > 0)) & (sigma_lo > 0) & np.isfinite(E_xi)
         kappa = q.sigma_max / np.where(sigma_lo > 0, sigma_lo, np.nan)
         E_W = (polar_perturbation(r=r, dA=E_A, sigma_lo=np.where(sigma_lo > 0, sigma_lo, 0.0))
                + retraction_error(d, r, rounding, kappa, delta) + storage_cast(r=r, u_s=rounding.cast))
         E_W = np.where(sigma_lo > 0, E_W, 2 * math.sqrt(r))
-        E_m_plus = projection(d=d, r=r, u_c=u_c, X=q.m, X_err=E_m, W_err=E_W)
+        E_m_plus = projection(d=d, r=r, u_c=unit("projection"), X=q.m, X_err=E_m, W_err=E_W)
     shape = np.broadcast_shapes(*(np.shape(x) for x in (E_W, E_m_plus, E_v, well_posed)))
     b = lambda x: np.broadcast_to(np.asarray(x, dtype=np.float64), shape)  # noqa: E731
     return StepError(g=b(E_g), m=b(E_m), v=b(E_v), m_hat=b(E_mh), v_hat=b(E_vh), q=b(E_q), xi=b(E_xi), A=b(E_A),
@@ -379,7 +435,11 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
 
 
 # The stages step_error composes, in the order of docs/algorithm.md (the texts cite them all).
-STEP_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_correction",
+# The stages an implementation may declare a precision for (torch_impl.functional.STAGES).
+DECLARED_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_power", "bias_correction",
+                   "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction")
+
+STEP_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "moment_cast", "bias_correction",
                "square_root", "denominator", "direction", "direction_undetermined", "trust_region", "step_sum",
                "polar_perturbation", "polar_svd", "polar_newton_schulz", "polar_eigh", "storage_cast")
 
@@ -391,8 +451,8 @@ def stage_texts(names=STEP_STAGES) -> str:
 
 # The stages each output's bound passes through: W+ all of them, the transported m+ those of g and m
 # and then the projection again (X = ||m||, X_err = E_m, W_err = E_W), v those of g and v.
-MOMENT_STAGES = ("decay", "projection", "first_moment")
-SECOND_MOMENT_STAGES = ("decay", "projection", "mean_square", "second_moment")
+MOMENT_STAGES = ("decay", "projection", "first_moment", "moment_cast")
+SECOND_MOMENT_STAGES = ("decay", "projection", "mean_square", "second_moment", "moment_cast")
 
 _PREAMBLE = ("step_error (propositions/kit/step_analysis.py), one stage bound per stage of docs/algorithm.md, each "
              "propagating the errors of its inputs (u_c the compute dtype's unit roundoff, u_s the storage's, "
@@ -414,7 +474,7 @@ def step_error_text(output: str = "W") -> str:
 STEP_ERROR_TEXT = step_error_text("W")
 
 __all__ = ["InputErrors", "Rounding", "StepError", "StepNorms", "Stage", "STEP_STAGES", "STEP_ERROR_TEXT", "step_error_text",
-           "frame_drift_bound", "kernel_rounding", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error",
+           "frame_drift_bound", "kernel_rounding", "declared_rounding", "kernel_declaration", "DECLARED_STAGES", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error",
            "reference_quantities", "step_norms_of"]
 
 
