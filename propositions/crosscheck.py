@@ -66,6 +66,7 @@ from propositions.kit.threads import one_thread
 from propositions.kit.parallel import map_tasks
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from propositions.kernel_variants import CONTROL_DESCRIPTIONS, KERNEL_VARIANTS, REAL_KERNEL
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.
@@ -94,96 +95,17 @@ def _compute_dtype(dtype):
 # Three configurations, alternating over shapes and chunks: "clip_decay" has weight decay and takes
 # first steps of length lr sqrt(d r) > Delta wherever d r > 100 (the trust region is active);
 # "defaults" is docs/algorithm.md's; "no_trust_region" (Delta = inf) takes the kernel's eigh retraction
-# instead of Newton-Schulz, so both paths are held to the reference.
+# instead of Newton-Schulz, so both paths are held to the reference. "sharp_beta1" and "sharp_beta2"
+# put one beta close to 1, where 1 - beta^t formed from beta rounded to float32 is off by 22784 u32
+# relative (beta = 0.99999, u32 = 2^-24), with steps of length up to lr sqrt(d r) that the trust
+# region does not cap on frames up to (8, 3): the bias corrections decide the step.
 CONFIGS = {
     "clip_decay": ref.StiefelAdamConfig(lr=0.05, betas=(0.9, 0.999), eps=1e-8, trust_radius=0.5, weight_decay=0.1),
     "defaults": ref.StiefelAdamConfig(),
     "no_trust_region": ref.StiefelAdamConfig(trust_radius=math.inf, weight_decay=0.1),
+    "sharp_beta1": ref.StiefelAdamConfig(lr=0.1, betas=(0.99999, 0.999), eps=0.0, trust_radius=1.0, weight_decay=0.0),
+    "sharp_beta2": ref.StiefelAdamConfig(lr=0.1, betas=(0.9, 0.99999), eps=0.0, trust_radius=1.0, weight_decay=0.0),
 }
-
-# Muon's tuned quintic (3.4445, -4.7750, 2.0315), 5 iterations on A / ||A||_F: it maps singular
-# values into a band around 1 instead of to 1 (docs/algorithm.md#pitfalls); a control, never a retraction.
-MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-
-
-def _muon_polar(A):
-    import torch
-
-    a, b, c = MUON_COEFFICIENTS
-    X = A / torch.linalg.matrix_norm(A, keepdim=True)
-    for _ in range(5):
-        XtX = X.mT @ X
-        X = X @ (a * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) + b * XtX + c * (XtX @ XtX))
-    return X
-
-
-# The controls are built here from the public stages of torch_impl.functional (the production
-# kernel has no switch for them): each replaces one stage and keeps the others.
-
-
-def _stiefel_adam_kernel(W, G, m, v, t, config):
-    from torch_impl.functional import stiefel_adam_step
-
-    beta1, beta2 = config.betas
-    return stiefel_adam_step(W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay)
-
-
-def _stages_1_to_3(W, G, m, config):
-    """The production kernel's first stages (frames as a (B, d, r) batch in the compute dtype):
-    returns (W, G~, m tangent at W, W^T G~)."""
-    from torch_impl import functional
-
-    work = functional.compute_dtype(W.dtype)
-    d, r = W.shape[-2], W.shape[-1]
-    W_c, G_c, m_c = (x.to(work).reshape(-1, d, r) for x in (W, G, m))
-    G_decayed = functional.decayed_gradient(W_c, G_c, config.weight_decay)
-    m_new, WtG = functional.project_moment(W_c, G_decayed, m_c, config.betas[0])
-    return W_c, G_decayed, m_new, WtG
-
-
-def _elementwise_second_moment_kernel(W, G, m, v, t, config):
-    """Adam's elementwise v (shape (B, d, r)) and per-entry step in place of stages 4-7."""
-    import torch
-    from torch_impl import functional
-
-    beta1, beta2 = config.betas
-    W_c, G_decayed, m_new, _ = _stages_1_to_3(W, G, m, config)
-    g = functional.project_tangent(W_c, G_decayed)
-    v_c = torch.add(v.to(g.dtype).reshape(g.shape) * beta2, g * g, alpha=1 - beta2)
-    root_v_hat = torch.sqrt(v_c / (1 - beta2 ** (t + 1)))
-    xi = m_new * torch.where(root_v_hat > 0, (-config.lr / (1 - beta1 ** (t + 1))) / (root_v_hat + config.eps), 0.0)
-    if not math.isinf(config.trust_radius):
-        norm = torch.linalg.vector_norm(xi, dim=(-2, -1), keepdim=True)
-        xi = xi * torch.where(norm > config.trust_radius, config.trust_radius / norm, 1.0)
-    W_new = functional.polar_factor(W_c + xi, config.trust_radius)
-    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape)
-
-
-def _muon_newton_schulz_kernel(W, G, m, v, t, config):
-    """The production stages 1-7, then Muon's band-pushing quintic in place of the polar factor."""
-    from torch_impl import functional
-
-    beta1, beta2 = config.betas
-    d, r = W.shape[-2], W.shape[-1]
-    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
-    drift = functional.frame_drift_bound(d, r, W.dtype, config.trust_radius)
-    g_squared = functional.gradient_norm_squared(W_c, G_decayed, WtG, drift)
-    v_c = functional.second_moment(v.to(W_c.dtype).reshape(-1), g_squared, beta2, d * r)
-    coefficient = functional.step_coefficient(m_new, v_c, t + 1, config.lr, beta1, beta2, config.eps, config.trust_radius)
-    W_new = _muon_polar(W_c + coefficient[:, None, None] * m_new)
-    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
-
-
-KERNEL_VARIANTS = {
-    "stiefel_adam": _stiefel_adam_kernel,
-    "elementwise_second_moment": _elementwise_second_moment_kernel,
-    "muon_newton_schulz": _muon_newton_schulz_kernel,
-}
-CONTROL_DESCRIPTIONS = {
-    "elementwise_second_moment": "the torch kernel with Adam's elementwise second moment in place of one scalar per frame",
-    "muon_newton_schulz": "the torch kernel with Muon's tuned Newton-Schulz coefficients (3.4445, -4.7750, 2.0315) as the retraction",
-}
-
 
 # --------------------------------------------------------------------------------------------
 # The error analysis
@@ -230,70 +152,96 @@ def _iterations(config, dtype, d: int = 1, r: int = 1) -> int:
 
 
 
-def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, undefined=None):
+def _stored(x: np.ndarray, dtype) -> np.ndarray:
+    """x rounded to `dtype` (a torch dtype or its name), as a float64 array: the values a kernel with
+    that storage receives."""
+    return _to_numpy(_to_torch(x, dtype, "cpu"))
+
+
+def _step_counts(t: int, size: int, per_frame: bool, device):
+    """The kernel's step count: one int for every frame, or a float64 tensor with one count per
+    frame (the optimizer's form, whose bias corrections are torch.pow on the device)."""
+    import torch
+
+    return torch.full((size,), float(t), dtype=torch.float64, device=device) if per_frame else t
+
+
+def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, undefined=None, shapes=None, configs=None,
+                        label="lockstep"):
     """Multi-step reference trajectories with the torch kernel compared at every step (see module
     doc). Fills checks["W"], checks["m"], checks["v"]; returns the number of frames. undefined: a
     one-element list to which the count of frame-steps where step_error is undefined is added
     (q = sqrt(v^) + eps not above its error: G = 0 with weight decay in float32 or bfloat16, where
-    the rounding of P_W(lambda W) is comparable to eps; those W and m are not compared)."""
-    undefined = [0] if undefined is None else undefined
-    import torch
-    from torch_impl import functional
+    the rounding of P_W(lambda W) is comparable to eps; those W and m are not compared).
 
+    At every step the kernel gets the reference's state rounded to its storage dtype (W, G) and
+    state dtype (m, v), and the reference steps from exactly those values: each output is compared
+    with the reference's step at the kernel's own input, so the inputs' rounding, the same on both
+    sides, hides nothing, and each stage is held to the precision the kernel declares. shapes
+    (default: the profile's shape plan) and configs (names of CONFIGS; default one per chunk, in
+    turn) choose what runs; every other chunk (alternating over shapes, chunks and configurations)
+    passes the step count as a per-frame tensor."""
+    undefined = [0] if undefined is None else undefined
+    plan = shape_plan(profile, frames=frames) if shapes is None else shape_plan(profile, small=shapes, large=(), frames=frames)
     frames_done = 0
-    plan = shape_plan(profile, frames=frames)
-    state_dtype = _compute_dtype(dtype)
     for shape_index, batch in enumerate(plan):
-        d, r = batch.d, batch.r
-        for chunk_index, size in enumerate(chunk_sizes(batch.count, d, r, max_entries=2**19)):
-            config_name = list(CONFIGS)[(shape_index + chunk_index) % len(CONFIGS)]
-            config = CONFIGS[config_name]
-            key = (CLAIM_ID, "lockstep", d, r, chunk_index)
-            rng = rng_for(seed, *key)
-            W = ref.random_point(d, r, rng, (size,))
-            state = ref.init(W)
-            elementwise = variant == "elementwise_second_moment"
-            v_torch_own = torch.zeros((size, d, r), dtype=state_dtype, device=device) if elementwise else None
-            # the kernel's own state holds the moment before its transport (functional.stiefel_adam_step):
-            # it gets the reference's, and transports it inside its projection as the reference did
-            moment_in = state.m
-            rounding = _kernel_rounding(config, dtype, d, r)
-            drift_bound = step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, config.trust_radius)
-            for t in range(_steps_for(profile, d, r)):
-                G = rng.standard_normal(W.shape)
-                if t == 0:
-                    G[0] = 0.0  # the v^ = 0 branch: xi must be exactly 0, never 0/0
-                q = reference_quantities(W, G, state, config)
-                W_ref, state_ref = ref.step(W, G, state, config)
-                v_in = v_torch_own if elementwise else _to_torch(state.v, state_dtype, device)
-                W_in = _to_torch(W, dtype, device)
-                W_t, m_t, v_t = _kernel(W_in, _to_torch(G, dtype, device), _to_torch(moment_in, state_dtype, device),
-                                        v_in, state.t, config, variant)
-                if elementwise:
-                    v_torch_own = v_t
-                transport = transport_roundoff(d, r, rounding.u_c, moment_in)
-                bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
-                extra = {"step": t + 1, "config": config_name, "dtype": str(dtype).replace("torch.", "")}
-                # where step_error is undefined (the noise-driven step, docs/algorithm.md#pitfalls) nothing is
-                # compared: residual 0 against bound 1, and the frame-step is counted in `undefined`
-                posed = bound["well_posed"]
-                undefined[0] += int(np.count_nonzero(~posed))
-                checks["W"].add(np.where(posed, ref.frobenius(_to_numpy(W_t) - W_ref), 0.0), np.where(posed, bound["W"], 1.0),
-                                shape=(d, r), key=key, seed=seed, extra=extra)
-                m_transported = functional.transported_moment(W_t.to(m_t.dtype), m_t)
-                checks["m"].add(np.where(posed, ref.frobenius(_to_numpy(m_transported) - state_ref.m), 0.0), np.where(posed, bound["m"], 1.0),
-                                shape=(d, r), key=key, seed=seed, extra=extra)
-                if not elementwise:
-                    checks["v"].add(np.abs(_to_numpy(v_t) - state_ref.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
-                if not math.isinf(drift_bound):
-                    checks["frames_in"].add(ref.frobenius(_gram_defect(_to_numpy(W_in))), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
-                moment_in = reference_moment(W, G, state, config)
-                W, state = W_ref, state_ref
-            frames_done += size
+        for chunk_index, size in enumerate(chunk_sizes(batch.count, batch.d, batch.r, max_entries=2**19)):
+            names = [list(CONFIGS)[(shape_index + chunk_index) % len(CONFIGS)]] if configs is None else configs
+            for config_index, config_name in enumerate(names):
+                key = (CLAIM_ID, label, batch.d, batch.r, chunk_index) + ((config_name,) if configs is not None else ())
+                _lockstep_chunk(seed, key, size, config_name, _steps_for(profile, batch.d, batch.r), device, dtype, variant,
+                                checks, undefined, per_frame=(shape_index + chunk_index + config_index) % 2 == 1)
+                frames_done += size
     return frames_done
 
 
+def _lockstep_chunk(seed, key, size, config_name, steps, device, dtype, variant, checks, undefined, per_frame):
+    """One chunk of lockstep_crosscheck: `size` frames of shape key[2:4], `steps` steps."""
+    import torch
 
+    d, r = key[2], key[3]
+    config = CONFIGS[config_name]
+    state_dtype = _compute_dtype(dtype)
+    rng = rng_for(seed, *key)
+    W = ref.random_point(d, r, rng, (size,))
+    state = ref.init(W)
+    elementwise = variant == "elementwise_second_moment"
+    v_torch_own = torch.zeros((size, d, r), dtype=state_dtype, device=device) if elementwise else None
+    # the kernel's own state holds the moment before its transport (functional.stiefel_adam_step)
+    moment_in = state.m
+    rounding = _kernel_rounding(config, dtype, d, r)
+    drift_bound = step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, config.trust_radius)
+    for t in range(steps):
+        G = rng.standard_normal(W.shape)
+        if t == 0:
+            G[0] = 0.0  # the v^ = 0 branch: xi must be exactly 0, never 0/0
+        W_in, G_in = _stored(W, dtype), _stored(G, dtype)
+        m_in, v_in = _stored(moment_in, state_dtype), _stored(state.v, state_dtype)
+        state_in = ref.StiefelAdamState(m=ref.project_tangent(W_in, m_in, validate=False), v=v_in, t=state.t)
+        q = reference_quantities(W_in, G_in, state_in, config)
+        W_next, state_next = ref.adam._step(W_in, G_in, state_in, config)
+        moment_next = reference_moment(W_in, G_in, state_in, config)
+        v_arg = v_torch_own if elementwise else _to_torch(v_in, state_dtype, device)
+        W_t, m_t, v_t = _kernel(_to_torch(W_in, dtype, device), _to_torch(G_in, dtype, device), _to_torch(m_in, state_dtype, device),
+                                v_arg, _step_counts(state.t, size, per_frame, device), config, variant)
+        if elementwise:
+            v_torch_own = v_t
+        # the kernel projects the moment it receives (the previous step's transport) in its compute
+        # dtype, the reference in float64: transport_roundoff charges both to the kernel's input
+        bound = step_error_bound(d, r, config, q, rounding, InputErrors(m=transport_roundoff(d, r, rounding.u_c, m_in)))
+        extra = {"step": t + 1, "config": config_name, "dtype": _dtype_name(dtype), "per_frame_count": per_frame}
+        # where step_error is undefined (the noise-driven step, docs/algorithm.md#pitfalls) W is not
+        # compared: residual 0 against bound 1, and the frame-step is counted in `undefined`
+        posed = bound["well_posed"]
+        undefined[0] += int(np.count_nonzero(~posed))
+        checks["W"].add(np.where(posed, ref.frobenius(_to_numpy(W_t) - W_next), 0.0), np.where(posed, bound["W"], 1.0),
+                        shape=(d, r), key=key, seed=seed, extra=extra)
+        checks["m"].add(ref.frobenius(_to_numpy(m_t) - moment_next), bound["moment"], shape=(d, r), key=key, seed=seed, extra=extra)
+        if not elementwise:
+            checks["v"].add(np.abs(_to_numpy(v_t) - state_next.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
+        if not math.isinf(drift_bound):
+            checks["frames_in"].add(ref.frobenius(_gram_defect(W_in)), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
+        moment_in, W, state = moment_next, W_next, state_next
 
 
 def _gram_defect(W):
@@ -513,21 +461,37 @@ def torch_environment(device: str = "cpu") -> dict:
     return env
 
 
-def _new_checks(dtype_name: str) -> dict:
-    storage = "exact float64 inputs" if dtype_name == "float64" else f"inputs rounded to {dtype_name} (state float32)"
+def _declared_text(dtype_name: str) -> str:
+    """The kernel's declaration for storage dtype_name as the checks cite it."""
+    declaration = step_analysis.kernel_declaration(dtype_name)
+    coarse = {}
+    for stage_name, stage_dtype in declaration["stages"].items():
+        coarse.setdefault(stage_dtype, []).append(stage_name)
+    stages = "; ".join(f"{stage_dtype}: {', '.join(names)}" for stage_dtype, names in coarse.items())
+    return (f"W and G in {declaration['storage']}, m and v in {declaration['state']}, the {declaration['route']} route; "
+            f"stages evaluated in {stages}")
+
+
+def _new_checks(dtype_name: str, prefix: str = "") -> dict:
+    """The lock-step checks of one storage dtype, named prefix + name ("float32/frame", or "frame")."""
     rounding = step_analysis.kernel_rounding(dtype_name, 0.5, 1, 1)
-    setting = (f"the kernel's step_error (u_c = {rounding.u_c:.3g} of {step_analysis.COMPUTE_DTYPES[dtype_name]}, "
-               f"u_s = {rounding.u_W:.3g} of {dtype_name}, {storage}, the Gram route: Newton-Schulz for Delta <= 1 with k "
-               "derived from Delta and u_c, eigh otherwise) plus the reference's (u_c = 2^-53, the SVD route); ")
+    setting = (f"the reference at the kernel's own input (W, G rounded to {dtype_name}, m and v to the state dtype): the kernel's "
+               f"step_error at the precision it declares ({_declared_text(dtype_name)}; u_c = {rounding.u_c:.3g}, u_s = "
+               f"{rounding.u_W:.3g}; the Gram route: Newton-Schulz for Delta <= 1 with k derived from Delta and u_c, eigh otherwise) "
+               "plus the reference's (u_c = 2^-53, the SVD route), no input rounding on either side; ")
 
     def derivation(output):
         return setting + step_error_text(output)
 
+    def check(name, description, bound_derivation, **kwargs):
+        return NumericalCheck(prefix + name, description, bound_derivation, **kwargs)
+
     return {
-        "W": NumericalCheck("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation("W")),
-        "m": NumericalCheck("first_moment", f"||m+_torch - m+_ref||_F per frame, {dtype_name}", derivation("m")),
-        "v": NumericalCheck("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation("v"), tightness_note=tightness.SAME_ROUNDING),
-        "frames_in": NumericalCheck(
+        "W": check("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation("W")),
+        "m": check("first_moment", f"||m_torch - m_ref||_F per frame, {dtype_name}: stage 3's m, tangent at W before its transport, as "
+                   "the kernel returns it (the transport is the next step's projection of it, compared there)", derivation("moment")),
+        "v": check("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation("v"), tightness_note=tightness.SAME_ROUNDING),
+        "frames_in": check(
             "input_frames",
             f"||W^T W - I||_F of the frames given to the torch kernel ({dtype_name}): within the drift of the kernel's own frames",
             "step_analysis.frame_drift_bound: the Gram defect of a frame within E_NS + E_cast of an orthonormal one (u_c of the "
@@ -583,8 +547,6 @@ def thread_sensitivity(seed: int, dtype, threads=(1, 2)) -> dict:
 # The parts of the certificate
 # --------------------------------------------------------------------------------------------
 
-# The kernel whose certificate carries the P2 / P4 checks and the controls: the real one.
-REAL_KERNEL = "stiefel_adam"
 DEFAULT_OPTIONS = (("device", "cpu"), ("dtype", "float64"))
 
 
@@ -658,6 +620,44 @@ def lockstep_part(ctx: Context) -> Evidence:
                f"undefined: {undefined[0]} frame-steps where the step is not determined at {dtype}'s rounding level (q = sqrt(v^) + eps "
                "not above its error: a zero gradient with weight decay, whose projection P_W(lambda W) is rounding noise comparable "
                "to eps; docs/algorithm.md#pitfalls, the noise-driven step): their W and m are not compared, v is"],
+    )
+
+
+# The declared precision is held stage by stage on small frames, where the bounds are tightest (a
+# stage evaluated more coarsely than declared shows most above them), with every configuration.
+DECLARED_DTYPES = ("float32", "bfloat16")
+DECLARED_SHAPES = ((2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (16, 4), (32, 8))
+
+
+def declared_frames(profile) -> int:
+    """Frames per configuration of the declared-precision lock-step: 1/70 of the profile's (142 of
+    10^4 at the default profile, 20 per shape), at least 28 (4 per shape)."""
+    return max(profile.frames // 70, 28)
+
+
+def _declared_task(seed, profile, frames, device, dtype, variant) -> Evidence:
+    """The lock-step in one storage dtype on DECLARED_SHAPES with every configuration (a task)."""
+    checks = _new_checks(dtype, f"{dtype}/")
+    undefined = [0]
+    with _device_threads(device):
+        count = lockstep_crosscheck(seed, profile, frames, device, _torch_dtype(dtype), variant, checks, undefined,
+                                    shapes=DECLARED_SHAPES, configs=list(CONFIGS), label="declared")
+    return Evidence(checks=_sampled(list(checks.values())), frames=count, extra={"declared_precision": {dtype: {
+        "declaration": step_analysis.kernel_declaration(dtype), "frames": count, "undefined_frame_steps": undefined[0]}}})
+
+
+def declared_precision_part(ctx: Context) -> Evidence:
+    """The kernel in float32 and bfloat16 storage held to the precision it declares, stage by stage
+    (torch_impl.functional.declared_precision): lock-step at the kernel's own inputs on small frames,
+    with every configuration, one task per dtype."""
+    frames = declared_frames(ctx.profile)
+    runs = Evidence.merged(map_tasks(_declared_task, [(ctx.seed, ctx.profile, frames, ctx.option("device"), dtype, ctx.optimizer)
+                                                      for dtype in DECLARED_DTYPES]))
+    return Evidence(
+        checks=runs.checks, frames=runs.frames, extra=runs.extra,
+        notes=[f"declared precision: lock-step in {' and '.join(DECLARED_DTYPES)} on {len(DECLARED_SHAPES)} small shapes, "
+               f"{frames} frames per configuration ({', '.join(CONFIGS)}), {ctx.profile.steps} steps; each output against the "
+               "reference at the kernel's own (rounded) input, within step_error at the precision the kernel declares for each stage"],
     )
 
 
@@ -771,6 +771,27 @@ def kernel_control(ctx: Context) -> Evidence | None:
     return Evidence(checks=list(checks.values()))
 
 
+# The storage dtype in which each precision control is run: where the kernel's declaration and the
+# broken stage differ (m and v differ from the declaration only for bfloat16 frames).
+DECLARED_CONTROL_DTYPES = {"moments_in_storage_dtype": "bfloat16", "bias_power_in_compute_dtype": "float32"}
+
+
+def declared_control(ctx: Context) -> Evidence | None:
+    """A kernel that evaluates a stage more coarsely than the kernel declares, through the
+    declared-precision lock-step (declared_precision_part) in the dtype where the two differ, on
+    control_frames frames per configuration and two steps."""
+    if ctx.option("under_test") != REAL_KERNEL:
+        return None
+    frames = max(ctx.profile.control_frames // 4, 28)
+    profile = Profile("control", frames=frames, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0, control_frames=frames)
+    return _declared_task(ctx.seed, profile, frames, ctx.option("device"), DECLARED_CONTROL_DTYPES[ctx.optimizer], ctx.optimizer)
+
+
+def _control(name: str) -> Control:
+    run = declared_control if name in DECLARED_CONTROL_DTYPES else kernel_control
+    return Control(name, run, CONTROL_DESCRIPTIONS[name])
+
+
 CLAIM = Claim(
     id=CLAIM_ID,
     title="The PyTorch StiefelAdam kernel computes the certified step",
@@ -789,11 +810,12 @@ CLAIM = Claim(
     parts=(
         Part("setting", setting_part),
         Part("lockstep", lockstep_part, background=True),  # a task of its own
+        Part("declared_precision", declared_precision_part, background=True),
         Part("p2_p4", p2_p4_part, background=True),
         Part("long_run", long_run_part),
         Part("thread_sensitivity", thread_sensitivity_part),
     ),
-    controls=tuple(Control(name, kernel_control, description) for name, description in CONTROL_DESCRIPTIONS.items()),
+    controls=tuple(_control(name) for name in CONTROL_DESCRIPTIONS),
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,
     prepare=_prepare,

@@ -44,7 +44,8 @@ def test_claim_entry():
     claim = crosscheck.CLAIM
     assert isinstance(claim, Claim) and claim.id == "crosscheck"
     assert claim.title and claim.statement and claim.latex
-    assert set(claim.control_names) == {"elementwise_second_moment", "muon_newton_schulz"}
+    assert set(claim.control_names) == set(crosscheck.CONTROL_DESCRIPTIONS)
+    assert {"elementwise_second_moment", "muon_newton_schulz", "moments_in_storage_dtype", "bias_power_in_compute_dtype"} <= set(claim.control_names)
 
 
 def test_float64_crosscheck_passes_and_detects_its_controls(float64_result):
@@ -52,7 +53,7 @@ def test_float64_crosscheck_passes_and_detects_its_controls(float64_result):
     assert result.verdict == "pass", result.failures()
     names = {c.name for c in result.checks}
     assert {"frame", "first_moment", "second_moment", "P2_bitwise", "P2_bounded", "P4_left", "P4_right", "long_run_feasibility"} <= names
-    assert len(result.controls) == 2 and all(c.detected for c in result.controls)
+    assert len(result.controls) == len(crosscheck.CONTROL_DESCRIPTIONS) and all(c.detected for c in result.controls)
     assert result.frames >= 60
 
 

@@ -460,7 +460,8 @@ _PREAMBLE = ("step_error (propositions/kit/step_analysis.py), one stage bound pe
 
 
 def step_error_text(output: str = "W") -> str:
-    """The citation of step_error's bound on one output ("W", "m" or "v"), its stages rendered."""
+    """The citation of step_error's bound on one output ("W", "m" the transported m+, "moment" stage 3's
+    m, or "v"), its stages rendered."""
     if output == "W":
         return f"{_PREAMBLE}: {stage_texts()}"
     if output == "m":
@@ -468,7 +469,9 @@ def step_error_text(output: str = "W") -> str:
                 "X_err = E_m, W_err = E_W (the bound on W+)")
     if output == "v":
         return f"{_PREAMBLE}, for v: {stage_texts(SECOND_MOMENT_STAGES)}"
-    raise ValueError(f"output must be W, m or v, got {output!r}")
+    if output == "moment":
+        return f"{_PREAMBLE}, for stage 3's m (before its transport): {stage_texts(MOMENT_STAGES)}"
+    raise ValueError(f"output must be W, m, moment or v, got {output!r}")
 
 
 STEP_ERROR_TEXT = step_error_text("W")
