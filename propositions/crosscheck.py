@@ -66,7 +66,11 @@ from propositions.kit.threads import one_thread
 from propositions.kit.parallel import map_tasks
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from propositions import kernel_drift
 from propositions.kernel_variants import CONTROL_DESCRIPTIONS, KERNEL_VARIANTS, REAL_KERNEL
+from propositions.kernel_variants import dtype_name as _dtype_name, run_kernel as _kernel, state_dtype as _compute_dtype
+from propositions.kernel_variants import stored as _stored, to_numpy as _to_numpy, to_torch as _to_torch
+from propositions.kernel_variants import torch_dtype as _torch_dtype
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.
@@ -76,21 +80,6 @@ DTYPE_NAMES = ("float64", "float32", "bfloat16")
 U64 = step_analysis.U64
 
 
-def _torch_dtype(dtype):
-    """torch dtype of a name in DTYPE_NAMES (a torch dtype passes through)."""
-    import torch
-
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
-
-
-def _dtype_name(dtype) -> str:
-    """The name in DTYPE_NAMES of a torch dtype (a name passes through)."""
-    return dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
-
-
-def _compute_dtype(dtype):
-    """The torch dtype the kernel computes in for storage `dtype`, as docs/algorithm.md states it."""
-    return _torch_dtype(step_analysis.COMPUTE_DTYPES[_dtype_name(dtype)])
 
 # Three configurations, alternating over shapes and chunks: "clip_decay" has weight decay and takes
 # first steps of length lr sqrt(d r) > Delta wherever d r > 100 (the trust region is active);
@@ -122,22 +111,6 @@ CONFIGS = {
 # --------------------------------------------------------------------------------------------
 
 
-def _to_torch(x: np.ndarray, dtype, device):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=_torch_dtype(dtype))
-
-
-def _to_numpy(x) -> np.ndarray:
-    import torch
-
-    return x.detach().to(device="cpu", dtype=torch.float64).numpy()
-
-
-def _kernel(W, G, m, v, t, config, variant="stiefel_adam"):
-    return KERNEL_VARIANTS[variant](W, G, m, v, t, config)
-
-
 def _kernel_rounding(config, dtype, d: int, r: int) -> Rounding:
     """The kernel's unit roundoffs and retraction route for storage `dtype` (step_analysis.kernel_rounding:
     the Newton-Schulz iteration count derived on the certifier's side, never read from the kernel)."""
@@ -150,12 +123,6 @@ def _iterations(config, dtype, d: int = 1, r: int = 1) -> int:
 
 
 
-
-
-def _stored(x: np.ndarray, dtype) -> np.ndarray:
-    """x rounded to `dtype` (a torch dtype or its name), as a float64 array: the values a kernel with
-    that storage receives."""
-    return _to_numpy(_to_torch(x, dtype, "cpu"))
 
 
 def _step_counts(t: int, size: int, per_frame: bool, device):
@@ -404,38 +371,6 @@ def feasibility_bound(d: int, r: int, dtype, trust_radius: float = 0.5) -> float
     return float(gram_defect_bound(distance, d, r, U64))
 
 
-def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
-    """Feasibility ||W^T W - I||_F over `steps` steps of random gradients (a pool of 64, cycled).
-
-    The retraction recomputes polar(W + xi) from the actual Gram matrix every step, so the error
-    does not accumulate: after any number of steps ||W^T W - I|| <= `feasibility_bound`.
-    Returns (measured steps, worst residual at each, seconds)."""
-    import torch
-
-    batch, d, r = shape
-    torch_dtype = _torch_dtype(dtype)
-    config = CONFIGS["clip_decay"]
-    rng = rng_for(seed, CLAIM_ID, "long_run", str(torch_dtype), d, r)
-    W = _to_torch(ref.random_point(d, r, rng, (batch,)), torch_dtype, device)
-    pool = _to_torch(rng.standard_normal((64,) + W.shape), _compute_dtype(torch_dtype), device)
-    state_dtype = _compute_dtype(torch_dtype)
-    m = torch.zeros(W.shape, dtype=state_dtype, device=device)
-    v = torch.zeros(W.shape if variant == "elementwise_second_moment" else W.shape[:-2], dtype=state_dtype, device=device)
-    bound = feasibility_bound(d, r, torch_dtype, config.trust_radius)
-    checkpoints = sorted({int(round(x)) for x in np.geomspace(1, steps, num=min(25, steps))})
-    measured, residuals = [], []
-    start = time.perf_counter()
-    for t in range(steps):
-        W, m, v = _kernel(W, pool[t % 64], m, v, t, config, variant)
-        if t + 1 in checkpoints:
-            feasibility = ref.feasibility(_to_numpy(W))  # in float64 on the certifier's side
-            check.add(feasibility, bound, shape=(d, r), key=(CLAIM_ID, "long_run", str(torch_dtype), d, r),
-                      extra={"step": t + 1, "dtype": str(torch_dtype).replace("torch.", "")})
-            measured.append(t + 1)
-            residuals.append(float(feasibility.max()))
-    return measured, residuals, time.perf_counter() - start, bound
-
-
 # --------------------------------------------------------------------------------------------
 # The claim
 # --------------------------------------------------------------------------------------------
@@ -678,12 +613,15 @@ def p2_p4_part(ctx: Context) -> Evidence:
 
 
 def _long_run_check(steps: int) -> NumericalCheck:
+    return NumericalCheck("long_run_feasibility", kernel_drift.long_run_steps_text(steps),
+                          "each checkpoint's drift against " + kernel_drift.DEFECT_TEXT, tightness_note=tightness.WORST_CASE_SUMS)
+
+
+def _drift_correction_check() -> NumericalCheck:
     return NumericalCheck(
-        "long_run_feasibility",
-        f"||W^T W - I||_F over {steps} steps, batch (4, 32, 8)",
-        "T-independent (the last retraction's error; no accumulation): feasibility_bound, the Gram defect of a frame "
-        "within E_NS + E_cast (Delta <= 1) of an orthonormal one; " + stage_texts(("gram_defect", "polar_newton_schulz", "storage_cast")),
-    )
+        "drift_correction",
+        f"||W+^T W+ - I||_F after one step from frames with ||W^T W - I||_F = {kernel_drift.PLANTED_DRIFT:g} (the retraction corrects "
+        "the drift it is given)", "the frame returned against " + kernel_drift.DEFECT_TEXT, tightness_note=tightness.WORST_CASE_SUMS)
 
 
 def _device_threads(device: str):
@@ -694,50 +632,63 @@ def _device_threads(device: str):
 
 
 def _long_run_task(seed, steps, device, run_dtype, variant) -> Evidence:
-    """One dtype's long run, a task of its own: its check, and what long_run measured as
+    """One dtype's long run, a task of its own: its check, and what kernel_drift.long_run measured as
     extra["long_run"][run_dtype], with the threads of the claim's environment wherever it runs."""
     check = _long_run_check(steps)
     with _device_threads(device):
-        steps_at, residuals, seconds, bound = long_run(seed, steps, device, run_dtype, variant, check)
+        record, seconds = kernel_drift.long_run(seed, steps, device, run_dtype, variant, check)
     return Evidence(checks=[check], extra={"long_run": {run_dtype: {
-        "steps": steps_at,
-        "feasibility_max": residuals,
-        "bound": bound,
-        "seconds": seconds,
-        "microseconds_per_step": 1e6 * seconds / steps,
-    }}})
+        **record, "seconds": seconds, "microseconds_per_step": 1e6 * seconds / steps}}})
 
 
 def long_run_part(ctx: Context) -> Evidence:
-    """Feasibility over profile.long_run_steps steps in float64, float32 and the run's dtype (long_run)."""
+    """Feasibility over profile.long_run_steps steps in float64, float32, bfloat16 (and the run's dtype),
+    each checkpoint against the one-step bound at its own step (kernel_drift.long_run)."""
     from torch_impl import functional
 
     dtype, steps = ctx.option("dtype"), ctx.profile.long_run_steps
-    run_dtypes = list(dict.fromkeys(["float64", "float32", dtype]))
+    run_dtypes = list(dict.fromkeys([*kernel_drift.LONG_RUN_DTYPES, dtype]))
     # one task per dtype (independent runs, each serial in its steps), merged in this order
     runs = Evidence.merged(map_tasks(_long_run_task, [(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer)
                                                       for run_dtype in run_dtypes]))
     long_runs = runs.extra["long_run"]
-    series = [Series([float(s) for s in long_runs[run_dtype]["steps"]], long_runs[run_dtype]["feasibility_max"], run_dtype)
-              for run_dtype in run_dtypes]
-    first = series[0]
-    work = _compute_dtype(dtype)
-    derived = _iterations(CONFIGS["clip_decay"], dtype, 32, 8)
-    kernel_count = functional.newton_schulz_iterations(0.5, work)
+    series = []
+    for run_dtype in run_dtypes:
+        x = [float(s) for s in long_runs[run_dtype]["steps"]]
+        series += [Series(x, long_runs[run_dtype]["feasibility_max"], f"{run_dtype} drift"),
+                   Series(x, long_runs[run_dtype]["bound_max"], f"{run_dtype} bound")]
+    batch, d, r = kernel_drift.LONG_RUN_SHAPE
+    config = kernel_drift.LONG_RUN_CONFIG
+    derived = _iterations(config, dtype, d, r)
+    kernel_count = functional.newton_schulz_iterations(config.trust_radius, _compute_dtype(dtype))
+    ratios = {run_dtype: max(f / b for f, b in zip(long_runs[run_dtype]["feasibility_max"], long_runs[run_dtype]["bound_max"]))
+              for run_dtype in run_dtypes}
     return Evidence(
         checks=_sampled(runs.checks),
         extra={"long_run": long_runs},
         figures={
             "long_run_feasibility": LineFigure(
-                title="Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
-                xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(first.x, first.y),
+                title=f"Drift of torch StiefelAdam frames ({batch} x {d} x {r}) over a long run, and its one-step bound",
+                xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(series[0].x, series[0].y),
                 logx=True, logy=True,
             )
         },
-        notes=[f"retraction: {functional.resolve_retraction('auto', 0.5)} at trust_radius 0.5: the kernel runs {kernel_count} "
-               f"quintic iterations in the compute dtype; the bounds take the {derived} that the certifier derives from Delta, "
-               "the compute dtype and the kernel's frame drift (step_analysis.newton_schulz_iterations)"],
+        notes=[f"retraction: {functional.resolve_retraction('auto', config.trust_radius)} at trust_radius {config.trust_radius}: "
+               f"the kernel runs {kernel_count} quintic iterations in the compute dtype; the bounds take the {derived} that the "
+               "certifier derives from Delta, the compute dtype and the frame's drift (step_analysis.newton_schulz_iterations)",
+               "long run: the drift of every checkpoint is bounded by the one-step bound of its own step (the retraction corrects "
+               "the drift it is given); largest drift / bound " + ", ".join(f"{k} {v:.2g}" for k, v in ratios.items())],
     )
+
+
+def drift_correction_part(ctx: Context) -> Evidence:
+    """One step from frames with a planted drift, in every dtype (kernel_drift.drift_correction)."""
+    check = _drift_correction_check()
+    frames = sum(kernel_drift.drift_correction(ctx.seed, ctx.option("device"), run_dtype, ctx.optimizer, check, CONFIGS)
+                 for run_dtype in DTYPE_NAMES)
+    return Evidence(checks=[check], frames=frames,
+                    notes=[f"drift correction: {frames} frames with ||W^T W - I||_F = {kernel_drift.PLANTED_DRIFT:g} stepped once in "
+                           f"{', '.join(DTYPE_NAMES)}; each returned frame within the one-step bound at its own A"])
 
 
 def thread_sensitivity_part(ctx: Context) -> Evidence:
@@ -787,8 +738,17 @@ def declared_control(ctx: Context) -> Evidence | None:
     return _declared_task(ctx.seed, profile, frames, ctx.option("device"), DECLARED_CONTROL_DTYPES[ctx.optimizer], ctx.optimizer)
 
 
+def drift_control(ctx: Context) -> Evidence | None:
+    """A kernel whose retraction does not correct drift, through drift_correction in float32."""
+    if ctx.option("under_test") != REAL_KERNEL:
+        return None
+    check = _drift_correction_check()
+    frames = kernel_drift.drift_correction(ctx.seed, ctx.option("device"), "float32", ctx.optimizer, check, CONFIGS, count=4)
+    return Evidence(checks=[check], frames=frames)
+
+
 def _control(name: str) -> Control:
-    run = declared_control if name in DECLARED_CONTROL_DTYPES else kernel_control
+    run = declared_control if name in DECLARED_CONTROL_DTYPES else drift_control if name == "drift_not_corrected" else kernel_control
     return Control(name, run, CONTROL_DESCRIPTIONS[name])
 
 
@@ -813,6 +773,7 @@ CLAIM = Claim(
         Part("declared_precision", declared_precision_part, background=True),
         Part("p2_p4", p2_p4_part, background=True),
         Part("long_run", long_run_part),
+        Part("drift_correction", drift_correction_part),
         Part("thread_sensitivity", thread_sensitivity_part),
     ),
     controls=tuple(_control(name) for name in CONTROL_DESCRIPTIONS),

@@ -20,11 +20,58 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from propositions.kit import step_analysis
+
 # torch is imported by the functions that use it: `import propositions` works without torch.
 
 # Muon's tuned quintic (3.4445, -4.7750, 2.0315), 5 iterations on A / ||A||_F: it maps singular
 # values into a band around 1 instead of to 1 (docs/algorithm.md#pitfalls); a control, never a retraction.
 MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def torch_dtype(dtype):
+    """The torch dtype of a name ("float32"); a torch dtype passes through."""
+    import torch
+
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def dtype_name(dtype) -> str:
+    """The name ("float32") of a torch dtype; a name passes through."""
+    return dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+
+
+def state_dtype(dtype):
+    """The torch dtype of m and v for frames stored in `dtype`, as the certifier's analysis takes it
+    (step_analysis.COMPUTE_DTYPES: float64 for float64, float32 otherwise)."""
+    return torch_dtype(step_analysis.COMPUTE_DTYPES[dtype_name(dtype)])
+
+
+def to_torch(x: np.ndarray, dtype, device):
+    """A float64 array as a tensor of `dtype` (rounded to it) on `device`."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=torch_dtype(dtype))
+
+
+def to_numpy(x) -> np.ndarray:
+    """A tensor's values as a float64 array on the host (exact: every dtype here embeds in float64)."""
+    import torch
+
+    return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+def stored(x: np.ndarray, dtype) -> np.ndarray:
+    """x rounded to `dtype` (a torch dtype or its name), as a float64 array: the values a kernel with
+    that storage receives."""
+    return to_numpy(to_torch(x, dtype, "cpu"))
+
+
+def run_kernel(W, G, m, v, t, config, variant: str = "stiefel_adam"):
+    """One step of the kernel variant `variant` (a name of KERNEL_VARIANTS)."""
+    return KERNEL_VARIANTS[variant](W, G, m, v, t, config)
 
 
 def stiefel_adam_kernel(W, G, m, v, t, config):
@@ -74,7 +121,9 @@ def _elementwise_second_moment_kernel(W, G, m, v, t, config):
     W_c, G_decayed, m_new, _ = _stages_1_to_3(W, G, m, config)
     g = functional.project_tangent(W_c, G_decayed)
     count = _next_count(t, W_c.shape[0])
-    v_c = torch.add(v.to(g.dtype).reshape(g.shape) * beta2, g * g, alpha=1 - beta2)
+    # a state with one v per frame (as the real kernel's) is taken entry by entry
+    v_in = v.to(g.dtype).reshape(g.shape) if v.numel() == g.numel() else v.to(g.dtype).reshape(-1, 1, 1).expand_as(g)
+    v_c = torch.add(v_in * beta2, g * g, alpha=1 - beta2)
     root_v_hat = torch.sqrt(v_c / (1 - beta2**count))
     xi = m_new * torch.where(root_v_hat > 0, (-config.lr / (1 - beta1**count)) / (root_v_hat + config.eps), 0.0)
     if not math.isinf(config.trust_radius):
@@ -163,3 +212,23 @@ CONTROL_DESCRIPTIONS = {
     "moments_in_storage_dtype": "the torch kernel keeping m and v in the storage dtype (bfloat16 for bfloat16 frames), not float32",
     "bias_power_in_compute_dtype": "the torch kernel forming beta^t and 1 - beta^t in the compute dtype (float32), not float64",
 }
+
+
+def _shortcut_retraction_kernel(W, G, m, v, t, config):
+    """The production stages 1-7, then the retraction (W + xi)(I + xi^T xi)^(-1/2) (by eigh, in the
+    compute dtype), which is the polar factor only for an exactly orthonormal W: it never corrects
+    the drift of the frame it is given (docs/algorithm.md#pitfalls)."""
+    import torch
+
+    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
+    v_c = _second_moment(W, W_c, G_decayed, m_new, WtG, v, config)
+    xi = m_new * _production_coefficient(m_new, v_c, t, config)[:, None, None]
+    gram = torch.eye(xi.shape[-1], dtype=xi.dtype, device=xi.device) + xi.mT @ xi
+    eigenvalues, eigenvectors = torch.linalg.eigh(gram)
+    W_new = (W_c + xi) @ ((eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT)
+    return W_new.reshape(W.shape).to(W.dtype), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
+
+
+KERNEL_VARIANTS["drift_not_corrected"] = _shortcut_retraction_kernel
+CONTROL_DESCRIPTIONS["drift_not_corrected"] = ("the torch kernel retracting by (W + xi)(I + xi^T xi)^(-1/2), which trusts W^T W = I "
+                                               "and never corrects the stored frame's drift")

@@ -62,9 +62,11 @@ def test_result_is_jsonable_with_the_feasibility_figure(float64_result):
     assert data["symbolic"]["status"] == "not_applicable"
     figure = data["figures"]["long_run_feasibility"]
     assert len(figure["x"]) == len(figure["y"]) > 3 and figure["x"][-1] == SMALL.long_run_steps
-    assert {s["label"] for s in figure["series"]} == {"float64", "float32"}
+    assert {s["label"] for s in figure["series"]} == {f"{dtype} {kind}" for dtype in ("float64", "float32", "bfloat16")
+                                                      for kind in ("drift", "bound")}
     long_run = data["extra"]["long_run"]
     assert long_run["float32"]["steps"][-1] == SMALL.long_run_steps
+    assert all(drift <= bound for drift, bound in zip(long_run["bfloat16"]["feasibility_max"], long_run["bfloat16"]["bound_max"]))
     assert data["extra"]["torch"]["torch"] == torch.__version__
 
 

@@ -203,21 +203,104 @@ def newton_schulz_distance(d: int, r: int, u_c: float, trust_radius: float, drif
     return float(polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=k))
 
 
-def frame_drift_bound(d: int, r: int, u_s: float, u_c: float, trust_radius: float) -> float:
-    """Bound on ||W^T W - I||_F (evaluated in float64) of a frame computed by the Gram route with
-    Newton-Schulz in u_c and stored in u_s: gram_defect at the distance newton_schulz_distance plus the
-    storage cast. The drift of the kernel's input enters the iteration count and kappa; the bound is
-    a fixed point (the output's drift is the next input's), reached from drift = 0 in two rounds
-    because the distance depends on the drift only through kappa and k. inf outside Delta <= 1."""
+@stage("E_defect", "gamma_n(d, u_c)*A_F**2/sigma_min**2 + (2*kappa**2 + 4*kappa + 3/4)*r*gamma_n(r, u_c) + 7*sqrt(r)*u_c"
+                   " + sqrt(r)*e_k + 2*sqrt(r)*u_s + r*u_s**2")
+def newton_schulz_defect(d, r, u_c, u_s, A_F, sigma_min, kappa, e_k):
+    """Bound on ||W^T W - I||_F for W = fl_s(fl(A M_k)), the Gram route's frame after k quintic
+    Newton-Schulz iterations computed in u_c and stored in u_s (0 where the storage is the compute
+    dtype), A d x r with ||A||_F <= A_F, smallest singular value sigma_min and cond(A) <= kappa.
+    The defect, unlike the distance to the polar factor (polar_newton_schulz), does not remember
+    the earlier iterations: each iteration forms the Gram matrix of its own iterate (Y = M^T fl(S) M)
+    and corrects it, so only fl(S), the last iteration, the product A M_k and the storage count.
+      * fl(S) = S + E, ||E||_F <= gamma_d ||A||_F^2 (gram); the iteration converges on fl(S), so
+        (A M_k)^T (A M_k) - I = (M_k^T fl(S) M_k - I) - M_k^T E M_k, the second at most
+        gamma_d A_F^2 / sigma_min^2 (||M_k||_2 = 1 / sigma_min to first order);
+      * the last iteration from M: Z = fl(fl(M fl(S)) M) errs by 2 r gamma_r ||M||_2^2 ||S||_2 =
+        2 r gamma_r kappa^2 (two length-r products, ||X Y||_F <= ||X||_F ||Y||_F <= r ||X||_2 ||Y||_2);
+        since p(1) = 1 and p'(1) = -1/2, P^T Z P - I moves by 2 p p' = -1 times that; P = fl(p(Z)) =
+        fl(fl(a I + b Z) + c fl(Z Z)) errs by c r gamma_r (the square) and 3.25 sqrt(r) u_c (four
+        roundings on entries of |b Z| + |a I + b Z| + |c Z^2| + |P| ~ (5/4 + 5/8 + 3/8 + 1) per
+        diagonal entry), entering twice: (3/4) r gamma_r + 7 sqrt(r) u_c; M_k = fl(M P) errs by
+        r gamma_r ||M||_2 ||P||_2, entering as 2 ||F|| ||fl(S) M P||_2: 2 r gamma_r kappa;
+      * the iteration itself: every eigenvalue of M_k^T fl(S) M_k within e_k of 1
+        (newton_schulz_residual, from the actual spectrum): sqrt(r) e_k;
+      * W_c = fl(A M_k) errs by gamma_r ||A||_F ||M_k||_F <= r gamma_r kappa, entering twice: 2 r
+        gamma_r kappa (with the above, 4 kappa);
+      * the storage W = W_c + F, ||F||_F <= u_s sqrt(r): 2 sqrt(r) u_s + r u_s^2.
+    First order in u_c. Attained within a small factor on small frames (tests/test_stage_attainment.py),
+    where the gamma_n of length-d and length-r sums are reached by aligned roundings."""
+
+
+def _quintic_deviation(e):
+    """1 - x p(x)^2 at x = 1 - e, expanded exactly (no cancellation in floating point)."""
+    return 5 / 8 * e**3 + 15 / 64 * e**4 + 9 / 64 * e**5
+
+
+def newton_schulz_residual(d: int, r: int, u_c: float, trust_radius: float, k: int, A_F, sigma_min, sigma_max):
+    """Bound e_k on |1 - x| over the eigenvalues x of M_k^T fl(S) M_k after k quintic iterations from
+    the actual spectrum of S = A^T A (per frame; arrays allowed): the exact scalar map from the two
+    ends of [sigma_min^2, sigma_max^2] / c (c = 1 + Delta^2 / 2), widened by fl(S)'s error gamma_d
+    A_F^2 / c; each iteration but the last perturbs the next iterate's eigenvalues by its rounding
+    rho = (2 kappa^2 + 2 kappa + 3/4) r gamma_r + 7 sqrt(r) u_c (newton_schulz_defect's terms of one
+    iteration), which the next iteration cubes; the last iteration's rounding is newton_schulz_defect's."""
+    scale = 1.0 + trust_radius**2 / 2.0
+    sigma_min, sigma_max = np.asarray(sigma_min, dtype=np.float64), np.asarray(sigma_max, dtype=np.float64)
+    kappa = sigma_max / sigma_min
+    gamma_d, gamma_r = d * u_c / (1 - d * u_c), r * u_c / (1 - r * u_c)
+    gram_error = gamma_d * np.asarray(A_F, dtype=np.float64) ** 2 / scale + u_c
+    deviation = np.maximum(np.abs(1.0 - sigma_min**2 / scale), np.abs(sigma_max**2 / scale - 1.0)) + gram_error
+    rho = (2 * kappa**2 + 2 * kappa + 0.75) * r * gamma_r + 7 * math.sqrt(r) * u_c
+    with np.errstate(over="ignore", invalid="ignore"):
+        for iteration in range(k):
+            # the map contracts only for deviations below 1: outside, no finite residual (inf)
+            deviation = np.where(deviation < 1.0, _quintic_deviation(deviation) + (rho if iteration < k - 1 else 0.0), np.inf)
+    return deviation
+
+
+def gram_route_defect(d: int, r: int, rounding: "Rounding", trust_radius: float, A_F, sigma_min, sigma_max):
+    """Bound on the exact ||W^T W - I||_F of the frame that `rounding`'s retraction returns from A
+    (||A||_F = A_F, singular values in [sigma_min, sigma_max]; per frame, arrays allowed): on the
+    Newton-Schulz route newton_schulz_defect with its residual from A's own spectrum; on the other
+    routes the Gram defect of a frame within the route's evaluation error (and the storage cast) of
+    an orthonormal one."""
     from .bounds import gram_defect_bound
 
+    sigma_min, sigma_max = np.asarray(sigma_min, dtype=np.float64), np.asarray(sigma_max, dtype=np.float64)
+    kappa = sigma_max / sigma_min
+    u_c, u_s = rounding.unit("retraction"), rounding.cast
+    if rounding.route == "newton_schulz":
+        e_k = newton_schulz_residual(d, r, u_c, trust_radius, rounding.iterations, A_F, sigma_min, sigma_max)
+        return np.asarray(newton_schulz_defect(d=d, r=r, u_c=u_c, u_s=u_s, A_F=A_F, sigma_min=sigma_min, kappa=kappa, e_k=e_k),
+                          dtype=np.float64)
+    distance = retraction_error(d, r, rounding, kappa, trust_radius) + storage_cast(r=r, u_s=u_s)
+    return gram_defect_bound(distance, d, r, 0.0)
+
+
+def evaluated_defect(defect, d: int, r: int):
+    """A bound on the exact ||W^T W - I||_F turned into one on its float64 evaluation (the certifier's
+    ref.feasibility): the gram stage at ||W||_F^2 <= r (1 + defect) in float64, and 2 u relative for the
+    subtraction and the norm."""
+    defect = np.asarray(defect, dtype=np.float64)
+    return defect * (1 + 2 * U64) + (d * U64 / (1 - d * U64)) * r * (1 + defect)
+
+
+def frame_drift_bound(d: int, r: int, u_s: float, u_c: float, trust_radius: float) -> float:
+    """Bound on ||W^T W - I||_F (evaluated in float64) of a frame computed by the Gram route with
+    Newton-Schulz in u_c and stored in u_s, whatever frame it was computed from (the correction
+    property): newton_schulz_defect at the spectrum a tangent step of length <= Delta from a frame of
+    drift delta allows, sigma^2 in [1 - delta, 1 + delta + Delta^2] and ||A||_F^2 <= r + sqrt(r) delta
+    + Delta^2 (W^T W + xi^T xi, P3(b), Weyl), k derived from Delta, u_c and delta. The bound is a fixed
+    point (the output's drift is the next input's), reached from delta = 0 in a few rounds because
+    the defect depends on delta only through the spectrum and k. inf outside Delta <= 1."""
     if not (0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS):
         return math.inf
-    cast = float(storage_cast(r=r, u_s=u_s if u_s > u_c else 0.0))
     drift = 0.0
-    for _ in range(3):
-        distance = newton_schulz_distance(d, r, u_c, trust_radius, drift) + cast
-        drift = float(gram_defect_bound(distance, d, r, U64))
+    for _ in range(4):
+        k = newton_schulz_iterations(trust_radius, u_c, drift)
+        rounding = Rounding(u_c=u_c, u_W=u_s, route="newton_schulz", iterations=k)
+        A_F = math.sqrt(r + math.sqrt(r) * drift + trust_radius**2)
+        sigma_min, sigma_max = math.sqrt(1.0 - drift), math.sqrt(1.0 + drift + trust_radius**2)
+        drift = float(evaluated_defect(gram_route_defect(d, r, rounding, trust_radius, A_F, sigma_min, sigma_max), d, r))
     return drift
 
 
@@ -477,7 +560,7 @@ def step_error_text(output: str = "W") -> str:
 STEP_ERROR_TEXT = step_error_text("W")
 
 __all__ = ["InputErrors", "Rounding", "StepError", "StepNorms", "Stage", "STEP_STAGES", "STEP_ERROR_TEXT", "step_error_text",
-           "frame_drift_bound", "kernel_rounding", "declared_rounding", "kernel_declaration", "DECLARED_STAGES", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error",
+           "frame_drift_bound", "gram_route_defect", "evaluated_defect", "newton_schulz_residual", "kernel_rounding", "declared_rounding", "kernel_declaration", "DECLARED_STAGES", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error",
            "reference_quantities", "step_norms_of"]
 
 
