@@ -66,7 +66,7 @@ from propositions.kit.threads import one_thread
 from propositions.kit.parallel import map_tasks
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
-from propositions import kernel_drift
+from propositions import kernel_drift, kernel_scale
 from propositions.kernel_variants import CONTROL_DESCRIPTIONS, KERNEL_VARIANTS, REAL_KERNEL
 from propositions.kernel_variants import dtype_name as _dtype_name, run_kernel as _kernel, state_dtype as _compute_dtype
 from propositions.kernel_variants import stored as _stored, to_numpy as _to_numpy, to_torch as _to_torch
@@ -691,6 +691,41 @@ def drift_correction_part(ctx: Context) -> Evidence:
                            f"{', '.join(DTYPE_NAMES)}; each returned frame within the one-step bound at its own A"])
 
 
+def _scale_checks(dtype: str) -> dict:
+    return {
+        "bitwise": NumericalCheck(f"{dtype}/P2_exponent_range",
+                                  f"torch trajectories under 2^k G vs G ({dtype}, eps = 0), ulps, for every k of the predicted domain",
+                                  kernel_scale.BITWISE_TEXT, tightness_note=tightness.EQUALITY),
+        "band": NumericalCheck(f"{dtype}/P2_subnormal_band",
+                               f"||W+(2^k G, 2^k m, 4^k v) - W+(G, m, v)||_F ({dtype}, eps = 0) where v is subnormal and not 0",
+                               kernel_scale.BAND_TEXT, tightness_note=tightness.WORST_CASE_SUMS),
+    }
+
+
+def scale_evidence(seed, device, variant, dtypes=kernel_scale.SCALE_DTYPES) -> Evidence:
+    """kernel_scale.scale_scan in each dtype: its checks and its report as extra["scale_domain"]."""
+    checks, reports = [], {}
+    for dtype in dtypes:
+        by_kind = _scale_checks(dtype)
+        reports[dtype] = kernel_scale.scale_scan(seed, device, dtype, variant, by_kind)
+        checks += _sampled(list(by_kind.values()))
+    return Evidence(checks=checks, extra={"scale_domain": reports})
+
+
+def scale_domain_part(ctx: Context) -> Evidence:
+    """P2 on the kernel over each dtype's whole exponent range (kernel_scale): a property of the real
+    kernel, run when it is the kernel under test (its controls run the same scan)."""
+    if ctx.optimizer != REAL_KERNEL:
+        return Evidence(notes=["P2 over the exponent range runs on the real kernel"])
+    evidence = scale_evidence(ctx.seed, ctx.option("device"), ctx.optimizer)
+    reports = evidence.extra["scale_domain"]
+    evidence.notes = [f"gradient scale c = 2^k, {dtype}: bitwise for k in {report['log2_c_bitwise_found']} (predicted "
+                      f"[{report['predicted']['log2_c_low']}, {report['predicted']['log2_c_high']}], the claim checked there), "
+                      f"v subnormal for k in {report['subnormal_band']} (held to the bound with underflow), v = 0 below, "
+                      f"non-finite from {report['log2_c_non_finite_from']}" for dtype, report in reports.items()]
+    return evidence
+
+
 def thread_sensitivity_part(ctx: Context) -> Evidence:
     """On CPU, where the run itself used one torch thread (and one BLAS thread): what two would change."""
     import torch
@@ -747,9 +782,20 @@ def drift_control(ctx: Context) -> Evidence | None:
     return Evidence(checks=[check], frames=frames)
 
 
+def scale_control(ctx: Context) -> Evidence | None:
+    """A kernel that breaks P2 far from c = 1, through the exponent-range scan in every dtype."""
+    if ctx.option("under_test") != REAL_KERNEL:
+        return None
+    return scale_evidence(ctx.seed, ctx.option("device"), ctx.optimizer)
+
+
+CONTROL_RUNS = {"moments_in_storage_dtype": declared_control, "bias_power_in_compute_dtype": declared_control,
+                "drift_not_corrected": drift_control, "unscaled_square": scale_control, "floor_on_v": scale_control,
+                "hidden_eps": scale_control}
+
+
 def _control(name: str) -> Control:
-    run = declared_control if name in DECLARED_CONTROL_DTYPES else drift_control if name == "drift_not_corrected" else kernel_control
-    return Control(name, run, CONTROL_DESCRIPTIONS[name])
+    return Control(name, CONTROL_RUNS.get(name, kernel_control), CONTROL_DESCRIPTIONS[name])
 
 
 CLAIM = Claim(
@@ -774,6 +820,7 @@ CLAIM = Claim(
         Part("p2_p4", p2_p4_part, background=True),
         Part("long_run", long_run_part),
         Part("drift_correction", drift_correction_part),
+        Part("scale_domain", scale_domain_part),
         Part("thread_sensitivity", thread_sensitivity_part),
     ),
     controls=tuple(_control(name) for name in CONTROL_DESCRIPTIONS),

@@ -9,7 +9,11 @@ port or a "simplification" of the kernel makes:
 * moments_in_storage_dtype: m and v kept in the storage dtype (bfloat16 for bfloat16 frames), where
   the kernel declares float32;
 * bias_power_in_compute_dtype: beta^t and 1 - beta^t formed in the compute dtype (float32), where
-  the kernel declares float64.
+  the kernel declares float64;
+* drift_not_corrected: the retraction (W + xi)(I + xi^T xi)^(-1/2), which never corrects drift;
+* unscaled_square: ||g||^2 formed at the gradient's scale, which overflows before v does;
+* floor_on_v: v floored at the smallest normal number (a guard against 0 / 0);
+* hidden_eps: 1e-30 added to the denominator whatever eps is.
 
 A variant is called as variant(W, G, m, v, t, config) with the arguments of
 functional.stiefel_adam_step (t an int or a per-frame float64 tensor) and returns (W+, m, v) as it
@@ -101,8 +105,7 @@ def _second_moment(W, W_c, G_decayed, m_new, WtG, v, config):
 
     d, r = W.shape[-2], W.shape[-1]
     drift = functional.frame_drift_bound(d, r, W.dtype, config.trust_radius)
-    g_squared = functional.gradient_norm_squared(W_c, G_decayed, WtG, drift)
-    return functional.second_moment(v.to(W_c.dtype).reshape(-1), g_squared, config.betas[1], d * r)
+    return functional.updated_second_moment(W_c, G_decayed, WtG, v.to(W_c.dtype).reshape(-1), config.betas[1], drift)
 
 
 def _next_count(t, batch: int):
@@ -196,24 +199,6 @@ def _bias_power_in_compute_dtype_kernel(W, G, m, v, t, config):
     return W_new.reshape(W.shape).to(W.dtype), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
 
 
-REAL_KERNEL = "stiefel_adam"
-
-KERNEL_VARIANTS = {
-    REAL_KERNEL: stiefel_adam_kernel,
-    "elementwise_second_moment": _elementwise_second_moment_kernel,
-    "muon_newton_schulz": _muon_newton_schulz_kernel,
-    "moments_in_storage_dtype": _moments_in_storage_dtype_kernel,
-    "bias_power_in_compute_dtype": _bias_power_in_compute_dtype_kernel,
-}
-
-CONTROL_DESCRIPTIONS = {
-    "elementwise_second_moment": "the torch kernel with Adam's elementwise second moment in place of one scalar per frame",
-    "muon_newton_schulz": "the torch kernel with Muon's tuned Newton-Schulz coefficients (3.4445, -4.7750, 2.0315) as the retraction",
-    "moments_in_storage_dtype": "the torch kernel keeping m and v in the storage dtype (bfloat16 for bfloat16 frames), not float32",
-    "bias_power_in_compute_dtype": "the torch kernel forming beta^t and 1 - beta^t in the compute dtype (float32), not float64",
-}
-
-
 def _shortcut_retraction_kernel(W, G, m, v, t, config):
     """The production stages 1-7, then the retraction (W + xi)(I + xi^T xi)^(-1/2) (by eigh, in the
     compute dtype), which is the polar factor only for an exactly orthonormal W: it never corrects
@@ -229,6 +214,73 @@ def _shortcut_retraction_kernel(W, G, m, v, t, config):
     return W_new.reshape(W.shape).to(W.dtype), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
 
 
-KERNEL_VARIANTS["drift_not_corrected"] = _shortcut_retraction_kernel
-CONTROL_DESCRIPTIONS["drift_not_corrected"] = ("the torch kernel retracting by (W + xi)(I + xi^T xi)^(-1/2), which trusts W^T W = I "
-                                               "and never corrects the stored frame's drift")
+def _production_from_second_moment(W, W_c, m_new, v_c, t, config, eps=None):
+    """The production stages 5-8 from stage 3's m and stage 4's v (frames (B, d, r), compute dtype)."""
+    import torch
+    from torch_impl import functional
+
+    beta1, beta2 = config.betas
+    count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
+    coefficient = functional.step_coefficient(m_new, v_c, count, config.lr, beta1, beta2, config.eps if eps is None else eps,
+                                              config.trust_radius)
+    W_new = functional.polar_factor(torch.addcmul(W_c, m_new, coefficient[:, None, None]), config.trust_radius)
+    return W_new.reshape(W.shape).to(W.dtype), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
+
+
+def _unscaled_square_kernel(W, G, m, v, t, config):
+    """Stage 4 from ||g||^2 formed at the gradient's own scale, then multiplied by (1 - beta2) / (d r):
+    the square overflows the compute dtype before v does (float32: ||g|| > 2^64)."""
+    from torch_impl import functional
+
+    d, r = W.shape[-2], W.shape[-1]
+    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
+    drift = functional.frame_drift_bound(d, r, W.dtype, config.trust_radius)
+    g_squared = functional.gradient_norm_squared(W_c, G_decayed, WtG, drift)
+    v_c = functional.second_moment(v.to(W_c.dtype).reshape(-1), g_squared, config.betas[1], d * r)
+    return _production_from_second_moment(W, W_c, m_new, v_c, t, config)
+
+
+def _floor_on_v_kernel(W, G, m, v, t, config):
+    """v floored at the compute dtype's smallest normal number, max(v, tiny): a guard against 0 / 0
+    that changes every step whose v is subnormal."""
+    import torch
+
+    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
+    v_c = _second_moment(W, W_c, G_decayed, m_new, WtG, v, config)
+    v_c = torch.clamp(v_c, min=torch.finfo(v_c.dtype).tiny)
+    return _production_from_second_moment(W, W_c, m_new, v_c, t, config)
+
+
+def _hidden_eps_kernel(W, G, m, v, t, config):
+    """A denominator sqrt(v^) + eps + 1e-30: an eps that eps = 0 does not remove, which shortens
+    every step whose sqrt(v^) is not far above 1e-30."""
+    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
+    v_c = _second_moment(W, W_c, G_decayed, m_new, WtG, v, config)
+    return _production_from_second_moment(W, W_c, m_new, v_c, t, config, eps=config.eps + 1e-30)
+
+
+REAL_KERNEL = "stiefel_adam"
+
+KERNEL_VARIANTS = {
+    REAL_KERNEL: stiefel_adam_kernel,
+    "elementwise_second_moment": _elementwise_second_moment_kernel,
+    "muon_newton_schulz": _muon_newton_schulz_kernel,
+    "moments_in_storage_dtype": _moments_in_storage_dtype_kernel,
+    "bias_power_in_compute_dtype": _bias_power_in_compute_dtype_kernel,
+    "drift_not_corrected": _shortcut_retraction_kernel,
+    "unscaled_square": _unscaled_square_kernel,
+    "floor_on_v": _floor_on_v_kernel,
+    "hidden_eps": _hidden_eps_kernel,
+}
+
+CONTROL_DESCRIPTIONS = {
+    "elementwise_second_moment": "the torch kernel with Adam's elementwise second moment in place of one scalar per frame",
+    "muon_newton_schulz": "the torch kernel with Muon's tuned Newton-Schulz coefficients (3.4445, -4.7750, 2.0315) as the retraction",
+    "moments_in_storage_dtype": "the torch kernel keeping m and v in the storage dtype (bfloat16 for bfloat16 frames), not float32",
+    "bias_power_in_compute_dtype": "the torch kernel forming beta^t and 1 - beta^t in the compute dtype (float32), not float64",
+    "drift_not_corrected": ("the torch kernel retracting by (W + xi)(I + xi^T xi)^(-1/2), which trusts W^T W = I and never "
+                            "corrects the stored frame's drift"),
+    "unscaled_square": "the torch kernel forming ||g||^2 at the gradient's scale before (1 - beta2) / (d r): it overflows before v",
+    "floor_on_v": "the torch kernel flooring v at the compute dtype's smallest normal number, max(v, tiny)",
+    "hidden_eps": "the torch kernel dividing by sqrt(v^) + eps + 1e-30, an eps that eps = 0 does not remove",
+}

@@ -308,7 +308,10 @@ def gradient_norm_squared(
     route, at the price of the sixth product on every call.
     """
     d, r = W.shape[-2], W.shape[-1]
-    u = unit_roundoff(W.dtype)
+    # the route test compares rounding errors divided by u: a product u * (square) would underflow
+    # about 24 binades (float32) before the square itself does, and the test would then change with
+    # the gradient's scale where every quantity of the step is still a normal number
+    drift_per_u = drift / unit_roundoff(W.dtype)
     sigma = _sym(WtG)
     gradient_norm = torch.linalg.vector_norm(G_decayed, dim=(-2, -1))
     sigma_norm = torch.linalg.vector_norm(sigma, dim=(-2, -1))
@@ -317,16 +320,16 @@ def gradient_norm_squared(
     # every term of the route test is of degree 2 in G~ (no product of two squares, which underflows
     # for |log2 scale| > ~250), so the test, like the step, is exactly invariant under G~ -> 2^k G~
     cross = sigma_norm * gradient_norm
-    rounding = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
-    explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * identity.clamp(min=0).sqrt() * gradient_norm)
+    rounding = (d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs()
+    explicit_error = d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * identity.clamp(min=0).sqrt() * gradient_norm
     # the route is chosen per frame, from that frame's quantities only: a frame's result must not
     # depend on the other frames of its batch (a shared decision made a frame at scale 2^-120
     # round differently when another frame of the batch had scale 2^-300)
-    identity_ok = rounding + drift * sigma_sq <= explicit_error
+    identity_ok = rounding + drift_per_u * sigma_sq <= explicit_error
     if sync_free:
         sharper = ~identity_ok & (rounding < explicit_error)
         sigma_squared_sq = _norm_of_square(sigma, sigma_norm)
-        identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
+        identity_ok = identity_ok | (sharper & (rounding + drift_per_u * sigma_squared_sq <= explicit_error))
         g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
         return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
     if bool(identity_ok.all()):
@@ -334,7 +337,7 @@ def gradient_norm_squared(
     sharper = ~identity_ok & (rounding < explicit_error)
     if bool(sharper.any()):
         sigma_squared_sq = _norm_of_square(sigma, sigma_norm)
-        identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
+        identity_ok = identity_ok | (sharper & (rounding + drift_per_u * sigma_squared_sq <= explicit_error))
         if bool(identity_ok.all()):
             return identity
     g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
@@ -355,8 +358,25 @@ def _norm_of_square(sigma: torch.Tensor, sigma_norm: torch.Tensor) -> torch.Tens
 
 
 def second_moment(v: torch.Tensor, g_squared: torch.Tensor, beta2: float, size: int) -> torch.Tensor:
-    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame (size = d r)."""
+    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame (size = d r), from ||g||^2."""
     return torch.add(v * beta2, g_squared, alpha=(1 - beta2) / size)
+
+
+def increment_scale(beta2: float, size: int) -> float:
+    """s = sqrt((1 - beta2) / size): the second moment's increment (1 - beta2) ||g||^2 / (d r) is ||s g||^2."""
+    return math.sqrt((1 - beta2) / size)
+
+
+def updated_second_moment(W, G_decayed, WtG, v, beta2: float, drift: float, sync_free: bool = False) -> torch.Tensor:
+    """Stage 4 as the step computes it: beta2 v + ||s g||^2 with s = increment_scale(beta2, d r), the
+    norm formed from s G~ and s W^T G~ (gradient_norm_squared). Scaling before squaring keeps every
+    square at the size of v itself: ||g||^2 alone overflows the compute dtype (float32: ||g|| > 2^64)
+    up to sqrt(d r / (1 - beta2)) times (6.5 binades at d r = 8, beta2 = 0.999) below the gradient
+    scale at which v does, and scaling by s commutes with scaling by 2^k, so P2 stays exact.
+    Shapes: W, G~ (B, d, r), WtG (B, r, r), v (B,); returns (B,)."""
+    scale = increment_scale(beta2, W.shape[-2] * W.shape[-1])
+    increment = gradient_norm_squared(W, G_decayed * scale, WtG * scale, drift, sync_free)
+    return torch.add(v * beta2, increment)
 
 
 def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> torch.Tensor:
@@ -441,8 +461,7 @@ def stiefel_adam_step(
     G_c = decayed_gradient(W_c, _as_batch3(G.to(work)), weight_decay)
     m_c, WtG = project_moment(W_c, G_c, _as_batch3(m.to(work)), beta1)
     drift = frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method)
-    g_squared = gradient_norm_squared(W_c, G_c, WtG, drift, sync_free)
-    v_c = second_moment(v.to(work).reshape(-1), g_squared, beta2, d * r)
+    v_c = updated_second_moment(W_c, G_c, WtG, v.to(work).reshape(-1), beta2, drift, sync_free)
     step_count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
     coefficient = step_coefficient(m_c, v_c, step_count, lr, beta1, beta2, eps, trust_radius)
     W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
