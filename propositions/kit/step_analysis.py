@@ -56,10 +56,14 @@ def first_moment(u_c, beta1, m_in, m_in_err, g, g_err):
     dtype by u_c: at most 3 u_c on each term."""
 
 
-@stage("E_s", "(2*g*g_err + g_err**2)/n + (n + 2)*u_c*g**2/n")
-def mean_square(n, u_c, g, g_err):
-    """Stage 4's ||g||^2 / n, n = d r: ||g + dg||^2 - ||g||^2 <= 2 ||g|| ||dg|| + ||dg||^2; the sum of
-    n squares errs by gamma_n ||g||^2, the squares and the division by n add 2 u_c."""
+@stage("E_s", "(2*g*g_err + g_err**2)/n + ((n + 4)*g + 2*X)*u_c*g/n")
+def mean_square(n, u_c, g, g_err, X):
+    """Stage 4's ||g||^2 / n, n = d r, with ||G~|| <= X: ||g + dg||^2 - ||g||^2 <= 2 ||g|| ||dg|| +
+    ||dg||^2; the sum of n squares errs by gamma_n ||g||^2; the squares, a norm's square root and
+    its square add 3 u_c; the scaling by 1 / n (a division, or, to keep the squares at the size of
+    v, the factor s = sqrt((1 - beta2) / n) rounded to the compute dtype, 2 u_c on s^2, applied to
+    the entries of G~ before the projection's sums, a relative u_c on G~ that moves ||g||^2 by at
+    most 2 u_c ||g|| ||G~||) adds 1 u_c and 2 u_c ||g|| X: (n + 4) u_c ||g||^2 + 2 u_c ||g|| X."""
 
 
 @stage("E_v", "beta2*v_in_err + (1 - beta2)*s_err + 3*u_c*(beta2*v_in + (1 - beta2)*s)")
@@ -473,7 +477,7 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
         E_m = first_moment(u_c=unit("first_moment"), beta1=beta1, m_in=q.m_in, m_in_err=inputs.m, g=q.g, g_err=E_g)
         E_m = E_m + moment_cast(u_state=rounding.state_cast("first_moment"), x=q.m)
         s = q.g**2 / n
-        E_s = mean_square(n=n, u_c=unit("mean_square"), g=q.g, g_err=E_g)
+        E_s = mean_square(n=n, u_c=unit("mean_square"), g=q.g, g_err=E_g, X=q.G + lam * q.W)
         E_v = second_moment(u_c=unit("second_moment"), beta2=beta2, v_in=q.v_in, v_in_err=inputs.v, s=s, s_err=E_s)
         E_v = E_v + moment_cast(u_state=rounding.state_cast("second_moment"), x=q.v)
         hats = []
