@@ -104,8 +104,8 @@ def test_newton_schulz_and_eigh_retractions_agree():
     kappa, u = math.sqrt(1.25), ref.UNIT_ROUNDOFF
     svd_bound = float(polar_svd(d=32, r=8, u_c=u, kappa=kappa))
     k = _iterations(CONFIGS["defaults"], torch.float64, 32, 8)
-    assert float(torch.linalg.matrix_norm(newton_schulz - svd).max()) <= svd_bound + float(polar_newton_schulz(d=32, r=8, u_c=u, kappa=kappa, k=k))
-    assert float(torch.linalg.matrix_norm(eigh - svd).max()) <= svd_bound + float(polar_eigh(d=32, r=8, u_c=u, kappa=kappa))
+    assert float(torch.linalg.matrix_norm(newton_schulz - svd).max()) <= svd_bound + float(polar_newton_schulz(d=32, r=8, u_c=u, kappa=kappa, k=k, e_k=u))
+    assert float(torch.linalg.matrix_norm(eigh - svd).max()) <= svd_bound + float(polar_eigh(d=32, r=8, u_c=u, u_e=u, u_M=0.0, kappa=kappa))
 
 
 def test_newton_schulz_iteration_counts_come_from_the_scalar_map():

@@ -46,8 +46,8 @@ S^(-1/2) is evaluated by one of two methods (``retraction_method``):
   error is rounding, O((d + r) u) as for eigh. Muon's tuned coefficients are *not* used: they only
   push singular values into a band and do not give a polar factor.
 * "eigh" (used otherwise, e.g. Delta = inf or Delta > 1, where the spectrum of S is unbounded):
-  S = Q diag(lambda) Q^T by a batched torch.linalg.eigh and S^(-1/2) = Q diag(lambda^-1/2) Q^T.
-  The orthogonality error of A S^(-1/2) is about cond(A)^2 u = (1 + ||xi||_2^2) u: fine for the
+  S = Q diag(lambda) Q^T by a batched torch.linalg.eigh and S^(-1/2) = Q diag(lambda^-1/2) Q^T, the
+  r x r eigenproblem solved in float64 for every storage dtype (EIGENSOLVER_DTYPE). The orthogonality error of A S^(-1/2) is about cond(A)^2 u = (1 + ||xi||_2^2) u: fine for the
   moderate steps that Adam takes (length about lr sqrt(d r)); for steps with ||xi||_2 >> 1, which
   only trust_radius = inf allows, it degrades as cond^2, and a finite trust radius is the remedy.
 """
@@ -83,11 +83,19 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # rounded to float32 alone moves 1 - beta2 by 216 u (beta2 = 0.999) to 22784 u (0.99999) relative
 BIAS_POWER_DTYPE = torch.float64
 
+# The eigh route's r x r eigenproblem is solved in float64 whatever the storage: it costs r^3 per
+# frame against the d r^2 of the Gram matrix, and the eigensolver's own rounding (its Householder
+# reflectors and up to 30 r^2 rotations) would otherwise dominate the retraction's error in float32
+EIGENSOLVER_DTYPE = torch.float64
+
 # The stages of docs/algorithm.md in the order the step evaluates them, by the names of the
 # certifier's rounding analysis; "bias_power" is beta^t and 1 - beta^t, "bias_correction" the
-# divisions m / (1 - beta1^t), v / (1 - beta2^t) that apply them.
+# divisions m / (1 - beta1^t), v / (1 - beta2^t) that apply them; "retraction" the Gram matrix, the
+# Newton-Schulz iteration and A S^(-1/2), "eigensolver" the eigh route's r x r eigenproblem and
+# S^(-1/2) = V diag(lambda^-1/2) V^T.
 STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_power",
-          "bias_correction", "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction")
+          "bias_correction", "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction",
+          "eigensolver")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -104,11 +112,13 @@ def declared_precision(dtype: torch.dtype) -> dict:
     matrix: Newton-Schulz for trust_radius <= 1, eigh above), "stages": {stage: dtype}} with every
     name of STAGES: the dtype that stage's operations round in. Every stage computes in
     `compute_dtype(dtype)` except bias_power, formed in BIAS_POWER_DTYPE and rounded once to the
-    compute dtype where it is applied. Dtypes are named as torch names them ("float32").
+    compute dtype where it is applied, and the eigensolver, in EIGENSOLVER_DTYPE with S^(-1/2)
+    rounded once to the compute dtype. Dtypes are named as torch names them ("float32").
     """
     work = _dtype_name(compute_dtype(dtype))
     stages = {stage: work for stage in STAGES}
     stages["bias_power"] = _dtype_name(BIAS_POWER_DTYPE)
+    stages["eigensolver"] = _dtype_name(EIGENSOLVER_DTYPE)
     return {"storage": _dtype_name(dtype), "state": work, "route": "gram", "stages": stages}
 
 
@@ -176,8 +186,9 @@ def _inverse_sqrt_newton_schulz(S: torch.Tensor, trust_radius: float) -> torch.T
 
 
 def _inverse_sqrt_eigh(S: torch.Tensor) -> torch.Tensor:
-    eigenvalues, eigenvectors = torch.linalg.eigh(S)
-    return (eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT
+    """S^(-1/2) by the symmetric eigensolver in EIGENSOLVER_DTYPE, rounded back to S's dtype."""
+    eigenvalues, eigenvectors = torch.linalg.eigh(S.to(EIGENSOLVER_DTYPE))
+    return ((eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT).to(S.dtype)
 
 
 def _as_batch3(x: torch.Tensor) -> torch.Tensor:

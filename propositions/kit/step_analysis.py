@@ -107,12 +107,16 @@ def direction_undetermined(lr, m_hat, m_hat_err, q, q_err):
     computed one has norm at most lr (||m^|| + ||dm^||) / (q - |dq|); their distance is at most that."""
 
 
-@stage("E_xi", "xi_err + (n + 4)*u_c*cap")
-def trust_region(n, u_c, xi_err, cap):
-    """Stage 7, x -> x min(1, Delta / ||x||): the projection onto the ball of radius Delta, which is
-    1-Lipschitz, so the error of xi passes with factor 1; the computed cap (a norm of n squares with
-    its square root, the ratio and the scaling) rounds by (n + 4) u_c on a step of length cap =
-    min(||xi||, Delta) (0 where there is no cap)."""
+@stage("E_xi", "Min(xi_err, radius*xi_err/Max(raw - xi_err, 0)) + (n + 4)*u_c*cap")
+def trust_region(n, u_c, xi_err, cap, raw, radius):
+    """Stage 7, x -> x min(1, Delta / ||x||) with Delta = radius, for a step of exact length raw:
+    the projection onto the ball of radius Delta is 1-Lipschitz, so the error of xi passes with
+    factor at most 1; where raw - xi_err > Delta the segment from the exact to the computed step
+    lies outside the ball of radius raw - xi_err (triangle inequality), where the projection is
+    x -> Delta x / ||x||, of derivative norm Delta / ||x||: the error passes with factor
+    Delta / (raw - xi_err) < 1 (its component along xi is removed by the cap). The computed cap (a
+    norm of n squares with its square root, the ratio and the scaling) rounds by (n + 4) u_c on a
+    step of length cap = min(raw, Delta) (0 where there is no cap, Delta = inf)."""
 
 
 @stage("E_A", "W_err + xi_err + u_c*A")
@@ -125,8 +129,8 @@ def step_sum(u_c, A, W_err, xi_err):
 # --------------------------------------------------------------------------------------------
 
 
-@stage("E_NS", "r*kappa**2*gamma_n(d, u_c)/2 + (7*k + 1)*r*gamma_n(r, u_c)*kappa + sqrt(r)*u_c")
-def polar_newton_schulz(d, r, u_c, kappa, k):
+@stage("E_NS", "r*kappa**2*gamma_n(d, u_c)/2 + (7*k + 1)*r*gamma_n(r, u_c)*kappa + sqrt(r)*e_k")
+def polar_newton_schulz(d, r, u_c, kappa, k, e_k):
     """Bound on ||fl(A M) - polar(A)||_F for the Gram route with k quintic Newton-Schulz iterations
     (torch_impl's retraction for Delta <= 1), A d x r with sigma_max / sigma_min <= kappa. With
     S = A^T A and Q = A S^(-1/2) = polar(A), A X = Q S^(1/2) X for any r x r X:
@@ -142,28 +146,36 @@ def polar_newton_schulz(d, r, u_c, kappa, k):
         iteration relative to ||M||_2, all k counted (no credit taken for the iteration's
         self-correction); the final A M adds r gamma_r; through ||A||_2 <= sigma_max these are
         (7 k + 1) r gamma_r kappa;
-      * after k iterations (newton_schulz_iterations) every eigenvalue x of M S M is within u_c of
-        1, so S^(1/2) M has singular values within u_c / 2 of 1: sqrt(r) u_c.
+      * after k iterations every eigenvalue x of M S M is within e_k of 1 (newton_schulz_residual,
+        from A's spectrum where it is known; u_c where only the trust region's interval is, the
+        target newton_schulz_iterations reaches), so S^(1/2) M has singular values within e_k / 2
+        of 1: sqrt(r) e_k.
     """
 
 
-@stage("E_eigh", "r*kappa**2*(gamma_n(d, u_c) + r*(6*r + 13)*u_c + 360*r**2*u_c)/2"
-                 " + kappa*(2*sqrt(r)*r*(6*r + 13)*u_c + 510*r**2*u_c + 2*sqrt(r)*u_c + 2*r*gamma_n(r, u_c))")
-def polar_eigh(d, r, u_c, kappa):
+@stage("E_eigh", "r*kappa**2*(gamma_n(d, u_c) + r*(6*r + 13)*u_e + 360*r**2*u_e)/2"
+                 " + kappa*(2*sqrt(r)*r*(6*r + 13)*u_e + 510*r**2*u_e + 2*sqrt(r)*u_e + r*gamma_n(r, u_e) + sqrt(r)*u_M"
+                 " + r*gamma_n(r, u_c))")
+def polar_eigh(d, r, u_c, u_e, u_M, kappa):
     """Bound on ||fl(A V diag(lambda^-1/2) V^T) - polar(A)||_F for the Gram route by the symmetric
-    eigensolver (LAPACK syevd, as numpy.linalg.eigh and torch.linalg.eigh call it), kappa as above.
+    eigensolver (LAPACK syevd, as numpy.linalg.eigh and torch.linalg.eigh call it), kappa as above,
+    S = A^T A and A M formed in u_c, the eigensolver and M = V D V^T in u_e (torch_impl solves the
+    r x r eigenproblem in float64 whatever it computes in), M rounded to the compute dtype by u_M
+    (0 where u_e = u_c).
       * fl(S) as in polar_newton_schulz: r kappa^2 gamma_d / 2;
       * syevd's backward error: the tridiagonalisation applies r reflectors of length <= r (r
         householder(r) relative to ||S||_F <= r sigma_max^2), and the implicit QL/QR iteration of
         dsteqr (dstedc's solver for r <= 25, the leaves above) stops after 30 r sweeps of at most r
         rotations, 30 r^2 rotations applied on both sides, each gamma_6: 360 r^2 u relative; an
         error F of S moves Q by at most ||F||_F / (2 lambda_min) as above: r kappa^2 (r householder(r) +
-        360 r^2 u_c) / 2;
+        360 r^2 u_e) / 2;
       * V's loss of orthonormality: the reflectors accumulated (sqrt(r) r householder(r)) and 30 r^2
         rotations of unit columns (30 6 sqrt(2) r^2 u <= 255 r^2 u), which enter M = V D V^T twice,
-        each through ||A D||_2 <= kappa: 2 (sqrt(r) r householder(r) + 255 r^2 u) kappa;
-      * lambda^(-1/2) (a square root and a division, 2 u_c relative): 2 sqrt(r) u_c kappa; the products
-        V D V^T and A M, length r: 2 r gamma_r kappa.
+        each through ||A D||_2 <= kappa: 2 (sqrt(r) r householder(r) + 255 r^2 u_e) kappa;
+      * lambda^(-1/2) (a square root and a division, 2 u_e relative): 2 sqrt(r) u_e kappa; the product
+        V D V^T, length r: r gamma_r(u_e) kappa; M rounded to the compute dtype, ||dM||_F <=
+        u_M ||M||_F <= u_M sqrt(r) / sigma_min: sqrt(r) u_M kappa; the product A M in u_c:
+        r gamma_r(u_c) kappa.
     """
 
 
@@ -204,7 +216,7 @@ def newton_schulz_distance(d: int, r: int, u_c: float, trust_radius: float, drif
     matrix: polar_newton_schulz at kappa = sqrt(1 + Delta^2) (1 + drift) / (1 - drift)."""
     kappa = math.sqrt(1.0 + trust_radius**2) * (1.0 + drift) / (1.0 - drift)
     k = newton_schulz_iterations(trust_radius, u_c, drift)
-    return float(polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=k))
+    return float(polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=k, e_k=u_c))
 
 
 @stage("E_defect", "gamma_n(d, u_c)*A_F**2/sigma_min**2 + (2*kappa**2 + 4*kappa + 3/4)*r*gamma_n(r, u_c) + 7*sqrt(r)*u_c"
@@ -445,21 +457,29 @@ def kernel_rounding(dtype: str, trust_radius: float, d: int, r: int) -> Rounding
     return declared_rounding(kernel_declaration(dtype), trust_radius, d, r)
 
 
-def retraction_error(d: int, r: int, rounding: Rounding, kappa, trust_radius: float):
+def retraction_error(d: int, r: int, rounding: Rounding, kappa, trust_radius: float, spectrum=None):
     """The evaluation error of polar(A) on the route of `rounding` (polar_svd, polar_newton_schulz,
-    polar_eigh, or for "any" the largest of the routes an implementation may take)."""
-    u_c = rounding.u_c
+    polar_eigh, or for "any" the largest of the routes an implementation may take). spectrum: (A_F,
+    sigma_min, sigma_max) of A per frame where known: the Newton-Schulz residual is then iterated
+    from A's own spectrum (newton_schulz_residual), else taken at the target u_c that the iteration
+    count reaches on the trust region's interval."""
+    u_c, u_e = rounding.unit("retraction"), rounding.unit("eigensolver")
+    u_M = u_c if u_e < u_c else 0.0
+
+    def newton_schulz(k):
+        e_k = u_c if spectrum is None else newton_schulz_residual(d, r, u_c, trust_radius, k, *spectrum)
+        return polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=k, e_k=e_k)
+
     routes = {"svd": lambda: polar_svd(d=d, r=r, u_c=u_c, kappa=kappa),
-              "eigh": lambda: polar_eigh(d=d, r=r, u_c=u_c, kappa=kappa),
-              "newton_schulz": lambda: polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=rounding.iterations)}
+              "eigh": lambda: polar_eigh(d=d, r=r, u_c=u_c, u_e=u_e, u_M=u_M, kappa=kappa),
+              "newton_schulz": lambda: newton_schulz(rounding.iterations)}
     if rounding.route in routes:
         return np.asarray(routes[rounding.route](), dtype=np.float64)
     if rounding.route != "any":
         raise ValueError(f"route must be one of svd, eigh, newton_schulz, any; got {rounding.route!r}")
     values = [routes["svd"](), routes["eigh"]()]
     if 0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS:
-        k = newton_schulz_iterations(trust_radius, u_c, drift=0.01)
-        values.append(polar_newton_schulz(d=d, r=r, u_c=u_c, kappa=kappa, k=k))
+        values.append(newton_schulz(newton_schulz_iterations(trust_radius, u_c, drift=0.01)))
     return np.maximum.reduce([np.asarray(v, dtype=np.float64) for v in values])
 
 
@@ -506,13 +526,16 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
         # xi); E_W is then the 2 sqrt(r) of polar_perturbation's sigma_lo <= 0 and well_posed is False
         E_xi0 = np.where(exactly_still | (margin > 0), E_xi0, np.inf)
         cap = 0.0 if math.isinf(delta) else np.minimum(q.xi_raw, delta)
-        E_xi = trust_region(n=n, u_c=unit("trust_region"), xi_err=E_xi0, cap=cap)
+        E_xi = trust_region(n=n, u_c=unit("trust_region"), xi_err=E_xi0, cap=cap, raw=q.xi_raw, radius=delta)
         E_A = step_sum(u_c=unit("step_sum"), A=q.A, W_err=inputs.W, xi_err=E_xi)
         sigma_lo = q.sigma_min - E_A
         well_posed = (exactly_still | (margin > 0)) & (sigma_lo > 0) & np.isfinite(E_xi)
-        kappa = q.sigma_max / np.where(sigma_lo > 0, sigma_lo, np.nan)
+        sigma_lo_positive = np.where(sigma_lo > 0, sigma_lo, np.nan)
+        kappa = (q.sigma_max + E_A) / sigma_lo_positive
+        # the computed A's spectrum lies within E_A of the exact A's (Weyl)
+        spectrum = (q.A + E_A, sigma_lo_positive, q.sigma_max + E_A)
         E_W = (polar_perturbation(r=r, dA=E_A, sigma_lo=np.where(sigma_lo > 0, sigma_lo, 0.0))
-               + retraction_error(d, r, rounding, kappa, delta) + storage_cast(r=r, u_s=rounding.cast))
+               + retraction_error(d, r, rounding, kappa, delta, spectrum) + storage_cast(r=r, u_s=rounding.cast))
         E_W = np.where(sigma_lo > 0, E_W, 2 * math.sqrt(r))
         E_m_plus = projection(d=d, r=r, u_c=unit("projection"), X=q.m, X_err=E_m, W_err=E_W)
     shape = np.broadcast_shapes(*(np.shape(x) for x in (E_W, E_m_plus, E_v, well_posed)))
@@ -524,7 +547,7 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
 # The stages step_error composes, in the order of docs/algorithm.md (the texts cite them all).
 # The stages an implementation may declare a precision for (torch_impl.functional.STAGES).
 DECLARED_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_power", "bias_correction",
-                   "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction")
+                   "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction", "eigensolver")
 
 STEP_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "moment_cast", "bias_correction",
                "square_root", "denominator", "direction", "direction_undetermined", "trust_region", "step_sum",
