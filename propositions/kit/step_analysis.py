@@ -71,16 +71,24 @@ def second_moment(u_c, beta2, v_in, v_in_err, s, s_err):
     """Stage 4, v = beta2 v_in + (1 - beta2) s with s the mean square: as first_moment, a scalar."""
 
 
-@stage("E_hat", "(x_err + ((2*t*Max(1, Abs(log_beta))*beta_t/(1 - beta_t) + 1)*u_p + 2*u_c)*x)/(1 - beta_t)")
+_BIAS_POWER = "(2*t*Max(1, Abs(log_beta))*beta_t/(1 - beta_t) + 1)*u_p"
+
+
+@stage("E_pow", _BIAS_POWER)
+def bias_power(u_p, t, beta_t, log_beta):
+    """Relative error of 1 - beta^t, beta_t = beta^t, formed in a dtype of unit roundoff u_p: beta^t
+    errs by t u_p relative by repeated products, or by 2 t |log beta| u_p by the -expm1(t log beta)
+    route (a library pow within an ulp is inside either), which the subtraction 1 - beta^t amplifies
+    by beta^t / (1 - beta^t) and rounds by u_p: (2 t max(1, |log beta|) beta^t / (1 - beta^t) + 1) u_p."""
+
+
+@stage("E_hat", f"(x_err + ({_BIAS_POWER} + 2*u_c)*x)/(1 - beta_t)")
 def bias_correction(u_c, u_p, t, beta_t, log_beta, x, x_err):
     """Stage 5, x^ = x / (1 - beta^t), beta_t = beta^t, with beta^t and 1 - beta^t formed in a dtype of
-    unit roundoff u_p (the bias power) and applied in the compute dtype (u_c): beta^t errs by t u_p
-    relative by repeated products, or by 2 t |log beta| u_p by the -expm1(t log beta) route, which the
-    subtraction 1 - beta^t amplifies by beta^t / (1 - beta^t) and rounds by u_p: (2 t max(1,
-    |log beta|) beta^t / (1 - beta^t) + 1) u_p relative; rounding 1 - beta^t to the compute dtype and
-    the division add 2 u_c. A kernel that forms beta^t in float64 and computes in float32 has u_p =
-    2^-53, u_c = 2^-24; an implementation that declares nothing is taken to form it at u_p = u_c
-    (about 2000 u_c at t = 1 for beta = 0.999)."""
+    unit roundoff u_p (bias_power) and applied in the compute dtype (u_c): rounding 1 - beta^t to the
+    compute dtype and the division add 2 u_c. A kernel that forms beta^t in float64 and computes in
+    float32 has u_p = 2^-53, u_c = 2^-24; an implementation that declares nothing is taken to form it
+    at u_p = u_c (about 2000 u_c at t = 1 for beta = 0.999)."""
 
 
 @stage("E_mv", "u_state*x")
@@ -107,7 +115,7 @@ def direction_undetermined(lr, m_hat, m_hat_err, q, q_err):
     computed one has norm at most lr (||m^|| + ||dm^||) / (q - |dq|); their distance is at most that."""
 
 
-@stage("E_xi", "Min(xi_err, radius*xi_err/Max(raw - xi_err, 0)) + (n + 4)*u_c*cap")
+@stage("E_xi", "xi_err*Min(1, radius/Max(raw - xi_err, radius)) + (n + 4)*u_c*cap")
 def trust_region(n, u_c, xi_err, cap, raw, radius):
     """Stage 7, x -> x min(1, Delta / ||x||) with Delta = radius, for a step of exact length raw:
     the projection onto the ball of radius Delta is 1-Lipschitz, so the error of xi passes with
@@ -549,7 +557,7 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
 DECLARED_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_power", "bias_correction",
                    "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction", "eigensolver")
 
-STEP_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "moment_cast", "bias_correction",
+STEP_STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "moment_cast", "bias_power", "bias_correction",
                "square_root", "denominator", "direction", "direction_undetermined", "trust_region", "step_sum",
                "polar_perturbation", "polar_svd", "polar_newton_schulz", "polar_eigh", "storage_cast")
 
