@@ -2,11 +2,12 @@
 
 `StiefelAdam` is a torch.optim.Optimizer over parameters of shape (..., d, r) (batches of frames on
 St(d, r)); `stiefel_init_` puts a tensor on the manifold; `functional.stiefel_adam_step` is the
-batched step that the optimizer calls (CPU and CUDA; float64, float32, bfloat16 storage).
+batched step that the optimizer calls (CPU and CUDA; float64, float32, bfloat16 storage);
+`declared_precision(dtype)` says in which dtype it evaluates each stage, which its certifier holds it to.
 """
 
 from . import functional
-from .functional import feasibility, polar_factor, polar_retract, project_tangent, stiefel_adam_step
+from .functional import declared_precision, feasibility, polar_factor, polar_retract, project_tangent, stiefel_adam_step
 from .optimizer import StiefelAdam, manifold_tolerance, stiefel_init_
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "polar_factor",
     "project_tangent",
     "feasibility",
+    "declared_precision",
 ]

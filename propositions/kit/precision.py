@@ -82,9 +82,10 @@ class Precision:
             raise ValueError(f"retraction route must be one of {', '.join(ROUTES)}, got {self.route!r}")
 
     @classmethod
-    def declared(cls, declaration: dict) -> "Precision":
+    def declared(cls, declaration) -> "Precision":
         """The Precision of an implementation's stage-by-stage declaration ({"storage", "state", "route",
-        "stages"}); its compute dtype is that of its retraction stage."""
+        "stages"}, or its frozen_declaration); its compute dtype is that of its retraction stage."""
+        declaration = {key: dict(value) if key == "stages" else value for key, value in dict(declaration).items()}
         stages = tuple(sorted(declaration["stages"].items()))
         compute = declaration["stages"].get("retraction", declaration["state"])
         return cls(declaration["storage"], compute, declaration["route"], stages, declaration["state"])
@@ -170,6 +171,14 @@ class Precision:
 
 
 FLOAT64 = Precision()
+
+
+def frozen_declaration(declaration: dict) -> tuple:
+    """A stage-by-stage declaration ({"storage", "state", "route", "stages": {stage: dtype}}) as nested
+    sorted tuples, hashable, so that an implementation's description can carry it; Precision.declared
+    takes either form."""
+    return tuple(sorted((key, tuple(sorted(value.items())) if isinstance(value, dict) else value)
+                        for key, value in declaration.items()))
 
 
 def of(optimizer) -> Precision:
