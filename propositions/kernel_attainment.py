@@ -301,7 +301,7 @@ def _tilting_gradients(rng, W0, steps, config):
     return np.stack(gradients)
 
 
-def running_bound_ratios(seed: int, dtype: str = "float32", steps: int = 6, count: int = 64) -> np.ndarray:
+def running_bound_ratios(seed: int, dtype: str = "float32", steps: int = 6, count: int = 256) -> np.ndarray:
     """The running trajectory bound (kit/running_bounds.trajectory_rounding_bound at the kernel's
     declared precision) against the kernel's own trajectories: (steps,) largest ratio at each step
     over SEARCH_SHAPES, eps = 0 or 1e-8, fresh starts, nearly normal gradients (_tilting_gradients);
