@@ -1,37 +1,44 @@
 """Cross-check: the PyTorch kernel computes the step that reference_impl certifies.
 
 Claim. For frames W on St(d, r), gradients G and states (m, v, t), one call of
-`torch_impl.functional.stiefel_adam_step` returns (W+, m+, v+) equal to `reference_impl.step` up to
-an explicit rounding bound: near the float64 unit roundoff for float64 storage, and a stated bound
-from the unit roundoff of float32 (2^-24) or bfloat16 (2^-8, state in float32) otherwise. The torch
-kernel itself keeps P2 (gradient-scale independence, eps = 0) and P4 (O(d) x O(r)
-equivariance), and its frames stay feasible over long runs with no growth in the number of steps.
+`torch_impl.functional.stiefel_adam_step` returns (W+, m, v+) equal to `reference_impl.step` up to
+an explicit rounding bound, in float64, float32 and bfloat16 storage, each stage held to the
+precision the kernel declares for it (torch_impl.functional.declared_precision). The kernel itself
+keeps P2 (gradient-scale independence, eps = 0) over each dtype's whole exponent range and P4
+(O(d) x O(r) equivariance), and the frames it returns are orthonormal up to one step's rounding
+whatever drift the frame it got had, so their drift over a run follows one step's bound.
 
 Why it should hold. Both compute the same eight stages of docs/algorithm.md; they differ only in
 rounding, in the retraction's algorithm (thin SVD in the reference, the Gram matrix with a
 quintic Newton-Schulz or eigh in torch), in where the transport of m happens (the torch kernel
 does stage 8's P_{W+}(m) inside the next step's projection of beta1 m + (1 - beta1) G~) and in
 how ||g||^2 is formed (from r x r quantities where that is as accurate), all of which agree
-exactly in exact arithmetic.
+exactly in exact arithmetic; the Gram route recomputes the polar factor from the actual W + xi.
 
 How it is checked. Haar frames over the shape grid of propositions._common.shape_plan (r = 1,
 r = d, batches, up to (1024, 128)) run multi-step reference trajectories with random gradients under
-two configurations (one that clips at the trust region and decays weights, one with the defaults);
-at every step the torch kernel is fed the reference's input (W, G, v, t, and m as its own state
-holds it: the reference's moment before the transport), rounded to the storage dtype, and its
-output (W+, v+, and m+ transported explicitly) is compared with the reference's output, frame by
-frame, against the bound of `step_error_bound`: the one rounding analysis of the step
-(propositions/kit/step_analysis.py) of the kernel at its unit roundoffs and input errors plus that of
-the reference in float64 (the transport's rounding is charged to the step that performs it,
-`transport_roundoff`). The frames given to the kernel are held to the drift that the kernel's own
-frames may have (step_analysis.frame_drift_bound, derived on the certifier's side). Some frames get G = 0 at their first step (the v^ = 0 branch, and a gradient that
-is all normal, where the r x r ||g||^2 must give way). P2 and P4 are run on the torch kernel
-alone in float64. On CPU the run uses one torch and one BLAS thread, and reports whether two
-torch threads change the residuals.
+rotating configurations; at every step the torch kernel gets the reference's state rounded to its
+storage dtype (W, G) and state dtype (m, v: m as its own state holds it, before the transport), the
+reference steps from exactly those values, and the kernel's W+, stage 3's m and v+ are compared with
+the reference's, frame by frame, against `step_error_bound`: the one rounding analysis of the step
+(propositions/kit/step_analysis.py) of the kernel at the precision it declares plus that of the
+reference in float64 (the transport's rounding is charged to the step that performs it,
+`transport_roundoff`). The same lock-step runs in float32 and bfloat16 on small frames with every
+configuration (declared_precision_part), where a stage evaluated more coarsely than declared shows
+most above its bound. The frames given to the kernel are held to the drift its own frames may have
+(step_analysis.frame_drift_bound); frames with a planted drift must come back within one step's
+bound (propositions.kernel_drift.drift_correction), and long runs in every dtype hold each
+checkpoint to the one-step bound of its own step. P2 and P4 run on the torch kernel alone in
+float64, and P2 over every power of two of each dtype's exponent range (propositions.kernel_scale).
+How tight each stage bound is at float32 and bfloat16 is searched and recorded
+(propositions.kernel_attainment). On CPU the run uses one torch and one BLAS thread, and reports
+whether two torch threads change the residuals.
 
-What would make it fail. Any stage computed differently: the controls replace the scalar second
-moment by Adam's elementwise one, or the polar retraction by Muon's tuned Newton-Schulz
-coefficients (singular values pushed into a band, not a polar factor); both must be detected with a
+What would make it fail. Any stage computed differently or more coarsely than declared: the
+controls (propositions.kernel_variants) replace the scalar second moment by Adam's elementwise one,
+the polar retraction by Muon's tuned Newton-Schulz coefficients or by the shortcut
+(W + xi)(I + xi^T xi)^(-1/2), keep m and v in the storage dtype, form beta^t in the compute dtype,
+square the unscaled gradient, floor v or hide an eps in the denominator; each must be detected with a
 margin of at least DETECTION_FACTOR.
 """
 
