@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import math
 import platform
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -72,7 +71,7 @@ from propositions.kit.step_analysis import reference_quantities
 from propositions.kit.figures import LineFigure, Series
 from propositions.kit.threads import one_thread
 from propositions.kit.parallel import map_tasks
-from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
+from propositions.kit.kernel_bounds import reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
 from propositions import kernel_attainment, kernel_drift, kernel_scale
 from propositions.kernel_variants import CONTROL_DESCRIPTIONS, KERNEL_VARIANTS, REAL_KERNEL
@@ -367,10 +366,10 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
 def feasibility_bound(d: int, r: int, dtype, trust_radius: float = 0.5) -> float:
     """Bound on ||W^T W - I||_F (evaluated in float64) of a frame (d, r) stored in dtype after any
     number of kernel steps: for Delta <= 1 step_analysis.frame_drift_bound (the Newton-Schulz route's
-    distance to an orthonormal matrix plus the storage cast, turned into the Gram defect by
-    kit/bounds.gram_defect); otherwise the same with the eigh route's polar_eigh at kappa =
-    sqrt(1 + Delta^2) (P3(b)). Nothing in it grows with the number of steps: the Gram-based
-    retraction restarts from the actual W every step."""
+    defect, newton_schulz_defect, with the storage cast, at the spectrum a step of length <= Delta
+    allows); otherwise the Gram defect (kit/bounds.gram_defect) of a frame within the eigh route's
+    polar_eigh at kappa = sqrt(1 + Delta^2) (P3(b)) of an orthonormal one. Nothing in it grows with
+    the number of steps: the Gram-based retraction restarts from the actual W every step."""
     rounding = _kernel_rounding(ref.StiefelAdamConfig(trust_radius=trust_radius), dtype, d, r)
     if rounding.route == "newton_schulz":
         return step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, trust_radius)
@@ -438,8 +437,9 @@ def _new_checks(dtype_name: str, prefix: str = "") -> dict:
         "frames_in": check(
             "input_frames",
             f"||W^T W - I||_F of the frames given to the torch kernel ({dtype_name}): within the drift of the kernel's own frames",
-            "step_analysis.frame_drift_bound: the Gram defect of a frame within E_NS + E_cast of an orthonormal one (u_c of the "
-            "compute dtype, u_s of the storage, kappa = sqrt(1 + Delta^2)); " + stage_texts(("gram", "polar_newton_schulz", "storage_cast")),
+            "step_analysis.frame_drift_bound: the Newton-Schulz route's defect at the spectrum a step of length <= Delta "
+            "from a frame of that drift allows, a fixed point over the drift (u_c of the compute dtype, u_s of the storage); "
+            + stage_texts(("newton_schulz_defect",)),
         ),
     }
 

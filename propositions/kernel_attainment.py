@@ -25,7 +25,7 @@ import numpy as np
 
 import reference_impl as ref
 from propositions._common import rng_for
-from propositions.kernel_variants import state_dtype, stored, to_numpy, to_torch
+from propositions.kernel_variants import state_dtype, stored, to_numpy, to_torch, torch_dtype
 from propositions.kit import bounds, step_analysis
 from propositions.kit import precision as precisions
 from propositions.kit.running_bounds import initial_distance_to_manifold, record_trajectory, trajectory_rounding_bound
@@ -106,7 +106,7 @@ def second_moment_search(rng, dtype, d, r, count):
     beta2 = float(rng.choice([0.9, 0.999, 0.99999]))
     W_t, X_t, v_t = _torch_work(W, X, v_in, dtype=dtype)
     _, WtX = functional.project_moment(W_t, X_t, X_t * 0, 0.0)
-    drift = functional.frame_drift_bound(d, r, getattr(__import__("torch"), dtype), 0.5)
+    drift = functional.frame_drift_bound(d, r, torch_dtype(dtype), 0.5)
     computed = to_numpy(functional.updated_second_moment(W_t, X_t, WtX, v_t, beta2, drift))
     rounding = step_analysis.kernel_rounding(dtype, 0.5, d, r)
     g_norm, X_norm = _frobenius(g), _frobenius(X)
