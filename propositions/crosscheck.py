@@ -72,7 +72,7 @@ from propositions.kit.figures import LineFigure, Series
 from propositions.kit.threads import one_thread
 from propositions.kit.parallel import map_tasks
 from propositions.kit.kernel_bounds import reference_moment, step_error_bound, transport_roundoff
-from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from propositions.kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic
 from propositions import kernel_attainment, kernel_drift, kernel_scale
 from propositions.kernel_variants import CONTROL_DESCRIPTIONS, KERNEL_VARIANTS, REAL_KERNEL
 from propositions.kernel_variants import dtype_name as _dtype_name, run_kernel as _kernel, state_dtype as _compute_dtype
@@ -579,24 +579,26 @@ def declared_frames(profile) -> int:
     return max(profile.frames // 70, 28)
 
 
-def _declared_task(seed, profile, frames, device, dtype, variant) -> Evidence:
-    """The lock-step in one storage dtype on DECLARED_SHAPES with every configuration (a task)."""
+def _declared_task(seed, profile, frames, device, dtype, variant, configs=None) -> Evidence:
+    """The lock-step in one storage dtype on DECLARED_SHAPES with the named configurations (default
+    all), a task."""
     checks = _new_checks(dtype, f"{dtype}/")
     undefined = [0]
     with _device_threads(device):
         count = lockstep_crosscheck(seed, profile, frames, device, _torch_dtype(dtype), variant, checks, undefined,
-                                    shapes=DECLARED_SHAPES, configs=list(CONFIGS), label="declared")
+                                    shapes=DECLARED_SHAPES, configs=list(CONFIGS) if configs is None else configs, label="declared")
     return Evidence(checks=_sampled(list(checks.values())), frames=count, extra={"declared_precision": {dtype: {
-        "declaration": step_analysis.kernel_declaration(dtype), "frames": count, "undefined_frame_steps": undefined[0]}}})
+        "declaration": step_analysis.kernel_declaration(dtype), "counts": Counts(frames=count, undefined_frame_steps=undefined[0])}}})
 
 
 def declared_precision_part(ctx: Context) -> Evidence:
     """The kernel in float32 and bfloat16 storage held to the precision it declares, stage by stage
     (torch_impl.functional.declared_precision): lock-step at the kernel's own inputs on small frames,
-    with every configuration, one task per dtype."""
+    with every configuration, one task per dtype and configuration."""
     frames = declared_frames(ctx.profile)
-    runs = Evidence.merged(map_tasks(_declared_task, [(ctx.seed, ctx.profile, frames, ctx.option("device"), dtype, ctx.optimizer)
-                                                      for dtype in DECLARED_DTYPES]))
+    tasks = [(ctx.seed, ctx.profile, frames, ctx.option("device"), dtype, ctx.optimizer, [name])
+             for dtype in DECLARED_DTYPES for name in CONFIGS]
+    runs = Evidence.merged(map_tasks(_declared_task, tasks))
     return Evidence(
         checks=runs.checks, frames=runs.frames, extra=runs.extra,
         notes=[f"declared precision: lock-step in {' and '.join(DECLARED_DTYPES)} on {len(DECLARED_SHAPES)} small shapes, "
