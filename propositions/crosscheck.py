@@ -732,8 +732,9 @@ def scale_domain_part(ctx: Context) -> Evidence:
     reports = evidence.extra["scale_domain"]
     evidence.notes = [f"gradient scale c = 2^k, {dtype}: bitwise for k in {report['log2_c_bitwise_found']} (predicted "
                       f"[{report['predicted']['log2_c_low']}, {report['predicted']['log2_c_high']}], the claim checked there), "
-                      f"v subnormal for k in {report['subnormal_band']} (held to the bound with underflow), v = 0 below, "
-                      f"non-finite from {report['log2_c_non_finite_from']}" for dtype, report in reports.items()]
+                      + (f"v subnormal for k in {report['subnormal_band']} (held to the bound with underflow), v = 0 below, "
+                         if report["subnormal_band"] else "v's subnormal band is its compute dtype's (checked in float32), ")
+                      + f"non-finite from {report['log2_c_non_finite_from']}" for dtype, report in reports.items()]
     return evidence
 
 
