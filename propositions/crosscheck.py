@@ -215,7 +215,32 @@ def _lockstep_chunk(seed, key, size, config_name, steps, device, dtype, variant,
             checks["v"].add(np.abs(_to_numpy(v_t) - state_next.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
         if not math.isinf(drift_bound):
             checks["frames_in"].add(ref.frobenius(_gram_defect(W_in)), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
+        if "rounding" in checks and rounding.cast > 0:
+            # before its storage cast the kernel's W+ is within the analysis without the cast: its
+            # rounding to the storage dtype is decided wherever the exact W+ is farther than that from
+            # a rounding boundary, and there it must be the exact W+'s own rounding
+            uncast = replace(rounding, u_W=rounding.u_c)
+            before_cast = step_error_bound(d, r, config, q, uncast, InputErrors(m=transport_roundoff(d, r, rounding.u_c, m_in)))
+            wrong = _misrounded(_to_numpy(W_t), W_next, np.where(posed, before_cast["W"], np.inf), dtype)
+            checks["rounding"].add(wrong, np.full(size, 0.5), shape=(d, r), key=key, seed=seed, extra=extra)
         moment_in, W, state = moment_next, W_next, state_next
+
+
+def _misrounded(stored_values: np.ndarray, exact: np.ndarray, before_cast_bound: np.ndarray, dtype) -> np.ndarray:
+    """Per frame, the number of entries whose rounding to the storage dtype (bfloat16) the analysis
+    decides and that the kernel rounded otherwise: an entry is decided where the exact value x lies
+    farther than the frame's bound on the kernel's error before the cast (Frobenius, so also on each
+    entry) from both midpoints between its rounding b = fl(x) and b's neighbours, and then the kernel's
+    entry must be b. stored_values, exact: (n, d, r) float64; before_cast_bound: (n,)."""
+    import torch
+
+    rounded = _stored(exact, dtype)
+    bits = torch.from_numpy(rounded.astype(np.float32)).view(torch.int32)
+    # a bfloat16 is the upper 16 bits of a float32: its neighbours are 2^16 units of those bits away
+    neighbours = [(bits + step).view(torch.float32).double().numpy() for step in (65536, -65536)]
+    distance = np.minimum(*(np.abs(exact - 0.5 * (rounded + neighbour)) for neighbour in neighbours))
+    decided = distance > before_cast_bound[:, None, None]
+    return np.sum(decided & (stored_values != rounded), axis=(-2, -1)).astype(np.float64)
 
 
 def _gram_defect(W):
@@ -428,7 +453,13 @@ def _new_checks(dtype_name: str, prefix: str = "") -> dict:
     def check(name, description, bound_derivation, **kwargs):
         return NumericalCheck(prefix + name, description, bound_derivation, **kwargs)
 
-    return {
+    coarse = {"rounding": check(
+        "frame_rounding", f"entries of W+ ({dtype_name}) that the kernel rounded otherwise than the exact W+ rounds, among those "
+        "whose rounding the analysis decides (the exact entry farther than the bound before the storage cast from a rounding "
+        "boundary), per frame; bound 0.5: none", "exact: the kernel's W+ before its cast is within the analysis without the cast "
+        "(" + step_error_text("W") + ", u_s = 0) of the exact W+, so a decided entry rounds as the exact one",
+        tightness_note=tightness.EQUALITY)} if rounding.cast > 0 else {}
+    return {**coarse,
         "W": check("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation("W"),
                    tightness_note=tightness.WORST_CASE_SUMS),
         "m": check("first_moment", f"||m_torch - m_ref||_F per frame, {dtype_name}: stage 3's m, tangent at W before its transport, as "

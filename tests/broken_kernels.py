@@ -80,6 +80,8 @@ def _step(W, G, m, v, t, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, trust_radius
         v_c = torch.where(v_c < torch.finfo(work).tiny, torch.zeros_like(v_c), v_c)
     step_count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
     coefficient = F.step_coefficient(m_c, v_c, step_count, lr, beta1, beta2, eps, trust_radius)
+    if bug == "coefficient_in_storage_dtype":
+        coefficient = coefficient.to(storage).to(work)
     xi = m_c * coefficient[:, None, None]
     if bug in ("shortcut_retraction", "shortcut_retraction_bfloat16") and (bug == "shortcut_retraction" or storage == torch.bfloat16):
         eigenvalues, eigenvectors = torch.linalg.eigh(torch.eye(r, dtype=work) + xi.mT @ xi)
@@ -135,6 +137,7 @@ BUGS = {
     "second_moment_in_storage_dtype": ("stiefel_adam_step", _step_with("second_moment_in_storage_dtype"), "bfloat16/second_moment"),
     "projection_in_storage_dtype": ("stiefel_adam_step", _step_with("projection_in_storage_dtype"), "bfloat16/first_moment"),
     "square_in_storage_dtype": ("stiefel_adam_step", _step_with("square_in_storage_dtype"), "bfloat16/second_moment"),
+    "coefficient_in_storage_dtype": ("stiefel_adam_step", _step_with("coefficient_in_storage_dtype"), "bfloat16/frame_rounding"),
     "shortcut_retraction": ("stiefel_adam_step", _step_with("shortcut_retraction"), "drift_correction"),
     "shortcut_retraction_bfloat16": ("stiefel_adam_step", _step_with("shortcut_retraction_bfloat16"), "long_run_feasibility"),
     "unscaled_square": ("updated_second_moment", unscaled_square, "float32/P2_exponent_range"),
