@@ -14,7 +14,7 @@ stage's attained ratio, and none may exceed 1 (the search doubles as a check tha
 holds). The running trajectory bound (kit/running_bounds) is searched the same way on short float32
 trajectories, step by step. The cross-check records the ratios per stage and dtype.
 
-A helper of the cross-check (it defines no claim).
+Part of the cross-check; it defines no claim.
 """
 
 from __future__ import annotations

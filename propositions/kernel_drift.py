@@ -21,7 +21,7 @@ Two checks hold the kernel to it:
   bound follows the run. Uncorrected, the storage rounding of each step accumulates: in float32 about
   2e-4 after 3000 steps at (4, 2) against a bound of 3e-6; in bfloat16 0.2 to 0.6 against 0.011.
 
-A helper of the cross-check (it defines no claim).
+Part of the cross-check; it defines no claim.
 """
 
 from __future__ import annotations

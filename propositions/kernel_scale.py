@@ -26,7 +26,7 @@ subnormal eta_c, (4 d r + 9) eta_c on v in all, so the bound grows as v shrinks,
 and below (v = 0, non-finite) is reported, not checked: the claim does not hold there, and the
 certificate says where that is, next to the domain found.
 
-A helper of the cross-check (it defines no claim).
+Part of the cross-check; it defines no claim.
 """
 
 from __future__ import annotations

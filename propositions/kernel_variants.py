@@ -17,7 +17,7 @@ port or a "simplification" of the kernel makes:
 
 A variant is called as variant(W, G, m, v, t, config) with the arguments of
 functional.stiefel_adam_step (t an int or a per-frame float64 tensor) and returns (W+, m, v) as it
-does. A helper of the cross-check (it defines no claim).
+does. Part of the cross-check; it defines no claim.
 """
 
 from __future__ import annotations
