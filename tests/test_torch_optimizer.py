@@ -15,12 +15,12 @@ from propositions._common import rng_for  # noqa: E402
 from torch_impl import StiefelAdam, feasibility, functional, manifold_tolerance, stiefel_init_  # noqa: E402
 from propositions.kit.bounds import polar_svd  # noqa: E402
 from propositions.kit.step_analysis import polar_eigh, polar_newton_schulz  # noqa: E402
+from propositions.kit.kernel_bounds import kernel_inputs  # noqa: E402
 from propositions.crosscheck import (  # noqa: E402
     CONFIGS,
     _iterations,
     _kernel_rounding,
     reference_moment,
-    kernel_inputs,
     transport_roundoff,
     feasibility_bound,
     reference_quantities,
