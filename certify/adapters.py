@@ -63,6 +63,7 @@ import sys
 import numpy as np
 
 import reference_impl as ri
+from propositions.kit import precision as precisions
 from propositions.kit import step_analysis
 from propositions.kit.observability import AdaptedVariant, OpaqueState, StateNotObservable
 from reference_impl import StiefelAdamState, Variant
@@ -432,7 +433,11 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
     if not isinstance(batched, bool):
         raise AdapterError(f"{spec}: batched must be true or false, got {batched!r}")
     state_map = _state_map(options.pop("state", None), spec, batched)
-    optimizer_class = _attribute(_import(module_name, spec), class_name, spec)
+    module = _import(module_name, spec)
+    optimizer_class = _attribute(module, class_name, spec)
+    # a package that states how it evaluates each stage (torch_impl.declared_precision) is held to it
+    declare = getattr(module, "declared_precision", None)
+    declaration = precisions.frozen_declaration(declare(getattr(torch, dtype))) if callable(declare) else None
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise AdapterError(f"{spec}: {module_name}.{class_name} is not a torch.optim.Optimizer class")
     manifold = None
@@ -447,7 +452,7 @@ def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
     adapter.trial()
     description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({dtype})"))[1]
     return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=state_map is not None,
-                          dtype=dtype, route=route, ignored=adapter.ignored, torch_factory=adapter.factory())
+                          dtype=dtype, route=route, ignored=adapter.ignored, torch_factory=adapter.factory(), declaration=declaration)
 
 
 STATE_KEYS = ("m", "v", "t", "m_tangent_at")

@@ -1,37 +1,44 @@
 """Cross-check: the PyTorch kernel computes the step that reference_impl certifies.
 
 Claim. For frames W on St(d, r), gradients G and states (m, v, t), one call of
-`torch_impl.functional.stiefel_adam_step` returns (W+, m+, v+) equal to `reference_impl.step` up to
-an explicit rounding bound: near the float64 unit roundoff for float64 storage, and a stated bound
-from the unit roundoff of float32 (2^-24) or bfloat16 (2^-8, state in float32) otherwise. The torch
-kernel itself keeps P2 (gradient-scale independence, eps = 0) and P4 (O(d) x O(r)
-equivariance), and its frames stay feasible over long runs with no growth in the number of steps.
+`torch_impl.functional.stiefel_adam_step` returns (W+, m, v+) equal to `reference_impl.step` up to
+an explicit rounding bound, in float64, float32 and bfloat16 storage, each stage held to the
+precision the kernel declares for it (torch_impl.functional.declared_precision). The kernel itself
+keeps P2 (gradient-scale independence, eps = 0) over each dtype's whole exponent range and P4
+(O(d) x O(r) equivariance), and the frames it returns are orthonormal up to one step's rounding
+whatever drift the frame it got had, so their drift over a run follows one step's bound.
 
 Why it should hold. Both compute the same eight stages of docs/algorithm.md; they differ only in
 rounding, in the retraction's algorithm (thin SVD in the reference, the Gram matrix with a
 quintic Newton-Schulz or eigh in torch), in where the transport of m happens (the torch kernel
 does stage 8's P_{W+}(m) inside the next step's projection of beta1 m + (1 - beta1) G~) and in
 how ||g||^2 is formed (from r x r quantities where that is as accurate), all of which agree
-exactly in exact arithmetic.
+exactly in exact arithmetic; the Gram route recomputes the polar factor from the actual W + xi.
 
 How it is checked. Haar frames over the shape grid of propositions._common.shape_plan (r = 1,
 r = d, batches, up to (1024, 128)) run multi-step reference trajectories with random gradients under
-two configurations (one that clips at the trust region and decays weights, one with the defaults);
-at every step the torch kernel is fed the reference's input (W, G, v, t, and m as its own state
-holds it: the reference's moment before the transport), rounded to the storage dtype, and its
-output (W+, v+, and m+ transported explicitly) is compared with the reference's output, frame by
-frame, against the bound of `step_error_bound`: the one rounding analysis of the step
-(propositions/kit/step_analysis.py) of the kernel at its unit roundoffs and input errors plus that of
-the reference in float64 (the transport's rounding is charged to the step that performs it,
-`transport_roundoff`). The frames given to the kernel are held to the drift that the kernel's own
-frames may have (step_analysis.frame_drift_bound, derived on the certifier's side). Some frames get G = 0 at their first step (the v^ = 0 branch, and a gradient that
-is all normal, where the r x r ||g||^2 must give way). P2 and P4 are run on the torch kernel
-alone in float64. On CPU the run uses one torch and one BLAS thread, and reports whether two
-torch threads change the residuals.
+rotating configurations; at every step the torch kernel gets the reference's state rounded to its
+storage dtype (W, G) and state dtype (m, v: m as its own state holds it, before the transport), the
+reference steps from exactly those values, and the kernel's W+, stage 3's m and v+ are compared with
+the reference's, frame by frame, against `step_error_bound`: the one rounding analysis of the step
+(propositions/kit/step_analysis.py) of the kernel at the precision it declares plus that of the
+reference in float64 (the transport's rounding is charged to the step that performs it,
+`transport_roundoff`). The same lock-step runs in float32 and bfloat16 on small frames with every
+configuration (declared_precision_part), where a stage evaluated more coarsely than declared shows
+most above its bound. The frames given to the kernel are held to the drift its own frames may have
+(step_analysis.frame_drift_bound); frames with a planted drift must come back within one step's
+bound (propositions.kernel_drift.drift_correction), and long runs in every dtype hold each
+checkpoint to the one-step bound of its own step. P2 and P4 run on the torch kernel alone in
+float64, and P2 over every power of two of each dtype's exponent range (propositions.kernel_scale).
+How tight each stage bound is at float32 and bfloat16 is searched and recorded
+(propositions.kernel_attainment). On CPU the run uses one torch and one BLAS thread, and reports
+whether two torch threads change the residuals.
 
-What would make it fail. Any stage computed differently: the controls replace the scalar second
-moment by Adam's elementwise one, or the polar retraction by Muon's tuned Newton-Schulz
-coefficients (singular values pushed into a band, not a polar factor); both must be detected with a
+What would make it fail. Any stage computed differently or more coarsely than declared: the
+controls (propositions.kernel_variants) replace the scalar second moment by Adam's elementwise one,
+the polar retraction by Muon's tuned Newton-Schulz coefficients or by the shortcut
+(W + xi)(I + xi^T xi)^(-1/2), keep m and v in the storage dtype, form beta^t in the compute dtype,
+square the unscaled gradient, floor v or hide an eps in the denominator; each must be detected with a
 margin of at least DETECTION_FACTOR.
 """
 
@@ -40,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import math
 import platform
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -48,6 +54,7 @@ import numpy as np
 import reference_impl as ref
 from propositions._common import (
     DETECTION_FACTOR,
+    SMALL_SHAPES,
     NumericalCheck,
     Profile,
     chunk_sizes,
@@ -64,8 +71,13 @@ from propositions.kit.step_analysis import reference_quantities
 from propositions.kit.figures import LineFigure, Series
 from propositions.kit.threads import one_thread
 from propositions.kit.parallel import map_tasks
-from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
-from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
+from propositions.kit.kernel_bounds import reference_moment, step_error_bound, transport_roundoff
+from propositions.kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic
+from propositions import kernel_attainment, kernel_drift, kernel_scale
+from propositions.kernel_variants import CONTROL_DESCRIPTIONS, KERNEL_VARIANTS, REAL_KERNEL
+from propositions.kernel_variants import dtype_name as _dtype_name, run_kernel as _kernel, state_dtype as _compute_dtype
+from propositions.kernel_variants import stored as _stored, to_numpy as _to_numpy, to_torch as _to_torch
+from propositions.kernel_variants import torch_dtype as _torch_dtype
 
 # torch is imported by the functions that use it, never at module level: `import propositions` and
 # the claim's registry entry work where torch is not installed.
@@ -75,115 +87,21 @@ DTYPE_NAMES = ("float64", "float32", "bfloat16")
 U64 = step_analysis.U64
 
 
-def _torch_dtype(dtype):
-    """torch dtype of a name in DTYPE_NAMES (a torch dtype passes through)."""
-    import torch
-
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
-
-
-def _dtype_name(dtype) -> str:
-    """The name in DTYPE_NAMES of a torch dtype (a name passes through)."""
-    return dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
-
-
-def _compute_dtype(dtype):
-    """The torch dtype the kernel computes in for storage `dtype`, as docs/algorithm.md states it."""
-    return _torch_dtype(step_analysis.COMPUTE_DTYPES[_dtype_name(dtype)])
 
 # Three configurations, alternating over shapes and chunks: "clip_decay" has weight decay and takes
 # first steps of length lr sqrt(d r) > Delta wherever d r > 100 (the trust region is active);
 # "defaults" is docs/algorithm.md's; "no_trust_region" (Delta = inf) takes the kernel's eigh retraction
-# instead of Newton-Schulz, so both paths are held to the reference.
+# instead of Newton-Schulz, so both paths are held to the reference. "sharp_beta1" and "sharp_beta2"
+# put one beta close to 1, where 1 - beta^t formed from beta rounded to float32 is off by 22784 u32
+# relative (beta = 0.99999, u32 = 2^-24), with steps of length up to lr sqrt(d r) that the trust
+# region does not cap on frames up to (8, 3): the bias corrections decide the step.
 CONFIGS = {
     "clip_decay": ref.StiefelAdamConfig(lr=0.05, betas=(0.9, 0.999), eps=1e-8, trust_radius=0.5, weight_decay=0.1),
     "defaults": ref.StiefelAdamConfig(),
     "no_trust_region": ref.StiefelAdamConfig(trust_radius=math.inf, weight_decay=0.1),
+    "sharp_beta1": ref.StiefelAdamConfig(lr=0.1, betas=(0.99999, 0.999), eps=0.0, trust_radius=1.0, weight_decay=0.0),
+    "sharp_beta2": ref.StiefelAdamConfig(lr=0.1, betas=(0.9, 0.99999), eps=0.0, trust_radius=1.0, weight_decay=0.0),
 }
-
-# Muon's tuned quintic (3.4445, -4.7750, 2.0315), 5 iterations on A / ||A||_F: it maps singular
-# values into a band around 1 instead of to 1 (docs/algorithm.md#pitfalls); a control, never a retraction.
-MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-
-
-def _muon_polar(A):
-    import torch
-
-    a, b, c = MUON_COEFFICIENTS
-    X = A / torch.linalg.matrix_norm(A, keepdim=True)
-    for _ in range(5):
-        XtX = X.mT @ X
-        X = X @ (a * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) + b * XtX + c * (XtX @ XtX))
-    return X
-
-
-# The controls are built here from the public stages of torch_impl.functional (the production
-# kernel has no switch for them): each replaces one stage and keeps the others.
-
-
-def _stiefel_adam_kernel(W, G, m, v, t, config):
-    from torch_impl.functional import stiefel_adam_step
-
-    beta1, beta2 = config.betas
-    return stiefel_adam_step(W, G, m, v, t, config.lr, beta1, beta2, config.eps, config.trust_radius, config.weight_decay)
-
-
-def _stages_1_to_3(W, G, m, config):
-    """The production kernel's first stages (frames as a (B, d, r) batch in the compute dtype):
-    returns (W, G~, m tangent at W, W^T G~)."""
-    from torch_impl import functional
-
-    work = functional.compute_dtype(W.dtype)
-    d, r = W.shape[-2], W.shape[-1]
-    W_c, G_c, m_c = (x.to(work).reshape(-1, d, r) for x in (W, G, m))
-    G_decayed = functional.decayed_gradient(W_c, G_c, config.weight_decay)
-    m_new, WtG = functional.project_moment(W_c, G_decayed, m_c, config.betas[0])
-    return W_c, G_decayed, m_new, WtG
-
-
-def _elementwise_second_moment_kernel(W, G, m, v, t, config):
-    """Adam's elementwise v (shape (B, d, r)) and per-entry step in place of stages 4-7."""
-    import torch
-    from torch_impl import functional
-
-    beta1, beta2 = config.betas
-    W_c, G_decayed, m_new, _ = _stages_1_to_3(W, G, m, config)
-    g = functional.project_tangent(W_c, G_decayed)
-    v_c = torch.add(v.to(g.dtype).reshape(g.shape) * beta2, g * g, alpha=1 - beta2)
-    root_v_hat = torch.sqrt(v_c / (1 - beta2 ** (t + 1)))
-    xi = m_new * torch.where(root_v_hat > 0, (-config.lr / (1 - beta1 ** (t + 1))) / (root_v_hat + config.eps), 0.0)
-    if not math.isinf(config.trust_radius):
-        norm = torch.linalg.vector_norm(xi, dim=(-2, -1), keepdim=True)
-        xi = xi * torch.where(norm > config.trust_radius, config.trust_radius / norm, 1.0)
-    W_new = functional.polar_factor(W_c + xi, config.trust_radius)
-    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape)
-
-
-def _muon_newton_schulz_kernel(W, G, m, v, t, config):
-    """The production stages 1-7, then Muon's band-pushing quintic in place of the polar factor."""
-    from torch_impl import functional
-
-    beta1, beta2 = config.betas
-    d, r = W.shape[-2], W.shape[-1]
-    W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
-    drift = functional.frame_drift_bound(d, r, W.dtype, config.trust_radius)
-    g_squared = functional.gradient_norm_squared(W_c, G_decayed, WtG, drift)
-    v_c = functional.second_moment(v.to(W_c.dtype).reshape(-1), g_squared, beta2, d * r)
-    coefficient = functional.step_coefficient(m_new, v_c, t + 1, config.lr, beta1, beta2, config.eps, config.trust_radius)
-    W_new = _muon_polar(W_c + coefficient[:, None, None] * m_new)
-    return W_new.to(W.dtype).reshape(W.shape), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
-
-
-KERNEL_VARIANTS = {
-    "stiefel_adam": _stiefel_adam_kernel,
-    "elementwise_second_moment": _elementwise_second_moment_kernel,
-    "muon_newton_schulz": _muon_newton_schulz_kernel,
-}
-CONTROL_DESCRIPTIONS = {
-    "elementwise_second_moment": "the torch kernel with Adam's elementwise second moment in place of one scalar per frame",
-    "muon_newton_schulz": "the torch kernel with Muon's tuned Newton-Schulz coefficients (3.4445, -4.7750, 2.0315) as the retraction",
-}
-
 
 # --------------------------------------------------------------------------------------------
 # The error analysis
@@ -200,22 +118,6 @@ CONTROL_DESCRIPTIONS = {
 # --------------------------------------------------------------------------------------------
 
 
-def _to_torch(x: np.ndarray, dtype, device):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=_torch_dtype(dtype))
-
-
-def _to_numpy(x) -> np.ndarray:
-    import torch
-
-    return x.detach().to(device="cpu", dtype=torch.float64).numpy()
-
-
-def _kernel(W, G, m, v, t, config, variant="stiefel_adam"):
-    return KERNEL_VARIANTS[variant](W, G, m, v, t, config)
-
-
 def _kernel_rounding(config, dtype, d: int, r: int) -> Rounding:
     """The kernel's unit roundoffs and retraction route for storage `dtype` (step_analysis.kernel_rounding:
     the Newton-Schulz iteration count derived on the certifier's side, never read from the kernel)."""
@@ -230,70 +132,115 @@ def _iterations(config, dtype, d: int = 1, r: int = 1) -> int:
 
 
 
-def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, undefined=None):
+def _step_counts(t: int, size: int, per_frame: bool, device):
+    """The kernel's step count: one int for every frame, or a float64 tensor with one count per
+    frame (the optimizer's form, whose bias corrections are torch.pow on the device)."""
+    import torch
+
+    return torch.full((size,), float(t), dtype=torch.float64, device=device) if per_frame else t
+
+
+def lockstep_crosscheck(seed, profile, frames, device, dtype, variant, checks, undefined=None, shapes=None, configs=None,
+                        label="lockstep"):
     """Multi-step reference trajectories with the torch kernel compared at every step (see module
     doc). Fills checks["W"], checks["m"], checks["v"]; returns the number of frames. undefined: a
     one-element list to which the count of frame-steps where step_error is undefined is added
     (q = sqrt(v^) + eps not above its error: G = 0 with weight decay in float32 or bfloat16, where
-    the rounding of P_W(lambda W) is comparable to eps; those W and m are not compared)."""
-    undefined = [0] if undefined is None else undefined
-    import torch
-    from torch_impl import functional
+    the rounding of P_W(lambda W) is comparable to eps; those W and m are not compared).
 
+    At every step the kernel gets the reference's state rounded to its storage dtype (W, G) and
+    state dtype (m, v), and the reference steps from exactly those values: each output is compared
+    with the reference's step at the kernel's own input, so the inputs' rounding, the same on both
+    sides, hides nothing, and each stage is held to the precision the kernel declares. shapes
+    (default: the profile's shape plan) and configs (names of CONFIGS; default one per chunk, in
+    turn) choose what runs; every other chunk (alternating over shapes, chunks and configurations)
+    passes the step count as a per-frame tensor."""
+    undefined = [0] if undefined is None else undefined
+    plan = shape_plan(profile, frames=frames) if shapes is None else shape_plan(profile, small=shapes, large=(), frames=frames)
     frames_done = 0
-    plan = shape_plan(profile, frames=frames)
-    state_dtype = _compute_dtype(dtype)
     for shape_index, batch in enumerate(plan):
-        d, r = batch.d, batch.r
-        for chunk_index, size in enumerate(chunk_sizes(batch.count, d, r, max_entries=2**19)):
-            config_name = list(CONFIGS)[(shape_index + chunk_index) % len(CONFIGS)]
-            config = CONFIGS[config_name]
-            key = (CLAIM_ID, "lockstep", d, r, chunk_index)
-            rng = rng_for(seed, *key)
-            W = ref.random_point(d, r, rng, (size,))
-            state = ref.init(W)
-            elementwise = variant == "elementwise_second_moment"
-            v_torch_own = torch.zeros((size, d, r), dtype=state_dtype, device=device) if elementwise else None
-            # the kernel's own state holds the moment before its transport (functional.stiefel_adam_step):
-            # it gets the reference's, and transports it inside its projection as the reference did
-            moment_in = state.m
-            rounding = _kernel_rounding(config, dtype, d, r)
-            drift_bound = step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, config.trust_radius)
-            for t in range(_steps_for(profile, d, r)):
-                G = rng.standard_normal(W.shape)
-                if t == 0:
-                    G[0] = 0.0  # the v^ = 0 branch: xi must be exactly 0, never 0/0
-                q = reference_quantities(W, G, state, config)
-                W_ref, state_ref = ref.step(W, G, state, config)
-                v_in = v_torch_own if elementwise else _to_torch(state.v, state_dtype, device)
-                W_in = _to_torch(W, dtype, device)
-                W_t, m_t, v_t = _kernel(W_in, _to_torch(G, dtype, device), _to_torch(moment_in, state_dtype, device),
-                                        v_in, state.t, config, variant)
-                if elementwise:
-                    v_torch_own = v_t
-                transport = transport_roundoff(d, r, rounding.u_c, moment_in)
-                bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
-                extra = {"step": t + 1, "config": config_name, "dtype": str(dtype).replace("torch.", "")}
-                # where step_error is undefined (the noise-driven step, docs/algorithm.md#pitfalls) nothing is
-                # compared: residual 0 against bound 1, and the frame-step is counted in `undefined`
-                posed = bound["well_posed"]
-                undefined[0] += int(np.count_nonzero(~posed))
-                checks["W"].add(np.where(posed, ref.frobenius(_to_numpy(W_t) - W_ref), 0.0), np.where(posed, bound["W"], 1.0),
-                                shape=(d, r), key=key, seed=seed, extra=extra)
-                m_transported = functional.transported_moment(W_t.to(m_t.dtype), m_t)
-                checks["m"].add(np.where(posed, ref.frobenius(_to_numpy(m_transported) - state_ref.m), 0.0), np.where(posed, bound["m"], 1.0),
-                                shape=(d, r), key=key, seed=seed, extra=extra)
-                if not elementwise:
-                    checks["v"].add(np.abs(_to_numpy(v_t) - state_ref.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
-                if not math.isinf(drift_bound):
-                    checks["frames_in"].add(ref.frobenius(_gram_defect(_to_numpy(W_in))), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
-                moment_in = reference_moment(W, G, state, config)
-                W, state = W_ref, state_ref
-            frames_done += size
+        for chunk_index, size in enumerate(chunk_sizes(batch.count, batch.d, batch.r, max_entries=2**19)):
+            names = [list(CONFIGS)[(shape_index + chunk_index) % len(CONFIGS)]] if configs is None else configs
+            for config_index, config_name in enumerate(names):
+                key = (CLAIM_ID, label, batch.d, batch.r, chunk_index) + ((config_name,) if configs is not None else ())
+                _lockstep_chunk(seed, key, size, config_name, _steps_for(profile, batch.d, batch.r), device, dtype, variant,
+                                checks, undefined, per_frame=(shape_index + chunk_index + config_index) % 2 == 1)
+                frames_done += size
     return frames_done
 
 
+def _lockstep_chunk(seed, key, size, config_name, steps, device, dtype, variant, checks, undefined, per_frame):
+    """One chunk of lockstep_crosscheck: `size` frames of shape key[2:4], `steps` steps."""
+    import torch
 
+    d, r = key[2], key[3]
+    config = CONFIGS[config_name]
+    state_dtype = _compute_dtype(dtype)
+    rng = rng_for(seed, *key)
+    W = ref.random_point(d, r, rng, (size,))
+    state = ref.init(W)
+    elementwise = variant == "elementwise_second_moment"
+    v_torch_own = torch.zeros((size, d, r), dtype=state_dtype, device=device) if elementwise else None
+    # the kernel's own state holds the moment before its transport (functional.stiefel_adam_step)
+    moment_in = state.m
+    rounding = _kernel_rounding(config, dtype, d, r)
+    drift_bound = step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, config.trust_radius)
+    for t in range(steps):
+        G = rng.standard_normal(W.shape)
+        if t == 0:
+            G[0] = 0.0  # the v^ = 0 branch: xi must be exactly 0, never 0/0
+        W_in, G_in = _stored(W, dtype), _stored(G, dtype)
+        m_in, v_in = _stored(moment_in, state_dtype), _stored(state.v, state_dtype)
+        state_in = ref.StiefelAdamState(m=ref.project_tangent(W_in, m_in, validate=False), v=v_in, t=state.t)
+        q = reference_quantities(W_in, G_in, state_in, config)
+        W_next, state_next = ref.adam._step(W_in, G_in, state_in, config)
+        moment_next = reference_moment(W_in, G_in, state_in, config)
+        v_arg = v_torch_own if elementwise else _to_torch(v_in, state_dtype, device)
+        W_t, m_t, v_t = _kernel(_to_torch(W_in, dtype, device), _to_torch(G_in, dtype, device), _to_torch(m_in, state_dtype, device),
+                                v_arg, _step_counts(state.t, size, per_frame, device), config, variant)
+        if elementwise:
+            v_torch_own = v_t
+        # the kernel projects the moment it receives (the previous step's transport) in its compute
+        # dtype, the reference in float64: transport_roundoff charges both to the kernel's input
+        bound = step_error_bound(d, r, config, q, rounding, InputErrors(m=transport_roundoff(d, r, rounding.u_c, m_in)))
+        extra = {"step": t + 1, "config": config_name, "dtype": _dtype_name(dtype), "per_frame_count": per_frame}
+        # where step_error is undefined (the noise-driven step, docs/algorithm.md#pitfalls) W is not
+        # compared: residual 0 against bound 1, and the frame-step is counted in `undefined`
+        posed = bound["well_posed"]
+        undefined[0] += int(np.count_nonzero(~posed))
+        checks["W"].add(np.where(posed, ref.frobenius(_to_numpy(W_t) - W_next), 0.0), np.where(posed, bound["W"], 1.0),
+                        shape=(d, r), key=key, seed=seed, extra=extra)
+        checks["m"].add(ref.frobenius(_to_numpy(m_t) - moment_next), bound["moment"], shape=(d, r), key=key, seed=seed, extra=extra)
+        if not elementwise:
+            checks["v"].add(np.abs(_to_numpy(v_t) - state_next.v), bound["v"], shape=(d, r), key=key, seed=seed, extra=extra)
+        if not math.isinf(drift_bound):
+            checks["frames_in"].add(ref.frobenius(_gram_defect(W_in)), drift_bound, shape=(d, r), key=key, seed=seed, extra=extra)
+        if "rounding" in checks and rounding.cast > 0:
+            # before its storage cast the kernel's W+ is within the analysis without the cast: its
+            # rounding to the storage dtype is decided wherever the exact W+ is farther than that from
+            # a rounding boundary, and there it must be the exact W+'s own rounding
+            uncast = replace(rounding, u_W=rounding.u_c)
+            before_cast = step_error_bound(d, r, config, q, uncast, InputErrors(m=transport_roundoff(d, r, rounding.u_c, m_in)))
+            wrong = _misrounded(_to_numpy(W_t), W_next, np.where(posed, before_cast["W"], np.inf), dtype)
+            checks["rounding"].add(wrong, np.full(size, 0.5), shape=(d, r), key=key, seed=seed, extra=extra)
+        moment_in, W, state = moment_next, W_next, state_next
+
+
+def _misrounded(stored_values: np.ndarray, exact: np.ndarray, before_cast_bound: np.ndarray, dtype) -> np.ndarray:
+    """Per frame, the number of entries whose rounding to the storage dtype (bfloat16) the analysis
+    decides and that the kernel rounded otherwise: an entry is decided where the exact value x lies
+    farther than the frame's bound on the kernel's error before the cast (Frobenius, so also on each
+    entry) from both midpoints between its rounding b = fl(x) and b's neighbours, and then the kernel's
+    entry must be b. stored_values, exact: (n, d, r) float64; before_cast_bound: (n,)."""
+    import torch
+
+    rounded = _stored(exact, dtype)
+    bits = torch.from_numpy(rounded.astype(np.float32)).view(torch.int32)
+    # a bfloat16 is the upper 16 bits of a float32: its neighbours are 2^16 units of those bits away
+    neighbours = [(bits + step).view(torch.float32).double().numpy() for step in (65536, -65536)]
+    distance = np.minimum(*(np.abs(exact - 0.5 * (rounded + neighbour)) for neighbour in neighbours))
+    decided = distance > before_cast_bound[:, None, None]
+    return np.sum(decided & (stored_values != rounded), axis=(-2, -1)).astype(np.float64)
 
 
 def _gram_defect(W):
@@ -444,48 +391,16 @@ def equivariance(seed, profile, device, variant, checks, batch=8):
 def feasibility_bound(d: int, r: int, dtype, trust_radius: float = 0.5) -> float:
     """Bound on ||W^T W - I||_F (evaluated in float64) of a frame (d, r) stored in dtype after any
     number of kernel steps: for Delta <= 1 step_analysis.frame_drift_bound (the Newton-Schulz route's
-    distance to an orthonormal matrix plus the storage cast, turned into the Gram defect by
-    kit/bounds.gram_defect); otherwise the same with the eigh route's polar_eigh at kappa =
-    sqrt(1 + Delta^2) (P3(b)). Nothing in it grows with the number of steps: the Gram-based
-    retraction restarts from the actual W every step."""
+    defect, newton_schulz_defect, with the storage cast, at the spectrum a step of length <= Delta
+    allows); otherwise the Gram defect (kit/bounds.gram_defect) of a frame within the eigh route's
+    polar_eigh at kappa = sqrt(1 + Delta^2) (P3(b)) of an orthonormal one. Nothing in it grows with
+    the number of steps: the Gram-based retraction restarts from the actual W every step."""
     rounding = _kernel_rounding(ref.StiefelAdamConfig(trust_radius=trust_radius), dtype, d, r)
     if rounding.route == "newton_schulz":
         return step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, trust_radius)
     kappa = math.sqrt(1 + trust_radius**2)  # cond(W + xi) <= sqrt(1 + Delta^2), P3(b), docs/claims.md
     distance = step_analysis.retraction_error(d, r, rounding, kappa, trust_radius) + step_analysis.storage_cast(r=r, u_s=rounding.cast)
     return float(gram_defect_bound(distance, d, r, U64))
-
-
-def long_run(seed, steps, device, dtype, variant, check, shape=(4, 32, 8)):
-    """Feasibility ||W^T W - I||_F over `steps` steps of random gradients (a pool of 64, cycled).
-
-    The retraction recomputes polar(W + xi) from the actual Gram matrix every step, so the error
-    does not accumulate: after any number of steps ||W^T W - I|| <= `feasibility_bound`.
-    Returns (measured steps, worst residual at each, seconds)."""
-    import torch
-
-    batch, d, r = shape
-    torch_dtype = _torch_dtype(dtype)
-    config = CONFIGS["clip_decay"]
-    rng = rng_for(seed, CLAIM_ID, "long_run", str(torch_dtype), d, r)
-    W = _to_torch(ref.random_point(d, r, rng, (batch,)), torch_dtype, device)
-    pool = _to_torch(rng.standard_normal((64,) + W.shape), _compute_dtype(torch_dtype), device)
-    state_dtype = _compute_dtype(torch_dtype)
-    m = torch.zeros(W.shape, dtype=state_dtype, device=device)
-    v = torch.zeros(W.shape if variant == "elementwise_second_moment" else W.shape[:-2], dtype=state_dtype, device=device)
-    bound = feasibility_bound(d, r, torch_dtype, config.trust_radius)
-    checkpoints = sorted({int(round(x)) for x in np.geomspace(1, steps, num=min(25, steps))})
-    measured, residuals = [], []
-    start = time.perf_counter()
-    for t in range(steps):
-        W, m, v = _kernel(W, pool[t % 64], m, v, t, config, variant)
-        if t + 1 in checkpoints:
-            feasibility = ref.feasibility(_to_numpy(W))  # in float64 on the certifier's side
-            check.add(feasibility, bound, shape=(d, r), key=(CLAIM_ID, "long_run", str(torch_dtype), d, r),
-                      extra={"step": t + 1, "dtype": str(torch_dtype).replace("torch.", "")})
-            measured.append(t + 1)
-            residuals.append(float(feasibility.max()))
-    return measured, residuals, time.perf_counter() - start, bound
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,25 +428,49 @@ def torch_environment(device: str = "cpu") -> dict:
     return env
 
 
-def _new_checks(dtype_name: str) -> dict:
-    storage = "exact float64 inputs" if dtype_name == "float64" else f"inputs rounded to {dtype_name} (state float32)"
+def _declared_text(dtype_name: str) -> str:
+    """The kernel's declaration for storage dtype_name as the checks cite it."""
+    declaration = step_analysis.kernel_declaration(dtype_name)
+    coarse = {}
+    for stage_name, stage_dtype in declaration["stages"].items():
+        coarse.setdefault(stage_dtype, []).append(stage_name)
+    stages = "; ".join(f"{stage_dtype}: {', '.join(names)}" for stage_dtype, names in coarse.items())
+    return (f"W and G in {declaration['storage']}, m and v in {declaration['state']}, the {declaration['route']} route; "
+            f"stages evaluated in {stages}")
+
+
+def _new_checks(dtype_name: str, prefix: str = "") -> dict:
+    """The lock-step checks of one storage dtype, named prefix + name ("float32/frame", or "frame")."""
     rounding = step_analysis.kernel_rounding(dtype_name, 0.5, 1, 1)
-    setting = (f"the kernel's step_error (u_c = {rounding.u_c:.3g} of {step_analysis.COMPUTE_DTYPES[dtype_name]}, "
-               f"u_s = {rounding.u_W:.3g} of {dtype_name}, {storage}, the Gram route: Newton-Schulz for Delta <= 1 with k "
-               "derived from Delta and u_c, eigh otherwise) plus the reference's (u_c = 2^-53, the SVD route); ")
+    setting = (f"the reference at the kernel's own input (W, G rounded to {dtype_name}, m and v to the state dtype): the kernel's "
+               f"step_error at the precision it declares ({_declared_text(dtype_name)}; u_c = {rounding.u_c:.3g}, u_s = "
+               f"{rounding.u_W:.3g}; the Gram route: Newton-Schulz for Delta <= 1 with k derived from Delta and u_c, eigh otherwise) "
+               "plus the reference's (u_c = 2^-53, the SVD route), no input rounding on either side; ")
 
     def derivation(output):
         return setting + step_error_text(output)
 
-    return {
-        "W": NumericalCheck("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation("W")),
-        "m": NumericalCheck("first_moment", f"||m+_torch - m+_ref||_F per frame, {dtype_name}", derivation("m")),
-        "v": NumericalCheck("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation("v"), tightness_note=tightness.SAME_ROUNDING),
-        "frames_in": NumericalCheck(
+    def check(name, description, bound_derivation, **kwargs):
+        return NumericalCheck(prefix + name, description, bound_derivation, **kwargs)
+
+    coarse = {"rounding": check(
+        "frame_rounding", f"entries of W+ ({dtype_name}) that the kernel rounded otherwise than the exact W+ rounds, among those "
+        "whose rounding the analysis decides (the exact entry farther than the bound before the storage cast from a rounding "
+        "boundary), per frame; bound 0.5: none", "exact: the kernel's W+ before its cast is within the analysis without the cast "
+        "(" + step_error_text("W") + ", u_s = 0) of the exact W+, so a decided entry rounds as the exact one",
+        tightness_note=tightness.EQUALITY)} if rounding.cast > 0 else {}
+    return {**coarse,
+        "W": check("frame", f"||W+_torch - W+_ref||_F per frame, {dtype_name}, lock-step over trajectories", derivation("W"),
+                   tightness_note=tightness.WORST_CASE_SUMS),
+        "m": check("first_moment", f"||m_torch - m_ref||_F per frame, {dtype_name}: stage 3's m, tangent at W before its transport, as "
+                   "the kernel returns it (the transport is the next step's projection of it, compared there)", derivation("moment")),
+        "v": check("second_moment", f"|v+_torch - v+_ref| per frame, {dtype_name}", derivation("v"), tightness_note=tightness.SAME_ROUNDING),
+        "frames_in": check(
             "input_frames",
             f"||W^T W - I||_F of the frames given to the torch kernel ({dtype_name}): within the drift of the kernel's own frames",
-            "step_analysis.frame_drift_bound: the Gram defect of a frame within E_NS + E_cast of an orthonormal one (u_c of the "
-            "compute dtype, u_s of the storage, kappa = sqrt(1 + Delta^2)); " + stage_texts(("gram", "polar_newton_schulz", "storage_cast")),
+            "step_analysis.frame_drift_bound: the Newton-Schulz route's defect at the spectrum a step of length <= Delta "
+            "from a frame of that drift allows, a fixed point over the drift (u_c of the compute dtype, u_s of the storage); "
+            + stage_texts(("newton_schulz_defect",)),
         ),
     }
 
@@ -583,8 +522,6 @@ def thread_sensitivity(seed: int, dtype, threads=(1, 2)) -> dict:
 # The parts of the certificate
 # --------------------------------------------------------------------------------------------
 
-# The kernel whose certificate carries the P2 / P4 checks and the controls: the real one.
-REAL_KERNEL = "stiefel_adam"
 DEFAULT_OPTIONS = (("device", "cpu"), ("dtype", "float64"))
 
 
@@ -661,6 +598,46 @@ def lockstep_part(ctx: Context) -> Evidence:
     )
 
 
+# The declared precision is held stage by stage on small frames, where the bounds are tightest (a
+# stage evaluated more coarsely than declared shows most above them), with every configuration.
+DECLARED_DTYPES = ("float32", "bfloat16")
+DECLARED_SHAPES = ((2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (16, 4), (32, 8))
+
+
+def declared_frames(profile) -> int:
+    """Frames per configuration of the declared-precision lock-step: 1/70 of the profile's (142 of
+    10^4 at the default profile, 20 per shape), at least 28 (4 per shape)."""
+    return max(profile.frames // 70, 28)
+
+
+def _declared_task(seed, profile, frames, device, dtype, variant, configs=None) -> Evidence:
+    """The lock-step in one storage dtype on DECLARED_SHAPES with the named configurations (default
+    all), a task."""
+    checks = _new_checks(dtype, f"{dtype}/")
+    undefined = [0]
+    with _device_threads(device):
+        count = lockstep_crosscheck(seed, profile, frames, device, _torch_dtype(dtype), variant, checks, undefined,
+                                    shapes=DECLARED_SHAPES, configs=list(CONFIGS) if configs is None else configs, label="declared")
+    return Evidence(checks=_sampled(list(checks.values())), frames=count, extra={"declared_precision": {dtype: {
+        "declaration": step_analysis.kernel_declaration(dtype), "counts": Counts(frames=count, undefined_frame_steps=undefined[0])}}})
+
+
+def declared_precision_part(ctx: Context) -> Evidence:
+    """The kernel in float32 and bfloat16 storage held to the precision it declares, stage by stage
+    (torch_impl.functional.declared_precision): lock-step at the kernel's own inputs on small frames,
+    with every configuration, one task per dtype and configuration."""
+    frames = declared_frames(ctx.profile)
+    tasks = [(ctx.seed, ctx.profile, frames, ctx.option("device"), dtype, ctx.optimizer, [name])
+             for dtype in DECLARED_DTYPES for name in CONFIGS]
+    runs = Evidence.merged(map_tasks(_declared_task, tasks))
+    return Evidence(
+        checks=runs.checks, frames=runs.frames, extra=runs.extra,
+        notes=[f"declared precision: lock-step in {' and '.join(DECLARED_DTYPES)} on {len(DECLARED_SHAPES)} small shapes, "
+               f"{frames} frames per configuration ({', '.join(CONFIGS)}), {ctx.profile.steps} steps; each output against the "
+               "reference at the kernel's own (rounded) input, within step_error at the precision the kernel declares for each stage"],
+    )
+
+
 def p2_p4_part(ctx: Context) -> Evidence:
     """P2 and P4 on the torch kernel alone, in float64: properties of the real kernel; a broken one is
     already caught by the lock-step checks (and the elementwise v or Muon's off-manifold frames have
@@ -678,12 +655,15 @@ def p2_p4_part(ctx: Context) -> Evidence:
 
 
 def _long_run_check(steps: int) -> NumericalCheck:
+    return NumericalCheck("long_run_feasibility", kernel_drift.long_run_steps_text(steps),
+                          "each checkpoint's drift against " + kernel_drift.DEFECT_TEXT, tightness_note=tightness.WORST_CASE_SUMS)
+
+
+def _drift_correction_check() -> NumericalCheck:
     return NumericalCheck(
-        "long_run_feasibility",
-        f"||W^T W - I||_F over {steps} steps, batch (4, 32, 8)",
-        "T-independent (the last retraction's error; no accumulation): feasibility_bound, the Gram defect of a frame "
-        "within E_NS + E_cast (Delta <= 1) of an orthonormal one; " + stage_texts(("gram_defect", "polar_newton_schulz", "storage_cast")),
-    )
+        "drift_correction",
+        f"||W+^T W+ - I||_F after one step from frames with ||W^T W - I||_F = {kernel_drift.PLANTED_DRIFT:g} (the retraction corrects "
+        "the drift it is given)", "the frame returned against " + kernel_drift.DEFECT_TEXT, tightness_note=tightness.WORST_CASE_SUMS)
 
 
 def _device_threads(device: str):
@@ -694,49 +674,133 @@ def _device_threads(device: str):
 
 
 def _long_run_task(seed, steps, device, run_dtype, variant) -> Evidence:
-    """One dtype's long run, a task of its own: its check, and what long_run measured as
+    """One dtype's long run, a task of its own: its check, and what kernel_drift.long_run measured as
     extra["long_run"][run_dtype], with the threads of the claim's environment wherever it runs."""
     check = _long_run_check(steps)
     with _device_threads(device):
-        steps_at, residuals, seconds, bound = long_run(seed, steps, device, run_dtype, variant, check)
+        record, seconds = kernel_drift.long_run(seed, steps, device, run_dtype, variant, check)
     return Evidence(checks=[check], extra={"long_run": {run_dtype: {
-        "steps": steps_at,
-        "feasibility_max": residuals,
-        "bound": bound,
-        "seconds": seconds,
-        "microseconds_per_step": 1e6 * seconds / steps,
-    }}})
+        **record, "seconds": seconds, "microseconds_per_step": 1e6 * seconds / steps}}})
 
 
 def long_run_part(ctx: Context) -> Evidence:
-    """Feasibility over profile.long_run_steps steps in float64, float32 and the run's dtype (long_run)."""
+    """Feasibility over profile.long_run_steps steps in float64, float32, bfloat16 (and the run's dtype),
+    each checkpoint against the one-step bound at its own step (kernel_drift.long_run)."""
     from torch_impl import functional
 
     dtype, steps = ctx.option("dtype"), ctx.profile.long_run_steps
-    run_dtypes = list(dict.fromkeys(["float64", "float32", dtype]))
+    run_dtypes = list(dict.fromkeys([*kernel_drift.LONG_RUN_DTYPES, dtype]))
     # one task per dtype (independent runs, each serial in its steps), merged in this order
     runs = Evidence.merged(map_tasks(_long_run_task, [(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer)
                                                       for run_dtype in run_dtypes]))
     long_runs = runs.extra["long_run"]
-    series = [Series([float(s) for s in long_runs[run_dtype]["steps"]], long_runs[run_dtype]["feasibility_max"], run_dtype)
-              for run_dtype in run_dtypes]
-    first = series[0]
-    work = _compute_dtype(dtype)
-    derived = _iterations(CONFIGS["clip_decay"], dtype, 32, 8)
-    kernel_count = functional.newton_schulz_iterations(0.5, work)
+    series = []
+    for run_dtype in run_dtypes:
+        x = [float(s) for s in long_runs[run_dtype]["steps"]]
+        series += [Series(x, long_runs[run_dtype]["feasibility_max"], f"{run_dtype} drift"),
+                   Series(x, long_runs[run_dtype]["bound_max"], f"{run_dtype} bound")]
+    batch, d, r = kernel_drift.LONG_RUN_SHAPE
+    config = kernel_drift.LONG_RUN_CONFIG
+    derived = _iterations(config, dtype, d, r)
+    kernel_count = functional.newton_schulz_iterations(config.trust_radius, _compute_dtype(dtype))
+    ratios = {run_dtype: max(f / b for f, b in zip(long_runs[run_dtype]["feasibility_max"], long_runs[run_dtype]["bound_max"]))
+              for run_dtype in run_dtypes}
     return Evidence(
         checks=_sampled(runs.checks),
         extra={"long_run": long_runs},
         figures={
             "long_run_feasibility": LineFigure(
-                title="Feasibility of torch StiefelAdam frames (4 x 32 x 8) over a long run",
-                xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(first.x, first.y),
+                title=f"Drift of torch StiefelAdam frames ({batch} x {d} x {r}) over a long run, and its one-step bound",
+                xlabel="step", ylabel="max ||W^T W - I||_F", series=series, single=Series(series[0].x, series[0].y),
                 logx=True, logy=True,
             )
         },
-        notes=[f"retraction: {functional.resolve_retraction('auto', 0.5)} at trust_radius 0.5: the kernel runs {kernel_count} "
-               f"quintic iterations in the compute dtype; the bounds take the {derived} that the certifier derives from Delta, "
-               "the compute dtype and the kernel's frame drift (step_analysis.newton_schulz_iterations)"],
+        notes=[f"retraction: {functional.resolve_retraction('auto', config.trust_radius)} at trust_radius {config.trust_radius}: "
+               f"the kernel runs {kernel_count} quintic iterations in the compute dtype; the bounds take the {derived} that the "
+               "certifier derives from Delta, the compute dtype and the frame's drift (step_analysis.newton_schulz_iterations)",
+               "long run: the drift of every checkpoint is bounded by the one-step bound of its own step (the retraction corrects "
+               "the drift it is given); largest drift / bound " + ", ".join(f"{k} {v:.2g}" for k, v in ratios.items())],
+    )
+
+
+def drift_correction_part(ctx: Context) -> Evidence:
+    """One step from frames with a planted drift, in every dtype (kernel_drift.drift_correction)."""
+    check = _drift_correction_check()
+    frames = sum(kernel_drift.drift_correction(ctx.seed, ctx.option("device"), run_dtype, ctx.optimizer, check, CONFIGS)
+                 for run_dtype in DTYPE_NAMES)
+    return Evidence(checks=[check], frames=frames,
+                    notes=[f"drift correction: {frames} frames with ||W^T W - I||_F = {kernel_drift.PLANTED_DRIFT:g} stepped once in "
+                           f"{', '.join(DTYPE_NAMES)}; each returned frame within the one-step bound at its own A"])
+
+
+def _scale_checks(dtype: str) -> dict:
+    return {
+        "bitwise": NumericalCheck(f"{dtype}/P2_exponent_range",
+                                  f"torch trajectories under 2^k G vs G ({dtype}, eps = 0), ulps, for every k of the predicted domain",
+                                  kernel_scale.BITWISE_TEXT, tightness_note=tightness.EQUALITY),
+        "band": NumericalCheck(f"{dtype}/P2_subnormal_band",
+                               f"||W+(2^k G, 2^k m, 4^k v) - W+(G, m, v)||_F ({dtype}, eps = 0) where v is subnormal and not 0",
+                               kernel_scale.BAND_TEXT, tightness_note=tightness.WORST_CASE_SUMS),
+    }
+
+
+def scale_evidence(seed, device, variant, dtypes=kernel_scale.SCALE_DTYPES) -> Evidence:
+    """kernel_scale.scale_scan in each dtype: its checks and its report as extra["scale_domain"]."""
+    checks, reports = [], {}
+    for dtype in dtypes:
+        by_kind = _scale_checks(dtype)
+        reports[dtype] = kernel_scale.scale_scan(seed, device, dtype, variant, by_kind)
+        checks += _sampled(list(by_kind.values()))
+    return Evidence(checks=checks, extra={"scale_domain": reports})
+
+
+def scale_domain_part(ctx: Context) -> Evidence:
+    """P2 on the kernel over each dtype's whole exponent range (kernel_scale): a property of the real
+    kernel, run when it is the kernel under test (its controls run the same scan)."""
+    if ctx.optimizer != REAL_KERNEL:
+        return Evidence(notes=["P2 over the exponent range runs on the real kernel"])
+    evidence = scale_evidence(ctx.seed, ctx.option("device"), ctx.optimizer)
+    reports = evidence.extra["scale_domain"]
+    evidence.notes = [f"gradient scale c = 2^k, {dtype}: bitwise for k in {report['log2_c_bitwise_found']} (predicted "
+                      f"[{report['predicted']['log2_c_low']}, {report['predicted']['log2_c_high']}], the claim checked there), "
+                      + (f"v subnormal for k in {report['subnormal_band']} (held to the bound with underflow), v = 0 below, "
+                         if report["subnormal_band"] else "v's subnormal band is its compute dtype's (checked in float32), ")
+                      + f"non-finite from {report['log2_c_non_finite_from']}" for dtype, report in reports.items()]
+    return evidence
+
+
+ATTAINED = 0.1  # a bound is attained within a factor 10 when a searched input reaches a tenth of it
+
+
+def attainment_part(ctx: Context) -> Evidence:
+    """How tight the bounds are that decide the low-precision verdicts (kernel_attainment): each stage
+    bound of the one analysis, per storage dtype, against the kernel's own evaluation of that stage,
+    searched over inputs; the largest residual/bound found is recorded per stage and dtype, and every
+    searched sample must be within its bound (check stage_bounds_hold). The running trajectory bound
+    is searched step by step on short trajectories."""
+    check = NumericalCheck("stage_bounds_hold", "each stage of the kernel's step on searched inputs (kernel_attainment) against "
+                           "its stage bound at the declared precision, float32 and bfloat16",
+                           "the stage bounds of step_analysis and bounds (cited by the lock-step checks), each at its declared "
+                           "unit roundoff, at the exact quantities of the searched input", tightness_note=tightness.WORST_CASE_SUMS)
+    ratios = {}
+    for stage in kernel_attainment.STAGE_SEARCHES:
+        for dtype in kernel_attainment.SEARCH_DTYPES:
+            found = kernel_attainment.stage_ratios(ctx.seed, stage, dtype)
+            check.add(found, np.ones_like(found), shape=(0, 0), key=(CLAIM_ID, "attainment", stage, dtype), seed=ctx.seed,
+                      extra={"stage": stage, "dtype": dtype})
+            ratios.setdefault(stage, {})[dtype] = float(np.max(found))
+    running = {dtype: [float(x) for x in kernel_attainment.running_bound_ratios(ctx.seed, dtype)] for dtype in kernel_attainment.SEARCH_DTYPES}
+    loose = [f"{stage} ({dtype}: {value:.2g})" for stage, by_dtype in ratios.items() for dtype, value in by_dtype.items()
+             if value < ATTAINED and stage != "storage_cast"]
+    return Evidence(
+        checks=[check],
+        extra={"stage_attainment": ratios, "running_bound_attainment": running},
+        notes=["attained residual/bound per stage, float32 / bfloat16 (searched inputs on frames (2, 1) to (5, 3)): "
+               + "; ".join(f"{stage} {by_dtype['float32']:.2g} / {by_dtype['bfloat16']:.2g}" for stage, by_dtype in ratios.items()),
+               "running trajectory bound, attained residual/bound at steps 1.." + str(len(running["float32"])) + ": "
+               + "; ".join(f"{dtype} " + ", ".join(f"{x:.2g}" for x in values) for dtype, values in running.items()),
+               ("stages attained within a factor 10 in every dtype" if not loose else
+                "stages not attained within a factor 10: " + ", ".join(loose))],
     )
 
 
@@ -755,6 +819,11 @@ def thread_sensitivity_part(ctx: Context) -> Evidence:
     )
 
 
+# A control needs a clear miss, not statistics: the small shapes and two large ones (the largest
+# frames' reference SVD would take most of the control's time and add nothing to a miss of 10^11)
+CONTROL_SHAPES = SMALL_SHAPES + ((32, 8), (64, 16))
+
+
 def kernel_control(ctx: Context) -> Evidence | None:
     """A broken kernel (ctx.optimizer, a name of CONTROL_DESCRIPTIONS) through the lock-step checks,
     in float64 storage, where the cross-check's bound is tightest: in bfloat16 (u = 2^-8) the bound
@@ -767,8 +836,49 @@ def kernel_control(ctx: Context) -> Evidence | None:
     frames = ctx.profile.control_frames
     profile = Profile("control", frames=frames, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0, control_frames=frames)
     checks = _new_checks(ctx.option("dtype"))
-    lockstep_crosscheck(ctx.seed, profile, frames, ctx.option("device"), torch.float64, ctx.optimizer, checks)
+    lockstep_crosscheck(ctx.seed, profile, frames, ctx.option("device"), torch.float64, ctx.optimizer, checks, shapes=CONTROL_SHAPES)
     return Evidence(checks=list(checks.values()))
+
+
+# The storage dtype in which each precision control is run: where the kernel's declaration and the
+# broken stage differ (m and v differ from the declaration only for bfloat16 frames).
+DECLARED_CONTROL_DTYPES = {"moments_in_storage_dtype": "bfloat16", "bias_power_in_compute_dtype": "float32"}
+
+
+def declared_control(ctx: Context) -> Evidence | None:
+    """A kernel that evaluates a stage more coarsely than the kernel declares, through the
+    declared-precision lock-step (declared_precision_part) in the dtype where the two differ, on
+    control_frames frames per configuration and two steps."""
+    if ctx.option("under_test") != REAL_KERNEL:
+        return None
+    frames = max(ctx.profile.control_frames // 4, 28)
+    profile = Profile("control", frames=frames, steps=2, long_run_steps=0, mp_dps=0, mp_samples=0, control_frames=frames)
+    return _declared_task(ctx.seed, profile, frames, ctx.option("device"), DECLARED_CONTROL_DTYPES[ctx.optimizer], ctx.optimizer)
+
+
+def drift_control(ctx: Context) -> Evidence | None:
+    """A kernel whose retraction does not correct drift, through drift_correction in float32."""
+    if ctx.option("under_test") != REAL_KERNEL:
+        return None
+    check = _drift_correction_check()
+    frames = kernel_drift.drift_correction(ctx.seed, ctx.option("device"), "float32", ctx.optimizer, check, CONFIGS, count=4)
+    return Evidence(checks=[check], frames=frames)
+
+
+def scale_control(ctx: Context) -> Evidence | None:
+    """A kernel that breaks P2 far from c = 1, through the exponent-range scan in every dtype."""
+    if ctx.option("under_test") != REAL_KERNEL:
+        return None
+    return scale_evidence(ctx.seed, ctx.option("device"), ctx.optimizer)
+
+
+CONTROL_RUNS = {"moments_in_storage_dtype": declared_control, "bias_power_in_compute_dtype": declared_control,
+                "drift_not_corrected": drift_control, "unscaled_square": scale_control, "floor_on_v": scale_control,
+                "hidden_eps": scale_control}
+
+
+def _control(name: str) -> Control:
+    return Control(name, CONTROL_RUNS.get(name, kernel_control), CONTROL_DESCRIPTIONS[name])
 
 
 CLAIM = Claim(
@@ -789,11 +899,15 @@ CLAIM = Claim(
     parts=(
         Part("setting", setting_part),
         Part("lockstep", lockstep_part, background=True),  # a task of its own
+        Part("declared_precision", declared_precision_part, background=True),
         Part("p2_p4", p2_p4_part, background=True),
         Part("long_run", long_run_part),
+        Part("drift_correction", drift_correction_part),
+        Part("scale_domain", scale_domain_part),
+        Part("attainment", attainment_part),
         Part("thread_sensitivity", thread_sensitivity_part),
     ),
-    controls=tuple(Control(name, kernel_control, description) for name, description in CONTROL_DESCRIPTIONS.items()),
+    controls=tuple(_control(name) for name in CONTROL_DESCRIPTIONS),
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,
     prepare=_prepare,

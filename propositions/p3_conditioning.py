@@ -70,9 +70,9 @@ from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_
 from ._common import wide_scale_gradients
 from .kit import observability, tightness
 from .kit import precision as precisions
-from .kit.step_analysis import retraction_error, storage_cast
+from .kit.step_analysis import bias_power, retraction_error, storage_cast
 from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, gamma, gram_defect_bound, polar_error_bound
-from .kit.bounds import projection_error_bound
+from .kit.bounds import entrywise_projection_bound, projection_error_bound
 from .kit.directions import step_direction, variant_name
 from .kit.figures import LineFigure, Series
 from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic, map_evidence
@@ -253,28 +253,19 @@ def exact_part(seed: int) -> list[dict]:
 
 
 def entrywise_projection_error(W: np.ndarray, G: np.ndarray, p: precisions.Precision = precisions.FLOAT64) -> np.ndarray:
-    """Entrywise bound on |fl(P_W(G)) - (G - W sym(W^T G))| for float frames W, shape of G.
-
-    The exact formula is evaluated on the float W (no orthonormality used). fl(W^T G) errs by
-    gamma_d |W|^T |G| entrywise, sym and the halving by u |.|; fl(W S) by gamma_r |W| |S|; the final
-    subtraction by u (|G| + |W S|). With M = |W| sym(|W|^T |G|) every term is at most
-    (gamma_d + gamma_r + 4u) (1 + gamma_d + u) M + u |G|; doubled for the dropped O(u^2) terms:
-    E = u |G| + 2 gamma_{d + r + 4} M. At a lower precision p: u = p.u (kit/precision.py).
-    """
-    d, r = W.shape[-2], W.shape[-1]
-    absW = np.abs(W)
-    inner = _transpose(absW) @ np.abs(G)
-    return p.u * np.abs(G) + 2 * p.gamma(d + r + 4) * (absW @ (0.5 * (inner + _transpose(inner))))
+    """The one analysis' entrywise projection bound (kit/bounds.projection_entrywise) at the precision
+    p of the optimizer under test (u = u_c + u_s, kit/precision.py; PrecisionTooCoarse where the
+    first-order bound over sums of d + r + 4 terms does not apply). Shape of G."""
+    p.gamma(W.shape[-2] + W.shape[-1] + 4)  # refuses where the first-order analysis does not apply
+    return entrywise_projection_bound(W, G, p.u)
 
 
 def bias_correction_error(beta: float, t: int, p: precisions.Precision = precisions.FLOAT64) -> float:
-    """Relative error of fl(1 - fl(beta^t)) against 1 - beta^t for the float beta.
-
-    fl(beta^t) (libm pow, within one ulp) errs by 2u beta^t; the subtraction cancels it into a
-    relative 2u beta^t / (1 - beta^t); the subtraction itself rounds by u. Two implementations of the
-    same formula may differ by twice this.
-    """
-    return p.u * (2 * beta**t / (1 - beta**t) + 1)
+    """Relative error of 1 - beta^t as the optimizer under test forms it: the one analysis' bias_power
+    stage (kit/step_analysis) at p's u, an implementation that declares nothing being taken to form
+    beta^t at its own precision."""
+    log_beta = abs(math.log(beta)) if beta > 0 else 0.0
+    return float(bias_power(u_p=p.u, t=t, beta_t=beta**t, log_beta=log_beta))
 
 
 def first_moment(W, G, state, config, p: precisions.Precision = precisions.FLOAT64):

@@ -76,6 +76,7 @@ from .kit.figures import DataFigure
 from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic, map_evidence
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
 from .kit.running_bounds import record_trajectory, optimizer_trajectory, trajectory_rounding_bound, worst_over_steps
+from .kit.running_bounds import highprec_unit_roundoff, replay_vacuous, replayed_check
 from .kit.symbolic import is_zero
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 from .kit.bounds import gamma
@@ -205,18 +206,41 @@ def _checks(label: str, side: str) -> dict:
 
 def _transform(side: str, transform: str, n: int, rng: np.random.Generator, count: int, seen: set):
     """The action of one chunk's draws: (act, the relative rounding of a product, the Haar matrices
-    or None, the extra draws made to find a missing component). Haar draws hold the components not
+    or None, the extra draws made to find a missing component, the matrices acting). Haar draws hold the components not
     yet `seen` at this shape; a signed permutation only moves and negates entries: applied by
     indexing, exact."""
     if transform != "haar":
-        return signed_permutation_action(random_signed_permutation(n, rng, (count,)), side), 0.0, None, 0
+        P = random_signed_permutation(n, rng, (count,))
+        return signed_permutation_action(P, side), 0.0, None, 0, P
     O, resampled = haar_with_both_components(n, rng, count, [c for c in (-1.0, 1.0) if c not in seen])
     seen.update(np.linalg.slogdet(O)[0].tolist())
 
     def act(A):
         return O @ A if side == "left" else A @ O
 
-    return act, product_rounding(n), O, resampled
+    return act, product_rounding(n), O, resampled, O
+
+
+def _replay_product_rounding(n: int, dps: int) -> float:
+    """product_rounding's gamma_n sqrt(n) at mpmath's unit roundoff for dps digits (the replay's Q W)."""
+    unit = highprec_unit_roundoff(dps)
+    return n * unit / (1 - n * unit) * math.sqrt(n)
+
+
+def _acting(O: np.ndarray, side: str):
+    """replay_pair's moves for P4: the frame and gradients moved by the orthogonal matrix O (its polar
+    factor at the replay's digits, so that it is orthogonal there), on `side`."""
+    from reference_impl import highprec
+
+    def moves(ctx):
+        exact = highprec.polar_mp(highprec.to_mp(O, ctx), ctx=ctx)
+
+        def act(A):
+            return exact * A if side == "left" else A * exact
+
+        return (lambda W, gradients: (act(W), [act(G) for G in gradients])), act
+
+    return moves
 
 
 def _record_draws(name: str, O: np.ndarray, resampled: int, square: bool) -> Counts:
@@ -280,22 +304,30 @@ def action_chunk(chunk, seed: int, profile: Profile, optimizer, side: str, frame
     if transform == "haar":
         _replay_draws(seed, d, r, profile.steps, label, side, n, range(index), seen, frames, large, profile)
     rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, index)
-    act, rounding, O, resampled = _transform(side, transform, n, rng, count, seen)
-    extra: dict = {"counts": Counts(vacuous=0)}
+    act, rounding, O, resampled, acting = _transform(side, transform, n, rng, count, seen)
+    extra: dict = {"counts": Counts(vacuous=0, replayed=0)}
     if O is not None:
         extra["haar_draws"] = _record_draws(f"{label} ({d}, {r}) O({n})", O, resampled, d == r)
+    replay = replayed_check(label)
     for key, (residual, bound) in _comparisons(optimizer, W0, gradients, act, rounding, checks).items():
         # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
         # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
         bound = np.where(bound > 0, bound, u)
         if key == "W":  # a bound of 2 sqrt(r) or more (two frames are never further apart) certifies nothing
-            extra["counts"]["vacuous"] += int(np.sum(np.any(~(bound < 2 * math.sqrt(r)), axis=0)))
+            vacuous = np.flatnonzero(np.any(~(bound < 2 * math.sqrt(r)), axis=0))
+            extra["counts"]["vacuous"] += int(vacuous.size)
+            # the reference's vacuous frames are replayed at mp_dps digits (kit/running_bounds.replay_vacuous);
+            # another optimizer's are not (the replay runs the reference's mathematics)
+            if vacuous.size and optimizer == "stiefel_adam" and profile.mp_dps:
+                extra["counts"]["replayed"] += replay_vacuous(
+                    replay, vacuous, W0, gradients, CONFIG, profile.mp_dps, lambda i: _acting(acting[i], side),
+                    (CLAIM_ID, label, d, r, index), seed, output_rounding=_replay_product_rounding(n, profile.mp_dps))
         worst_residual, worst_bound, _ = worst_over_steps(residual, bound)
         checks[key].add(worst_residual, worst_bound, shape=(d, r), key=(CLAIM_ID, label, d, r, index), seed=seed)
         if key == "W":
             ratio = float(np.max(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound))
             extra["figure"] = {"check": [label], "d": [d], "r": [r], "max_ratio": [ratio]}
-    return Evidence(checks=list(checks.values()), frames=count, extra=extra)
+    return Evidence(checks=list(checks.values()) + [replay], frames=count, extra=extra)
 
 
 def action_check(seed: int, profile: Profile, optimizer: str, side: str, frames: int, large, label: str,
@@ -584,16 +616,16 @@ def haar_part(ctx: Context) -> Evidence:
     right = action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames * 2 // 5, LARGE_SHAPES, "right_haar")
     both = Evidence.merged([Evidence(extra=left.extra), Evidence(extra=right.extra)]).extra
     draws, ratio_by_shape = both.get("haar_draws", Counts()), both["figure"]
-    vacuous = both["counts"]["vacuous"]
     by_shape = draws.get("by_shape", {})
     missing = component_coverage(draws)
     return Evidence(
-        checks=left.checks + right.checks,
+        checks=_with_samples(left.checks + right.checks),
         frames=left.frames + right.frames,
         extra={
             "config": {"lr": CONFIG.lr, "betas": list(CONFIG.betas), "eps": CONFIG.eps,
                        "trust_radius": CONFIG.trust_radius, "weight_decay": CONFIG.weight_decay},
             "haar_draws": draws,
+            "frames_certified": _certified(left.frames + right.frames, both["counts"]),
         },
         figures={"frame_ratio_by_shape": DataFigure(ratio_by_shape)},
         notes=[
@@ -604,20 +636,35 @@ def haar_part(ctx: Context) -> Evidence:
             "(St(d, d) = O(d)).",
         ],
         inconclusive=(["the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
-                       + "; ".join(missing)] if missing else []) + _vacuous_reason(vacuous),
+                       + "; ".join(missing)] if missing else []) + _vacuous_reason(both["counts"]),
     )
 
 
-def _vacuous_reason(vacuous: int) -> list[str]:
-    return [f"{vacuous} frames had a rounding bound >= 2 sqrt(r) at some step (vacuous): the trajectory checks do "
-            "not certify them"] if vacuous else []
+def _with_samples(checks):
+    """The checks that hold samples (a replay check of chunks with no vacuous frame holds none)."""
+    return [check for check in checks if check.samples or not check.name.endswith("_replayed")]
+
+
+def _certified(frames: int, counts) -> dict:
+    """How the frames were certified: by the float64 running bound, by a replay at high precision
+    (kit/running_bounds.replay_vacuous), or not at all (vacuous and not replayed)."""
+    return {"by_the_float64_bound": frames - counts["vacuous"], "replayed_at_high_precision": counts["replayed"],
+            "not_certified": counts["vacuous"] - counts["replayed"]}
+
+
+def _vacuous_reason(counts) -> list[str]:
+    left = counts["vacuous"] - counts["replayed"]
+    return [f"{left} frames had a rounding bound >= 2 sqrt(r) at some step (vacuous) and were not replayed: the "
+            "trajectory checks do not certify them"] if left else []
 
 
 def signed_permutation_part(ctx: Context) -> Evidence:
     """Left signed permutations (exact products) through the same trajectory check, 1/10 of the frames."""
     evidence = action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", ctx.profile.frames // 10, MEDIUM_SHAPES,
                             "left_signed_permutation", transform="signed_permutation")
-    return Evidence(checks=evidence.checks, frames=evidence.frames, inconclusive=_vacuous_reason(evidence.extra["counts"]["vacuous"]))
+    return Evidence(checks=_with_samples(evidence.checks), frames=evidence.frames,
+                    extra={"frames_certified_signed_permutation": _certified(evidence.frames, evidence.extra["counts"])},
+                    inconclusive=_vacuous_reason(evidence.extra["counts"]))
 
 
 def sign_flips_part(ctx: Context) -> Evidence:

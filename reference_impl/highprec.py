@@ -135,3 +135,59 @@ def step_mp(W: np.ndarray, G: np.ndarray, state, config: StiefelAdamConfig, dps:
     W_new = _polar(ctx, W_mp + xi)
     m_new = _project(ctx, W_new, m)
     return W_new, HighPrecisionState(m=m_new, v=v, t=t)
+
+
+class HighPrecisionStep(NamedTuple):
+    """One step of trajectory_mp: the new frame, the state, and the norms of the step (floats):
+    ||G||, ||g||, ||m|| before its transport, v, v^ and ||xi|| before the trust region."""
+
+    W: mpmath.matrix
+    state: HighPrecisionState
+    norms: dict
+
+
+def frobenius_mp(A: mpmath.matrix, ctx=None):
+    """||A||_F of an mpmath matrix, in its context ctx (mpmath.mp by default)."""
+    return _frobenius(mpmath.mp if ctx is None else ctx, A)
+
+
+def context(dps: int):
+    """An mpmath context at dps decimal digits (dps >= 20), for matrices a caller forms itself."""
+    return _context(dps)
+
+
+def polar_mp(A: mpmath.matrix, dps: int = 50, ctx=None) -> mpmath.matrix:
+    """polar(A) = A (A^T A)^(-1/2) at dps digits (or in the context ctx, of which A must be a matrix)
+    for an mpmath matrix A (d, r) of full rank."""
+    return _polar(_context(dps) if ctx is None else ctx, A)
+
+
+def trajectory_mp(W0: mpmath.matrix, gradients, config: StiefelAdamConfig, ctx) -> list[HighPrecisionStep]:
+    """docs/algorithm.md from a fresh state for one frame, every quantity in the mpmath context ctx
+    (`context(dps)`): W0 and each gradient are matrices (d, r) of ctx, formed exactly by the caller,
+    so that no input is rounded to float64 between the steps (as step_mp's float64 frames would be).
+    Returns one HighPrecisionStep per gradient."""
+    if not isinstance(config, StiefelAdamConfig):
+        raise ValueError(f"config must be a StiefelAdamConfig, got {type(config).__name__}")
+    d, r = W0.rows, W0.cols
+    beta1, beta2 = ctx.mpf(config.betas[0]), ctx.mpf(config.betas[1])
+    lr, eps, weight_decay = ctx.mpf(config.lr), ctx.mpf(config.eps), ctx.mpf(config.weight_decay)
+    W, m, v, t = W0, ctx.zeros(d, r), ctx.mpf(0), 0
+    steps = []
+    for G in gradients:
+        g = _project(ctx, W, G + weight_decay * W)
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * _frobenius(ctx, g) ** 2 / (d * r)
+        t = t + 1
+        m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        xi = ctx.zeros(d, r) if v_hat == 0 else -lr * m_hat / (ctx.sqrt(v_hat) + eps)
+        norms = {"G_norm": float(_frobenius(ctx, G)), "g_norm": float(_frobenius(ctx, g)), "m_norm": float(_frobenius(ctx, m)),
+                 "v": float(v), "v_hat": float(v_hat), "xi_norm": float(_frobenius(ctx, xi))}
+        if not math.isinf(config.trust_radius):
+            norm, radius = _frobenius(ctx, xi), ctx.mpf(config.trust_radius)
+            if norm > radius:
+                xi = xi * (radius / norm)
+        W = _polar(ctx, W + xi)
+        m = _project(ctx, W, m)
+        steps.append(HighPrecisionStep(W=W, state=HighPrecisionState(m=m, v=v, t=t), norms=norms))
+    return steps

@@ -157,14 +157,27 @@ def test_symbolic_reduction_detects_a_non_identity():
     assert p2.is_zero(-lr * c * projection / c + lr * projection)
 
 
-def test_vacuous_decay_bounds_make_the_run_inconclusive(monkeypatch):
-    """Below c = 10^-2 the carried decay bound reaches 2 sqrt(r) for some frames: not certified."""
+def test_vacuous_decay_bounds_are_replayed_at_high_precision(monkeypatch):
+    """Below c = 10^-2 the carried decay bound reaches 2 sqrt(r) for some frames: each is replayed at
+    the profile's mp_dps digits against the same claim (kit/running_bounds.replay_pair) and certified
+    there; without the mpmath tier (mp_dps = 0) they leave the run inconclusive."""
+    import dataclasses
+
     from propositions import get_profile
 
     monkeypatch.setattr(p2, "LOG10_C_RANGE_DECAY", (-6.0, 6.0))
-    result = p2.CLAIM.run(2, get_profile("quick"))
-    assert result.extra["vacuous_bounds"] > 0
-    assert result.verdict == "inconclusive" and "vacuous" in result.inconclusive[0]
+    monkeypatch.setattr(p2, "MEDIUM_SHAPES", ())  # small frames: a replay at 30 digits takes milliseconds there
+    profile = dataclasses.replace(get_profile("quick"), mp_dps=30)
+    result = p2.CLAIM.run(2, profile)
+    vacuous = result.extra["vacuous_bounds"]
+    assert vacuous > 0
+    assert result.extra["frames_certified"]["replayed_at_high_precision"] == vacuous
+    assert result.extra["frames_certified"]["not_certified"] == 0
+    replayed = [c for c in result.checks if c.name.endswith("_replayed")]
+    assert sum(c.samples for c in replayed) == vacuous and all(c.passed for c in replayed)
+    assert result.verdict == "pass", result.failures() + result.inconclusive
+    without = p2.CLAIM.run(2, dataclasses.replace(profile, mp_dps=0))
+    assert without.verdict == "inconclusive" and "vacuous" in without.inconclusive[0]
 
 
 # Broken steps built here: plausible mistakes that the earlier checks (W_t only; an eps bound that

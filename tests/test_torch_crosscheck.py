@@ -44,7 +44,8 @@ def test_claim_entry():
     claim = crosscheck.CLAIM
     assert isinstance(claim, Claim) and claim.id == "crosscheck"
     assert claim.title and claim.statement and claim.latex
-    assert set(claim.control_names) == {"elementwise_second_moment", "muon_newton_schulz"}
+    assert set(claim.control_names) == set(crosscheck.CONTROL_DESCRIPTIONS)
+    assert {"elementwise_second_moment", "muon_newton_schulz", "moments_in_storage_dtype", "bias_power_in_compute_dtype"} <= set(claim.control_names)
 
 
 def test_float64_crosscheck_passes_and_detects_its_controls(float64_result):
@@ -52,7 +53,7 @@ def test_float64_crosscheck_passes_and_detects_its_controls(float64_result):
     assert result.verdict == "pass", result.failures()
     names = {c.name for c in result.checks}
     assert {"frame", "first_moment", "second_moment", "P2_bitwise", "P2_bounded", "P4_left", "P4_right", "long_run_feasibility"} <= names
-    assert len(result.controls) == 2 and all(c.detected for c in result.controls)
+    assert len(result.controls) == len(crosscheck.CONTROL_DESCRIPTIONS) and all(c.detected for c in result.controls)
     assert result.frames >= 60
 
 
@@ -61,9 +62,11 @@ def test_result_is_jsonable_with_the_feasibility_figure(float64_result):
     assert data["symbolic"]["status"] == "not_applicable"
     figure = data["figures"]["long_run_feasibility"]
     assert len(figure["x"]) == len(figure["y"]) > 3 and figure["x"][-1] == SMALL.long_run_steps
-    assert {s["label"] for s in figure["series"]} == {"float64", "float32"}
+    assert {s["label"] for s in figure["series"]} == {f"{dtype} {kind}" for dtype in ("float64", "float32", "bfloat16")
+                                                      for kind in ("drift", "bound")}
     long_run = data["extra"]["long_run"]
     assert long_run["float32"]["steps"][-1] == SMALL.long_run_steps
+    assert all(drift <= bound for drift, bound in zip(long_run["bfloat16"]["feasibility_max"], long_run["bfloat16"]["bound_max"]))
     assert data["extra"]["torch"]["torch"] == torch.__version__
 
 

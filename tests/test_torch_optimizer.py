@@ -15,12 +15,12 @@ from propositions._common import rng_for  # noqa: E402
 from torch_impl import StiefelAdam, feasibility, functional, manifold_tolerance, stiefel_init_  # noqa: E402
 from propositions.kit.bounds import polar_svd  # noqa: E402
 from propositions.kit.step_analysis import polar_eigh, polar_newton_schulz  # noqa: E402
+from propositions.kit.kernel_bounds import kernel_inputs  # noqa: E402
 from propositions.crosscheck import (  # noqa: E402
     CONFIGS,
     _iterations,
     _kernel_rounding,
     reference_moment,
-    kernel_inputs,
     transport_roundoff,
     feasibility_bound,
     reference_quantities,
@@ -104,8 +104,8 @@ def test_newton_schulz_and_eigh_retractions_agree():
     kappa, u = math.sqrt(1.25), ref.UNIT_ROUNDOFF
     svd_bound = float(polar_svd(d=32, r=8, u_c=u, kappa=kappa))
     k = _iterations(CONFIGS["defaults"], torch.float64, 32, 8)
-    assert float(torch.linalg.matrix_norm(newton_schulz - svd).max()) <= svd_bound + float(polar_newton_schulz(d=32, r=8, u_c=u, kappa=kappa, k=k))
-    assert float(torch.linalg.matrix_norm(eigh - svd).max()) <= svd_bound + float(polar_eigh(d=32, r=8, u_c=u, kappa=kappa))
+    assert float(torch.linalg.matrix_norm(newton_schulz - svd).max()) <= svd_bound + float(polar_newton_schulz(d=32, r=8, u_c=u, kappa=kappa, k=k, e_k=u))
+    assert float(torch.linalg.matrix_norm(eigh - svd).max()) <= svd_bound + float(polar_eigh(d=32, r=8, u_c=u, u_e=u, u_M=0.0, kappa=kappa))
 
 
 def test_newton_schulz_iteration_counts_come_from_the_scalar_map():

@@ -46,8 +46,8 @@ S^(-1/2) is evaluated by one of two methods (``retraction_method``):
   error is rounding, O((d + r) u) as for eigh. Muon's tuned coefficients are *not* used: they only
   push singular values into a band and do not give a polar factor.
 * "eigh" (used otherwise, e.g. Delta = inf or Delta > 1, where the spectrum of S is unbounded):
-  S = Q diag(lambda) Q^T by a batched torch.linalg.eigh and S^(-1/2) = Q diag(lambda^-1/2) Q^T.
-  The orthogonality error of A S^(-1/2) is about cond(A)^2 u = (1 + ||xi||_2^2) u: fine for the
+  S = Q diag(lambda) Q^T by a batched torch.linalg.eigh and S^(-1/2) = Q diag(lambda^-1/2) Q^T, the
+  r x r eigenproblem solved in float64 for every storage dtype (EIGENSOLVER_DTYPE). The orthogonality error of A S^(-1/2) is about cond(A)^2 u = (1 + ||xi||_2^2) u: fine for the
   moderate steps that Adam takes (length about lr sqrt(d r)); for steps with ||xi||_2 >> 1, which
   only trust_radius = inf allows, it degrades as cond^2, and a finite trust radius is the remedy.
 """
@@ -98,6 +98,49 @@ def memoized(function):
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 storage computes in float64; float32 and bfloat16 (and float16) in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# beta^t and 1 - beta^t are formed in float64 whatever the storage: 1 - beta^t cancels, and beta
+# rounded to float32 alone moves 1 - beta2 by 216 u (beta2 = 0.999) to 22784 u (0.99999) relative
+BIAS_POWER_DTYPE = torch.float64
+
+# The eigh route's r x r eigenproblem is solved in float64 whatever the storage: it costs r^3 per
+# frame against the d r^2 of the Gram matrix, and the eigensolver's own rounding (its Householder
+# reflectors and up to 30 r^2 rotations) would otherwise dominate the retraction's error in float32
+EIGENSOLVER_DTYPE = torch.float64
+
+# The stages of docs/algorithm.md in the order the step evaluates them, by the names of the
+# certifier's rounding analysis; "bias_power" is beta^t and 1 - beta^t, "bias_correction" the
+# divisions m / (1 - beta1^t), v / (1 - beta2^t) that apply them; "retraction" the Gram matrix, the
+# Newton-Schulz iteration and A S^(-1/2), "eigensolver" the eigh route's r x r eigenproblem and
+# S^(-1/2) = V diag(lambda^-1/2) V^T.
+STAGES = ("decay", "projection", "first_moment", "mean_square", "second_moment", "bias_power",
+          "bias_correction", "square_root", "denominator", "direction", "trust_region", "step_sum", "retraction",
+          "eigensolver")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def declared_precision(dtype: torch.dtype) -> dict:
+    """How this kernel evaluates the step for frames stored in `dtype`, stage by stage: what the
+    certifier's rounding analysis holds it to (propositions/kit/precision.py reads it; a stage
+    evaluated more coarsely than declared fails the cross-check).
+
+    Returns {"storage": the dtype W and G are received in and W+ is returned in, "state": the dtype
+    of m and v as received and returned, "route": "gram" (the polar factor from the actual Gram
+    matrix: Newton-Schulz for trust_radius <= 1, eigh above), "stages": {stage: dtype}} with every
+    name of STAGES: the dtype that stage's operations round in. Every stage computes in
+    `compute_dtype(dtype)` except bias_power, formed in BIAS_POWER_DTYPE and rounded once to the
+    compute dtype where it is applied, and the eigensolver, in EIGENSOLVER_DTYPE with S^(-1/2)
+    rounded once to the compute dtype. Dtypes are named as torch names them ("float32").
+    """
+    work = _dtype_name(compute_dtype(dtype))
+    stages = {stage: work for stage in STAGES}
+    stages["bias_power"] = _dtype_name(BIAS_POWER_DTYPE)
+    stages["eigensolver"] = _dtype_name(EIGENSOLVER_DTYPE)
+    return {"storage": _dtype_name(dtype), "state": work, "route": "gram", "stages": stages}
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -171,12 +214,14 @@ def _inverse_sqrt_newton_schulz(S: torch.Tensor, trust_radius: float) -> torch.T
 
 
 def _inverse_sqrt_eigh(S: torch.Tensor) -> torch.Tensor:
-    # a frame whose step is not finite (a NaN gradient under skip_nonfinite) gives a non-finite S, on
-    # which LAPACK's eigh raises for the whole batch: it is decomposed as I instead and its result
-    # made NaN, so that the caller sees that frame, and only it, as not finite
+    """S^(-1/2) by the symmetric eigensolver in EIGENSOLVER_DTYPE, rounded back to S's dtype.
+
+    A frame whose step is not finite (a NaN gradient under skip_nonfinite) gives a non-finite S, on
+    which LAPACK's eigh raises for the whole batch: it is decomposed as I instead and its result
+    made NaN, so that the caller sees that frame, and only it, as not finite."""
     finite = torch.isfinite(S).all(dim=-1).all(dim=-1)[:, None, None]
-    eigenvalues, eigenvectors = torch.linalg.eigh(torch.where(finite, S, _identity_like(S)))
-    inverse_sqrt = (eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT
+    eigenvalues, eigenvectors = torch.linalg.eigh(torch.where(finite, S, _identity_like(S)).to(EIGENSOLVER_DTYPE))
+    inverse_sqrt = ((eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT).to(S.dtype)
     return torch.where(finite, inverse_sqrt, math.nan)
 
 
@@ -326,7 +371,10 @@ def gradient_norm_squared(
     route, at the price of the sixth product on every call.
     """
     d, r = W.shape[-2], W.shape[-1]
-    u = unit_roundoff(W.dtype)
+    # the route test compares rounding errors divided by u: a product u * (square) would underflow
+    # about 24 binades (float32) before the square itself does, and the test would then change with
+    # the gradient's scale where every quantity of the step is still a normal number
+    drift_per_u = drift / unit_roundoff(W.dtype)
     sigma = _sym(WtG)
     gradient_norm = torch.linalg.vector_norm(G_decayed, dim=(-2, -1))
     sigma_norm = torch.linalg.vector_norm(sigma, dim=(-2, -1))
@@ -335,16 +383,16 @@ def gradient_norm_squared(
     # every term of the route test is of degree 2 in G~ (no product of two squares, which underflows
     # for |log2 scale| > ~250), so the test, like the step, is exactly invariant under G~ -> 2^k G~
     cross = sigma_norm * gradient_norm
-    rounding = u * ((d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs())
-    explicit_error = u * (d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * identity.clamp(min=0).sqrt() * gradient_norm)
+    rounding = (d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity.abs()
+    explicit_error = d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * identity.clamp(min=0).sqrt() * gradient_norm
     # the route is chosen per frame, from that frame's quantities only: a frame's result must not
     # depend on the other frames of its batch (a shared decision made a frame at scale 2^-120
     # round differently when another frame of the batch had scale 2^-300)
-    identity_ok = rounding + drift * sigma_sq <= explicit_error
+    identity_ok = rounding + drift_per_u * sigma_sq <= explicit_error
     if sync_free:
         sharper = ~identity_ok & (rounding < explicit_error)
         sigma_squared_sq = _norm_of_square(sigma, sigma_norm)
-        identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
+        identity_ok = identity_ok | (sharper & (rounding + drift_per_u * sigma_squared_sq <= explicit_error))
         g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
         return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
     if bool(identity_ok.all()):
@@ -352,7 +400,7 @@ def gradient_norm_squared(
     sharper = ~identity_ok & (rounding < explicit_error)
     if bool(sharper.any()):
         sigma_squared_sq = _norm_of_square(sigma, sigma_norm)
-        identity_ok = identity_ok | (sharper & (rounding + drift * sigma_squared_sq <= explicit_error))
+        identity_ok = identity_ok | (sharper & (rounding + drift_per_u * sigma_squared_sq <= explicit_error))
         if bool(identity_ok.all()):
             return identity
     g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
@@ -373,8 +421,25 @@ def _norm_of_square(sigma: torch.Tensor, sigma_norm: torch.Tensor) -> torch.Tens
 
 
 def second_moment(v: torch.Tensor, g_squared: torch.Tensor, beta2: float, size: int) -> torch.Tensor:
-    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame (size = d r)."""
+    """Stage 4: beta2 v + (1 - beta2) ||g||^2 / (d r), one scalar per frame (size = d r), from ||g||^2."""
     return torch.add(v * beta2, g_squared, alpha=(1 - beta2) / size)
+
+
+def increment_scale(beta2: float, size: int) -> float:
+    """s = sqrt((1 - beta2) / size): the second moment's increment (1 - beta2) ||g||^2 / (d r) is ||s g||^2."""
+    return math.sqrt((1 - beta2) / size)
+
+
+def updated_second_moment(W, G_decayed, WtG, v, beta2: float, drift: float, sync_free: bool = False) -> torch.Tensor:
+    """Stage 4 as the step computes it: beta2 v + ||s g||^2 with s = increment_scale(beta2, d r), the
+    norm formed from s G~ and s W^T G~ (gradient_norm_squared). Scaling before squaring keeps every
+    square at the size of v itself: ||g||^2 alone overflows the compute dtype (float32: ||g|| > 2^64)
+    up to sqrt(d r / (1 - beta2)) times (6.5 binades at d r = 8, beta2 = 0.999) below the gradient
+    scale at which v does, and scaling by s commutes with scaling by 2^k, so P2 stays exact.
+    Shapes: W, G~ (B, d, r), WtG (B, r, r), v (B,); returns (B,)."""
+    scale = increment_scale(beta2, W.shape[-2] * W.shape[-1])
+    increment = gradient_norm_squared(W, G_decayed * scale, WtG * scale, drift, sync_free)
+    return torch.add(v * beta2, increment)
 
 
 def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> torch.Tensor:
@@ -401,7 +466,7 @@ def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> t
         lr = _float64_scalar(lr, v.device)
     if torch.is_tensor(step_count):
         work = v.dtype
-        count = step_count.to(device=v.device, dtype=torch.float64)
+        count = step_count.to(device=v.device, dtype=BIAS_POWER_DTYPE)
         # the operations of the int form, elementwise: `scalar / tensor` is torch's
         # reciprocal(tensor) * scalar, `tensor / scalar` a division in the compute dtype
         bias_correction2 = (1 - torch.pow(beta2, count)).to(work)
@@ -484,8 +549,7 @@ def stiefel_adam_step(
     G_c = decayed_gradient(W_c, _as_batch3(_in_dtype(G, work)), weight_decay)
     m_c, WtG = project_moment(W_c, G_c, _as_batch3(_in_dtype(m, work)), beta1)
     drift = frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method)
-    g_squared = gradient_norm_squared(W_c, G_c, WtG, drift, sync_free)
-    v_c = second_moment(_in_dtype(v, work).reshape(-1), g_squared, beta2, d * r)
+    v_c = updated_second_moment(W_c, G_c, WtG, _in_dtype(v, work).reshape(-1), beta2, drift, sync_free)
     step_count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
     coefficient = step_coefficient(m_c, v_c, step_count, lr, beta1, beta2, eps, trust_radius)
     W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)

@@ -121,6 +121,26 @@ def projection(d, r, u_c, X, X_err, W_err):
     """
 
 
+@stage("E_Pij", "u_c*G_abs + 2*gamma_n(d + r + 4, u_c)*M_abs")
+def projection_entrywise(d, r, u_c, G_abs, M_abs):
+    """Entrywise bound on |fl(P_W(G)) - (G - W sym(W^T G))| for a float frame W (no orthonormality
+    used: the exact formula at the float W), G_abs = |G| and M_abs = |W| sym(|W|^T |G|) entrywise,
+    in a dtype of unit roundoff u_c: fl(W^T G) errs by gamma_d |W|^T |G| entrywise, sym and the
+    halving by u_c |.|; fl(W S) by gamma_r |W| |S|; the final subtraction by u_c (|G| + |W S|). Every
+    term is at most (gamma_d + gamma_r + 4 u_c)(1 + gamma_d + u_c) M_abs + u_c |G|, doubled for the
+    dropped O(u_c^2) terms: u_c |G| + 2 gamma_{d + r + 4} M_abs. The projection stage is the same
+    count in the Frobenius norm at an orthonormal frame (|| |W| ||_F = sqrt(r), ||W||_2 = 1)."""
+
+
+def entrywise_projection_bound(W: np.ndarray, G: np.ndarray, u_c: float = u) -> np.ndarray:
+    """The projection_entrywise stage at frames W and matrices G (..., d, r), float64 arrays; shape of G."""
+    d, r = W.shape[-2], W.shape[-1]
+    absW = np.abs(W)
+    inner = np.swapaxes(absW, -1, -2) @ np.abs(G)
+    M_abs = absW @ (0.5 * (inner + np.swapaxes(inner, -1, -2)))
+    return np.asarray(projection_entrywise(d=d, r=r, u_c=u_c, G_abs=np.abs(G), M_abs=M_abs), dtype=np.float64)
+
+
 @stage("E_Gram", "gamma_n(d, u_c)*A**2")
 def gram(d, u_c, A):
     """Bound on ||fl(A^T A) - A^T A||_F for a d x r matrix A with ||A||_F <= A, in a dtype of unit

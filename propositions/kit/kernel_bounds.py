@@ -26,7 +26,8 @@ U64 = step_analysis.U64
 
 
 def step_error_bound(d, r, config, quantities, rounding: Rounding, inputs: InputErrors = InputErrors(), *, reference=True):
-    """Bounds per frame on ||W+ - W+_ref||_F, ||m+ - m+_ref||_F and |v+ - v+_ref| of a kernel step.
+    """Bounds per frame on ||W+ - W+_ref||_F, ||m+ - m+_ref||_F, |v+ - v+_ref| and, for stage 3's m
+(before its transport, as the kernel returns it), ||m - m_ref||_F ("moment") of a kernel step.
 
     The kernel's evaluation (unit roundoffs and route of `rounding`, at an input within `inputs` of
     the reference's: its storage rounding, the transport it performs itself) is within
@@ -40,10 +41,10 @@ def step_error_bound(d, r, config, quantities, rounding: Rounding, inputs: Input
     """
     norms = _step_norms(quantities, r)
     kernel = step_error(d, r, config, norms, rounding, inputs)
-    total = {"W": kernel.W, "m": kernel.m_plus, "v": kernel.v}
+    total = {"W": kernel.W, "m": kernel.m_plus, "v": kernel.v, "moment": kernel.m}
     if reference:
         own = step_error(d, r, config, norms, Rounding(u_c=U64, route="svd"))
-        total = {"W": total["W"] + own.W, "m": total["m"] + own.m_plus, "v": total["v"] + own.v}
+        total = {"W": total["W"] + own.W, "m": total["m"] + own.m_plus, "v": total["v"] + own.v, "moment": total["moment"] + own.m}
     tiny = np.finfo(np.float64).tiny
     with np.errstate(invalid="ignore", divide="ignore"):
         kappa = quantities["A_2"] / (quantities["sigma_min"] - kernel.A)
@@ -51,6 +52,7 @@ def step_error_bound(d, r, config, quantities, rounding: Rounding, inputs: Input
         "W": np.where(kernel.well_posed, total["W"], np.inf),
         "m": np.maximum(np.where(kernel.well_posed, total["m"], np.inf), tiny),
         "v": np.maximum(total["v"], tiny),
+        "moment": np.maximum(total["moment"], tiny),
         "e_ret": step_analysis.retraction_error(d, r, rounding, kappa, config.trust_radius),
         "well_posed": kernel.well_posed,
     }
@@ -67,7 +69,7 @@ def kernel_inputs(rounding: Rounding, r: int, q: dict, moment_error) -> InputErr
 def reference_moment(W, G, state, config):
     """Stage 3's m of the reference step (before its transport): beta1 m + (1 - beta1) P_W(G~)."""
     beta1 = config.betas[0]
-    return beta1 * state.m + (1 - beta1) * ref.project_tangent(W, G + config.weight_decay * W)
+    return beta1 * state.m + (1 - beta1) * ref.project_tangent(W, G + config.weight_decay * W, validate=False)
 
 
 def transport_roundoff(d, r, u_c, moment_in):

@@ -76,7 +76,9 @@ class AdaptedVariant(Variant):
     whether init/step return a readable StiefelAdamState; dtype: the storage dtype of its frames
     (float64, float32 or bfloat16: the claims' bounds take its unit roundoffs, kit/precision.py);
     compute_dtype: the dtype it computes in (None: float64 for float64, else float32); route: its
-    declared retraction (kit/precision.ROUTES, "any" when not declared); ignored: hyper-parameters of
+    declared retraction (kit/precision.ROUTES, "any" when not declared); declaration: the precision of
+    each stage as its package declares it (torch_impl.functional.declared_precision), or None;
+    ignored: hyper-parameters of
     StiefelAdamConfig the implementation does not take (e.g. trust_radius for an optimizer without a
     trust region).
     """
@@ -88,6 +90,7 @@ class AdaptedVariant(Variant):
     route: str = "any"
     ignored: tuple[str, ...] = ()
     torch_factory: object = None  # a torch optimizer's builder (propositions.bookkeeping.TorchFactory)
+    declaration: object = None  # its stage-by-stage precision, where its package declares one (kit/precision.Precision.declared)
 
 
 def state_observable(optimizer) -> bool:

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .step_analysis import COMPUTE_DTYPES, NEWTON_SCHULZ_MAX_TRUST_RADIUS, UNIT_ROUNDOFFS, InputErrors, Rounding
-from .step_analysis import StepNorms, frame_drift_bound, newton_schulz_iterations, reference_quantities, step_error
+from .step_analysis import StepNorms, declared_rounding, frame_drift_bound, newton_schulz_iterations, reference_quantities
+from .step_analysis import step_error
 
 # the longest sum n of a first-order formula must keep n u at most this (module docstring)
 FIRST_ORDER_LIMIT = 1 / 16
@@ -61,18 +62,37 @@ class PrecisionTooCoarse(ValueError):
 
 @dataclass(frozen=True)
 class Precision:
-    """The storage and compute dtypes of the optimizer under test (module docstring)."""
+    """The storage and compute dtypes of the optimizer under test (module docstring). stages: the
+    (stage, dtype) pairs of an implementation that declares how it evaluates each stage (the form of
+    torch_impl.functional.declared_precision, step_analysis.declared_rounding), with state the dtype
+    of its m and v; the analysis then holds it to exactly that. Without them every stage is taken at
+    u_c (the generic analysis: beta^t formed in the compute dtype too)."""
 
     storage: str = "float64"
     compute: str = "float64"
     route: str = "any"
+    stages: tuple = ()
+    state: str | None = None
 
     def __post_init__(self):
-        for dtype in (self.storage, self.compute):
+        for dtype in (self.storage, self.compute, *(dtype for _, dtype in self.stages), self.state or "float64"):
             if dtype not in UNIT_ROUNDOFFS:
                 raise ValueError(f"dtype must be one of {', '.join(UNIT_ROUNDOFFS)}, got {dtype!r}")
         if self.route not in ROUTES:
             raise ValueError(f"retraction route must be one of {', '.join(ROUTES)}, got {self.route!r}")
+
+    @classmethod
+    def declared(cls, declaration) -> "Precision":
+        """The Precision of an implementation's stage-by-stage declaration ({"storage", "state", "route",
+        "stages"}, or its frozen_declaration); its compute dtype is that of its retraction stage."""
+        declaration = {key: dict(value) if key == "stages" else value for key, value in dict(declaration).items()}
+        stages = tuple(sorted(declaration["stages"].items()))
+        compute = declaration["stages"].get("retraction", declaration["state"])
+        return cls(declaration["storage"], compute, declaration["route"], stages, declaration["state"])
+
+    @property
+    def is_declared(self) -> bool:
+        return bool(self.stages)
 
     @property
     def u_s(self) -> float:
@@ -102,7 +122,12 @@ class Precision:
         return nu / (1 - nu)
 
     def rounding(self, trust_radius: float, d: int, r: int) -> Rounding:
-        """step_analysis.Rounding of one evaluation by the optimizer under test, on its declared route."""
+        """step_analysis.Rounding of one evaluation by the optimizer under test, on its declared route
+        (and at its declared stage precisions, where it declares them)."""
+        if self.is_declared:
+            declaration = {"storage": self.storage, "state": self.state or self.compute, "route": self.route,
+                           "stages": dict(self.stages)}
+            return declared_rounding(declaration, trust_radius, d, r)
         u_state = 0.0 if self.storage == "float64" else self.u_c
         if self.route == "gram" and 0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS:
             drift = frame_drift_bound(d, r, max(self.u_s, self.u_c), self.u_c, trust_radius)
@@ -114,7 +139,9 @@ class Precision:
     def storage_inputs(self, W_norm, m_norm=0.0, v=0.0, m_error=0.0, v_error=0.0) -> InputErrors:
         """step_analysis.InputErrors of inputs rounded to storage (frame W, the gradient, the moments
         handed to it), on top of errors m_error, v_error the moments already carry."""
-        u_s, u_state = self.u_s, (0.0 if self.storage == "float64" else self.u_c)
+        u_s = self.u_s
+        state = self.state or self.compute
+        u_state = 0.0 if self.storage == "float64" and state == "float64" else UNIT_ROUNDOFFS[state]
         return InputErrors(W=u_s * np.asarray(W_norm, dtype=np.float64), G_rel=u_s,
                            m=m_error + u_state * np.asarray(m_norm, dtype=np.float64),
                            v=v_error + u_state * np.asarray(v, dtype=np.float64))
@@ -129,8 +156,12 @@ class Precision:
 
     def describe(self) -> dict:
         """What the certificate records: the dtypes and the unit roundoffs its bounds used."""
-        return {"storage": self.storage, "compute": self.compute, "u_s": self.u_s, "u_c": self.u_c, "u": self.u,
-                "retraction_route": self.route, "gradient_scale_decades": self.scale_decades}
+        described = {"storage": self.storage, "compute": self.compute, "u_s": self.u_s, "u_c": self.u_c, "u": self.u,
+                     "retraction_route": self.route, "gradient_scale_decades": self.scale_decades}
+        if self.is_declared:
+            described["declared_stages"] = dict(self.stages)
+            described["state"] = self.state or self.compute
+        return described
 
     def text(self) -> str:
         if self.is_float64:
@@ -142,12 +173,23 @@ class Precision:
 FLOAT64 = Precision()
 
 
+def frozen_declaration(declaration: dict) -> tuple:
+    """A stage-by-stage declaration ({"storage", "state", "route", "stages": {stage: dtype}}) as nested
+    sorted tuples, hashable, so that an implementation's description can carry it; Precision.declared
+    takes either form."""
+    return tuple(sorted((key, tuple(sorted(value.items())) if isinstance(value, dict) else value)
+                        for key, value in declaration.items()))
+
+
 def of(optimizer) -> Precision:
     """The Precision of an optimizer under test: a reference_impl variant name (float64), or an adapted
     implementation with `dtype` (storage) and optionally `compute_dtype` and `route` (its declared
-    retraction, certify/adapters.py)."""
+    retraction, certify/adapters.py), or `declaration` (its stage-by-stage declaration, Precision.declared)."""
     if isinstance(optimizer, str):
         return FLOAT64
+    declaration = getattr(optimizer, "declaration", None)
+    if declaration:
+        return Precision.declared(declaration)
     storage = getattr(optimizer, "dtype", "float64") or "float64"
     compute = getattr(optimizer, "compute_dtype", None) or COMPUTE_DTYPES[storage]
     return Precision(storage, compute, getattr(optimizer, "route", None) or "any")

@@ -19,7 +19,7 @@ from reference_impl.adam import StiefelAdamConfig, frobenius
 from reference_impl.controls import get_variant
 from reference_impl.manifold import project_tangent
 
-from .common import batch_chunks, chunk_sizes, u
+from .common import NumericalCheck, batch_chunks, chunk_sizes, u
 from . import precision as precisions
 from .bounds import gram
 from .step_analysis import InputErrors, Rounding, StepNorms, step_error, step_error_text
@@ -62,7 +62,7 @@ def exact_step_norms(norms: dict, t: int, r: int, trust_radius: float, scale=1.0
 
 def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamConfig, *, scale=1.0,
                               input_relative_error=0.0, initial_distance=0.0,
-                              precision: precisions.Precision = precisions.FLOAT64) -> dict:
+                              precision: precisions.Precision = precisions.FLOAT64, rounding: Rounding | None = None) -> dict:
     """Running first-order bound on the distance of a float64 StiefelAdam trajectory to the exact one.
 
     norms: from `record_trajectory` (arrays of shape (T, n) from the float64 run with scale 1):
@@ -90,6 +90,8 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
     is bounded at its unit roundoffs (precision.rounding: u_c, u_W = u_s, its declared route), its
     gradients rounded to storage (u_s more relative input error), its start W_0 too (u_s sqrt(r) more
     initial distance); the moments it stores are rounded in its compute dtype, which u_c covers.
+    rounding: another evaluation's unit roundoffs and route (the mpmath twin's, replay_pair), in place
+    of float64's.
     """
     steps, count = norms["G_norm"].shape
     a = np.broadcast_to(np.asarray(initial_distance, dtype=np.float64), (count,)).copy()
@@ -97,11 +99,11 @@ def trajectory_rounding_bound(norms: dict, d: int, r: int, config: StiefelAdamCo
     b_v = np.zeros(count)
     scale = np.asarray(scale, dtype=np.float64)
     bounds = {"W": np.zeros((steps, count)), "m": np.zeros((steps, count)), "v": np.zeros((steps, count))}
-    rounding = Rounding(u_c=u, route="svd")
-    if not precision.is_float64:
+    if rounding is None and not precision.is_float64:
         rounding = precision.rounding(config.trust_radius, d, r)
         input_relative_error = input_relative_error + precision.u_s
         a = a + precision.u_s * math.sqrt(r)
+    rounding = Rounding(u_c=u, route="svd") if rounding is None else rounding
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for t in range(steps):
             q = exact_step_norms(norms, t, r, config.trust_radius, scale)
@@ -213,3 +215,77 @@ def initial_distance_to_manifold(W0):
     gram_matrix = np.swapaxes(W0, -1, -2) @ W0
     defect = np.linalg.norm(gram_matrix - np.eye(r), axis=(-2, -1))
     return defect * (1 + 2 * u) + gram(d=d, u_c=u, A=frobenius(W0))
+
+
+# --------------------------------------------------------------------------------------------
+# A frame whose float64 bound is vacuous, replayed at higher precision
+# --------------------------------------------------------------------------------------------
+
+
+def highprec_unit_roundoff(dps: int) -> float:
+    """The unit roundoff 2^-prec of mpmath at dps decimal digits (prec its binary precision)."""
+    import mpmath
+
+    context = mpmath.mp.clone()
+    context.dps = dps
+    return 2.0 ** -context.prec
+
+
+def replay_pair(W0: np.ndarray, gradients: np.ndarray, config: StiefelAdamConfig, dps: int, moves, output_rounding: float = 0.0):
+    """One frame's two trajectories at dps digits against the claim's running bound at that precision,
+    for a frame whose float64 bound is vacuous (the amplification of the step carries float64's
+    rounding past 2 sqrt(r); at 10^-dps it does not).
+
+    W0 (d, r) and gradients (T, d, r) are float64. The plain run starts from polar(W0) at dps digits
+    (an exact frame) with the gradients G_t; the moved run from move_inputs(W, [G_t]) of the same
+    exact values, formed at dps digits (P2: c G_t; P4: Q W, Q G_t); moves(ctx) returns (move_inputs,
+    move_output) for the mpmath context ctx (highprec.context(dps)) whose matrices they take and return.
+    Both follow reference_impl.highprec.trajectory_mp; their exact trajectories satisfy
+    move_output(W_t) = W'_t exactly. Returns (residual (T,), bound (T,)): ||move_output(W_t) - W'_t||_F
+    and the sum of the two runs' trajectory_rounding_bound at the twin's unit roundoff (the eigh route:
+    its polar factor comes from mpmath's symmetric eigensolver, which iterates to its working
+    precision; taken with LAPACK's counts, 30 r sweeps) from their own norms, plus output_rounding
+    times sqrt(r) for forming move_output(W_t) at dps digits."""
+    from reference_impl import highprec
+
+    d, r = W0.shape
+    ctx = highprec.context(dps)
+    start = highprec.polar_mp(highprec.to_mp(W0, ctx), ctx=ctx)
+    exact_gradients = [highprec.to_mp(G, ctx) for G in gradients]
+    plain = highprec.trajectory_mp(start, exact_gradients, config, ctx)
+    move_inputs, move_output = moves(ctx)
+    start, moved_gradients = move_inputs(start, exact_gradients)
+    moved = highprec.trajectory_mp(start, moved_gradients, config, ctx)
+    rounding = Rounding(u_c=highprec_unit_roundoff(dps), route="eigh")
+    bound = np.zeros(len(gradients))
+    for run in (plain, moved):
+        norms = {key: np.array([[step.norms[key]] for step in run]) for key in run[0].norms}
+        bound += trajectory_rounding_bound(norms, d, r, config, rounding=rounding)["W"][:, 0]
+    residual = np.array([float(highprec.frobenius_mp(move_output(a.W) - b.W, ctx)) for a, b in zip(plain, moved)])
+    return residual, bound + output_rounding * math.sqrt(r)
+
+
+REPLAY_TEXT = ("the two trajectories of a frame whose float64 bound is vacuous, replayed by reference_impl.highprec.trajectory_mp "
+               "at the profile's mp_dps digits from the exact frame polar(W0) with the moved inputs formed exactly (replay_pair); "
+               "bound: the sum of the two runs' running bounds at mpmath's unit roundoff 2^-prec (the eigh route), from their "
+               "own norms, plus the rounding of the output's map")
+
+
+def replayed_check(label: str) -> NumericalCheck:
+    """The check of the frames of `label` replayed at higher precision (replay_vacuous)."""
+    return NumericalCheck(f"{label}_replayed", f"max over t of the {label} residual at mp_dps digits, for each frame whose "
+                          "float64 bound reaches 2 sqrt(r) (vacuous)", REPLAY_TEXT)
+
+
+def replay_vacuous(check: NumericalCheck, frames, W0, gradients, config, dps: int, moves_of, key, seed, output_rounding=0.0,
+                   extra_of=None) -> int:
+    """replay_pair for each frame index in `frames` (W0 (n, d, r), gradients (T, n, d, r)); the worst
+    step's residual and bound added to `check`. moves_of(i): the frame's `moves`; extra_of(i): what
+    the certificate records of it. Returns the number of frames replayed."""
+    d, r = W0.shape[-2], W0.shape[-1]
+    for i in frames:
+        residual, bound = replay_pair(W0[i], gradients[:, i], config, dps, moves_of(i), output_rounding)
+        t = int(np.argmax(residual / bound))
+        check.add(residual[t:t + 1], bound[t:t + 1], shape=(d, r), key=key, seed=seed,
+                  extra={"frame": int(i), "step": t + 1, "dps": dps, **(extra_of(i) if extra_of else {})})
+    return len(frames)
