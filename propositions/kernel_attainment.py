@@ -174,10 +174,14 @@ def trust_region_search(rng, dtype, d, r, count):
 
 
 def _steps_at(rng, dtype, d, r, count, trust_radius):
-    """Frames (stored in dtype) and tangent steps of length up to the trust radius (or 1.5 for
-    inf), and A = W + xi as the compute dtype holds it."""
+    """Frames (stored in dtype) and steps of length up to the trust radius (or 1.5 for inf),
+    tangent for half of them and in any direction for the others (the noise-driven step of a
+    gradient normal up to rounding, whose spectrum the Newton-Schulz route must hold too), and
+    A = W + xi as the compute dtype holds it."""
     W = stored(ref.random_point(d, r, rng, (count,)), dtype)
-    xi = _project(W, rng.standard_normal(W.shape))
+    direction = rng.standard_normal(W.shape)
+    tangent = np.arange(count)[:, None, None] % 2 == 0
+    xi = np.where(tangent, _project(W, direction), direction)
     length = min(trust_radius, 1.5) * rng.uniform(0.0, 1.0, (count, 1, 1))
     A = stored(W + xi * length / _frobenius(xi)[:, None, None], state_dtype(dtype))
     return W, A

@@ -35,17 +35,20 @@ S^(-1/2) is evaluated by one of two methods (``retraction_method``):
   polar iteration X <- X (15/8 I - 5/4 X^T X + 3/8 (X^T X)^2), started at X_0 = A / sqrt(c), run on
   the r x r factor M with X_k = A M_k (so X_k^T X_k = M_k S M_k): matmuls only, fast on GPUs where
   batched eigh is slow, and about twice as fast as eigh on CPU at r = 128. It converges only in a
-  basin, and the trust region puts S there: for tangent xi with ||xi|| <= Delta,
-  S = I + xi^T xi, so every eigenvalue of S lies in [1, 1 + Delta^2] (P3(b), docs/claims.md). With
-  c = 1 + Delta^2 / 2 the eigenvalues x of S / c satisfy |1 - x| <= Delta^2 / (2 + Delta^2)
-  (= 1/9 at Delta = 0.5). One iteration maps x to x p(x)^2 with 1 - x p(x)^2 = 5/8 (1 - x)^3 +
-  O((1 - x)^4), so the error cubes each time; `newton_schulz_iterations` iterates this scalar map
-  exactly from the two ends of the interval (widened by a drift allowance) and returns the first
-  count that brings |1 - x| below the compute dtype's unit roundoff: at Delta = 0.5, 3 iterations in
-  float64 and 2 in float32 (the third, for float64, takes 8.6e-4 -> 4e-10 -> 4e-29). The remaining
-  error is rounding, O((d + r) u) as for eigh. Muon's tuned coefficients are *not* used: they only
+  basin, and the trust region puts S there: for tangent xi with ||xi|| <= Delta, S = I + xi^T xi
+  has its spectrum in [1, 1 + Delta^2] (P3(b), docs/claims.md); but a step is tangent only up to the
+  rounding of its projection, which for a gradient that is normal up to rounding at eps = 0 (the
+  noise-driven step) is all of it, so the basin is taken for any xi with ||xi||_F <= Delta:
+  singular values of A in [sqrt(1 - a) - Delta, sqrt(1 + a) + Delta] (`newton_schulz_interval`, a the
+  drift allowance), c the middle of the squared interval. One iteration maps x to x p(x)^2 with
+  1 - x p(x)^2 = 5/8 (1 - x)^3 + O((1 - x)^4), so the error cubes each time;
+  `newton_schulz_iterations` iterates this scalar map exactly from the two ends of the interval and
+  returns the first count that brings |1 - x| below the compute dtype's unit roundoff: at
+  Delta = 0.5, 5 iterations in float64 and 4 in float32 (on the tangent interval alone 3 and 2 had
+  sufficed, and a noise-driven step left its frame off St by up to 1e-5 in float64). Delta <= 0.75
+  keeps the count at most 6. The remaining error is rounding, O((d + r) u) as for eigh. Muon's tuned coefficients are *not* used: they only
   push singular values into a band and do not give a polar factor.
-* "eigh" (used otherwise, e.g. Delta = inf or Delta > 1, where the spectrum of S is unbounded):
+* "eigh" (used otherwise, e.g. Delta = inf or Delta > 0.75, where the spectrum of S is unbounded):
   S = Q diag(lambda) Q^T by a batched torch.linalg.eigh and S^(-1/2) = Q diag(lambda^-1/2) Q^T, the
   r x r eigenproblem solved in float64 for every storage dtype (EIGENSOLVER_DTYPE). The orthogonality error of A S^(-1/2) is about cond(A)^2 u = (1 + ||xi||_2^2) u: fine for the
   moderate steps that Adam takes (length about lr sqrt(d r)); for steps with ||xi||_2 >> 1, which
@@ -59,7 +62,7 @@ import math
 
 import torch
 
-NEWTON_SCHULZ_MAX_TRUST_RADIUS = 1.0
+NEWTON_SCHULZ_MAX_TRUST_RADIUS = 0.75
 
 # Quintic polar iteration X <- X (a I + b X^T X + c (X^T X)^2): the coefficients of the Taylor
 # polynomial of (X^T X)^(-1/2) about I to second order, p(x) = 15/8 - 5/4 x + 3/8 x^2, which makes
@@ -130,7 +133,7 @@ def declared_precision(dtype: torch.dtype) -> dict:
 
     Returns {"storage": the dtype W and G are received in and W+ is returned in, "state": the dtype
     of m and v as received and returned, "route": "gram" (the polar factor from the actual Gram
-    matrix: Newton-Schulz for trust_radius <= 1, eigh above), "stages": {stage: dtype}} with every
+    matrix: Newton-Schulz for trust_radius <= 0.75, eigh above), "stages": {stage: dtype}} with every
     name of STAGES: the dtype that stage's operations round in. Every stage computes in
     `compute_dtype(dtype)` except bias_power, formed in BIAS_POWER_DTYPE and rounded once to the
     compute dtype where it is applied, and the eigensolver, in EIGENSOLVER_DTYPE with S^(-1/2)
@@ -161,9 +164,10 @@ def newton_schulz_iterations(trust_radius: float, dtype: torch.dtype) -> int:
             f"trust_radius must satisfy 0 < trust_radius <= {NEWTON_SCHULZ_MAX_TRUST_RADIUS} for the "
             f"Newton-Schulz retraction, got {trust_radius!r}"
         )
-    scale = 1.0 + trust_radius**2 / 2.0
+    low, high = newton_schulz_interval(trust_radius)
+    scale = (low + high) / 2.0
     # deviations delta = 1 - x at the two ends of the interval of eigenvalues of S / c
-    deviations = [1.0 - (1.0 - DRIFT_ALLOWANCE) / scale, (1.0 + trust_radius**2 + DRIFT_ALLOWANCE) / scale - 1.0]
+    deviations = [1.0 - low / scale, high / scale - 1.0]
     target = unit_roundoff(dtype)
     for iterations in range(1, 16):
         # 1 - x p(x)^2 at x = 1 - delta, expanded exactly (no cancellation in floating point):
@@ -172,6 +176,23 @@ def newton_schulz_iterations(trust_radius: float, dtype: torch.dtype) -> int:
         if max(abs(e) for e in deviations) <= target:
             return iterations
     raise AssertionError("the quintic iteration failed to converge inside its basin")  # unreachable
+
+
+def newton_schulz_interval(trust_radius: float) -> tuple[float, float]:
+    """[low, high], an interval that holds every eigenvalue of S = A^T A for A = W + xi with
+    ||xi||_F <= Delta in any direction and ||W^T W - I||_2 <= DRIFT_ALLOWANCE: by Weyl the singular
+    values of A lie in [sqrt(1 - a) - Delta, sqrt(1 + a) + Delta]. Any direction, not only tangent
+    ones: a step is tangent only up to the rounding of its projection, and for a gradient that is
+    normal up to rounding at eps = 0 (the noise-driven step, docs/algorithm.md#pitfalls) that rounding
+    is all of it, a full-length step half normal; on the tangent interval [1, 1 + Delta^2] alone the
+    iteration then stopped short and left such a frame off St(d, r) by up to 1e-5 in float64."""
+    return (math.sqrt(1.0 - DRIFT_ALLOWANCE) - trust_radius) ** 2, (math.sqrt(1.0 + DRIFT_ALLOWANCE) + trust_radius) ** 2
+
+
+def newton_schulz_scale(trust_radius: float) -> float:
+    """c of the first iterate X_0 = A / sqrt(c): the middle of newton_schulz_interval."""
+    low, high = newton_schulz_interval(trust_radius)
+    return (low + high) / 2.0
 
 
 @memoized
@@ -196,9 +217,9 @@ def _scaled_identity(value: float, r: int, dtype: torch.dtype, device: torch.dev
 
 
 def _inverse_sqrt_newton_schulz(S: torch.Tensor, trust_radius: float) -> torch.Tensor:
-    """M ~ S^(-1/2) for Gram matrices S (B, r, r) with spectrum in [1, 1 + Delta^2]."""
+    """M ~ S^(-1/2) for Gram matrices S (B, r, r) with spectrum in newton_schulz_interval(Delta)."""
     a, b, c = QUINTIC_COEFFICIENTS
-    scale = 1.0 + trust_radius**2 / 2.0
+    scale = newton_schulz_scale(trust_radius)
     a_identity = _scaled_identity(a, S.shape[-1], S.dtype, S.device)  # broadcast over the batch
     # the first iterate X_0 = A / sqrt(c) is M_0 = I / sqrt(c): start from its closed form
     XtX = S / scale
@@ -237,7 +258,7 @@ def _as_batch3(x: torch.Tensor) -> torch.Tensor:
 def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, method: str = "auto") -> torch.Tensor:
     """polar(W + xi) from the actual Gram matrix, shape (..., d, r), dtype of W (float32/float64).
 
-    method "auto" picks Newton-Schulz when trust_radius <= 1 (the step must then satisfy
+    method "auto" picks Newton-Schulz when trust_radius <= 0.75 (the step must then satisfy
     ||xi||_F <= trust_radius, as the optimizer guarantees) and eigh otherwise.
     """
     if resolve_retraction(method, trust_radius) == "newton_schulz":
@@ -330,8 +351,10 @@ def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, m
     W = fl_s(fl(A M)) with S = A^T A, M ~ S^(-1/2). fl(S) errs by gamma_d |A|^T |A|, of Frobenius
     norm <= d u ||A||_F^2 <= d (r + Delta^2) u, and ||M||_2 <= 1 (S >= I up to drift), so
     M fl(S) M - I moves by at most that; the Newton-Schulz iterate leaves |1 - x| <= u per
-    eigenvalue (sqrt(r) u) and its r x r products (4 k + 3) r^1.5 u (the count of e_ret in the
-    cross-check's step_error_bound, plus one); the product A M (length-r inner products) errs by
+    eigenvalue (sqrt(r) u) and the r x r products of its last iteration 7 r^1.5 u: each iteration
+    forms the Gram matrix of its own iterate and corrects it, so the earlier iterations' rounding
+    does not stay in the defect (the distance to the polar factor is another matter: it does, and
+    the certifier counts it there); the product A M (length-r inner products) errs by
     r u || |A| |M| ||_F <= r u ||A||_F <= r^1.5 kappa u, which moves W^T W by twice that; storing W
     in a dtype of unit roundoff u_s adds 2 sqrt(r) u_s (||E||_F <= u_s ||W||_F). First order in u.
     """
@@ -340,8 +363,7 @@ def frame_drift_bound(d: int, r: int, dtype: torch.dtype, trust_radius: float, m
     work = compute_dtype(dtype)
     u_c, u_s = unit_roundoff(work), unit_roundoff(dtype)
     kappa = math.sqrt(1.0 + trust_radius**2)
-    k = newton_schulz_iterations(trust_radius, work)
-    return (d * (r + trust_radius**2) + (2 * kappa + 4 * k + 3) * r**1.5 + math.sqrt(r)) * u_c + 2 * math.sqrt(r) * u_s
+    return (d * (r + trust_radius**2) + (2 * kappa + 7) * r**1.5 + math.sqrt(r)) * u_c + 2 * math.sqrt(r) * u_s
 
 
 def gradient_norm_squared(

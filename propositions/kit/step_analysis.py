@@ -137,7 +137,7 @@ def step_sum(u_c, A, W_err, xi_err):
 # --------------------------------------------------------------------------------------------
 
 
-@stage("E_NS", "r*kappa**2*gamma_n(d, u_c)/2 + (7*k + 1)*r*gamma_n(r, u_c)*kappa + sqrt(r)*e_k")
+@stage("E_NS", "r*kappa**2*gamma_n(d, u_c)/2 + (7*(1 + (k - 1)*Min(r - 1, 1)) + 1)*r*gamma_n(r, u_c)*kappa + sqrt(r)*e_k")
 def polar_newton_schulz(d, r, u_c, kappa, k, e_k):
     """Bound on ||fl(A M) - polar(A)||_F for the Gram route with k quintic Newton-Schulz iterations
     (torch_impl's retraction for Delta <= 1), A d x r with sigma_max / sigma_min <= kappa. With
@@ -151,9 +151,11 @@ def polar_newton_schulz(d, r, u_c, kappa, k, e_k):
         each length-r product errs by gamma_r ||X||_F ||Y||_F, r gamma_r relative to the spectral
         norms (about 1 for S / c and 1 / sigma_min for M), and the polynomial's derivative (at most
         5/4 + 3/4 |x| <= 2 on the basin) doubles the error of X^T X: at most 7 r gamma_r per
-        iteration relative to ||M||_2, all k counted (no credit taken for the iteration's
-        self-correction); the final A M adds r gamma_r; through ||A||_2 <= sigma_max these are
-        (7 k + 1) r gamma_r kappa;
+        iteration relative to ||M||_2, all k counted for r >= 2 (a rounding error of M moves the
+        polar factor of A M through its skew part, which later iterations do not undo); for r = 1 the
+        iterates A M_j are positive multiples of A, whose polar factor A / ||A|| no rounding of the
+        scalar M_j moves, and only the last iteration's rounding of the length remains; the final A M
+        adds r gamma_r; through ||A||_2 <= sigma_max these are (7 (1 + (k - 1) [r > 1]) + 1) r gamma_r kappa;
       * after k iterations every eigenvalue x of M S M is within e_k of 1 (newton_schulz_residual,
         from A's spectrum where it is known; u_c where only the trust region's interval is, the
         target newton_schulz_iterations reaches), so S^(1/2) M has singular values within e_k / 2
@@ -197,21 +199,34 @@ def storage_cast(r, u_s):
 # Derived on the certifier's side: iteration count and frame drift
 # --------------------------------------------------------------------------------------------
 
-NEWTON_SCHULZ_MAX_TRUST_RADIUS = 1.0
+NEWTON_SCHULZ_MAX_TRUST_RADIUS = 0.75
+# The kernel's starting scale c is the middle of the squared singular value interval of A = W + xi
+# for any xi with ||xi||_F <= Delta and a frame within its drift allowance a = 1e-2 (docs/algorithm.md,
+# the PyTorch kernel): part of its algorithm, restated here, not read from it.
+KERNEL_DRIFT_ALLOWANCE = 1e-2
+
+
+def newton_schulz_scale(trust_radius: float) -> float:
+    """c of the kernel's first iterate X_0 = A / sqrt(c): ((sqrt(1 - a) - Delta)^2 + (sqrt(1 + a) + Delta)^2) / 2."""
+    a = KERNEL_DRIFT_ALLOWANCE
+    return ((math.sqrt(1.0 - a) - trust_radius) ** 2 + (math.sqrt(1.0 + a) + trust_radius) ** 2) / 2.0
 
 
 def newton_schulz_iterations(trust_radius: float, u_c: float, drift: float = 0.0) -> int:
     """Quintic Newton-Schulz iterations X <- X (15/8 - 5/4 X^T X + 3/8 (X^T X)^2) that bring every
-    eigenvalue of X^T X within u_c of 1, started at X_0 = A / sqrt(c), c = 1 + Delta^2 / 2, for
-    A = W + xi with ||xi|| <= Delta and ||W^T W - I|| <= drift.
+    eigenvalue of X^T X within u_c of 1, started at X_0 = A / sqrt(c), c = newton_schulz_scale(Delta),
+    for A = W + xi with ||xi||_F <= Delta in any direction and ||W^T W - I|| <= drift.
 
-    The eigenvalues of S = A^T A lie in [1 - drift, 1 + Delta^2 + drift] (P3(b), Weyl), those of S / c
-    within delta_0 of 1; one iteration maps 1 - x to 5/8 e^3 + 15/64 e^4 + 9/64 e^5 (e = 1 - x, the
-    polynomial expanded exactly). Iterated from both ends of the interval until below u_c."""
+    The singular values of A lie in [sqrt(1 - drift) - Delta, sqrt(1 + drift) + Delta] (Weyl), the
+    eigenvalues of S = A^T A in their squares, those of S / c within delta_0 of 1; one iteration maps
+    1 - x to 5/8 e^3 + 15/64 e^4 + 9/64 e^5 (e = 1 - x, the polynomial expanded exactly). Iterated from
+    both ends of the interval until below u_c. Any direction, since a step is tangent only up to the
+    rounding of its projection (all of it, for the noise-driven step of a gradient normal up to rounding)."""
     if not (0 < trust_radius <= NEWTON_SCHULZ_MAX_TRUST_RADIUS):
-        raise ValueError(f"the Newton-Schulz route needs 0 < trust_radius <= 1, got {trust_radius!r}")
-    scale = 1.0 + trust_radius**2 / 2.0
-    deviations = [1.0 - (1.0 - drift) / scale, (1.0 + trust_radius**2 + drift) / scale - 1.0]
+        raise ValueError(f"the Newton-Schulz route needs 0 < trust_radius <= {NEWTON_SCHULZ_MAX_TRUST_RADIUS}, got {trust_radius!r}")
+    scale = newton_schulz_scale(trust_radius)
+    low, high = (math.sqrt(1.0 - drift) - trust_radius) ** 2, (math.sqrt(1.0 + drift) + trust_radius) ** 2
+    deviations = [1.0 - low / scale, high / scale - 1.0]
     for iterations in range(1, 32):
         deviations = [5 / 8 * e**3 + 15 / 64 * e**4 + 9 / 64 * e**5 for e in deviations]
         if max(abs(e) for e in deviations) <= u_c:
@@ -263,11 +278,11 @@ def _quintic_deviation(e):
 def newton_schulz_residual(d: int, r: int, u_c: float, trust_radius: float, k: int, A_F, sigma_min, sigma_max):
     """Bound e_k on |1 - x| over the eigenvalues x of M_k^T fl(S) M_k after k quintic iterations from
     the actual spectrum of S = A^T A (per frame; arrays allowed): the exact scalar map from the two
-    ends of [sigma_min^2, sigma_max^2] / c (c = 1 + Delta^2 / 2), widened by fl(S)'s error gamma_d
+    ends of [sigma_min^2, sigma_max^2] / c (c = newton_schulz_scale(Delta)), widened by fl(S)'s error gamma_d
     A_F^2 / c; each iteration but the last perturbs the next iterate's eigenvalues by its rounding
     rho = (2 kappa^2 + 2 kappa + 3/4) r gamma_r + 7 sqrt(r) u_c (newton_schulz_defect's terms of one
     iteration), which the next iteration cubes; the last iteration's rounding is newton_schulz_defect's."""
-    scale = 1.0 + trust_radius**2 / 2.0
+    scale = newton_schulz_scale(trust_radius)
     sigma_min, sigma_max = np.asarray(sigma_min, dtype=np.float64), np.asarray(sigma_max, dtype=np.float64)
     kappa = sigma_max / sigma_min
     gamma_d, gamma_r = d * u_c / (1 - d * u_c), r * u_c / (1 - r * u_c)
