@@ -826,8 +826,8 @@ class PlanSettings:
 
 
 def plan_settings(profile) -> PlanSettings:
-    """quick: 2 runs of 6 steps; default: 10 runs of 8; thorough: 40 runs of 12 (plus runs while a feature is missing)."""
-    runs = {"quick": 2, "default": 10}.get(profile.name, max(2, min(40, profile.frames // 25_000)))
+    """quick: 2 runs of 6 steps; default: 8 runs of 8; thorough: 40 runs of 12 (plus runs while a feature is missing)."""
+    runs = {"quick": 2, "default": 8}.get(profile.name, max(2, min(40, profile.frames // 25_000)))
     steps = {"quick": 6, "default": 8}.get(profile.name, max(6, min(12, profile.steps)))
     return PlanSettings(runs=runs, steps=steps, max_runs=max(40, runs + 20))
 
