@@ -343,7 +343,7 @@ def _load_claim(claim_id: str, optimizer: str):
     except Exception as error:
         return None, None, f"the claim module of {claim_id} could not be loaded: {describe_error(error)}"
     if claim is not None and is_adapter_spec(optimizer):
-        # an outside implementation (certify.adapters): resolved here, so that verify re-runs it too
+        # an outside implementation (certify.outside.adapters): resolved here, so that verify re-runs it too
         adapted, problem = _resolve_implementation(claim_id, optimizer)
         return claim, adapted, problem
     return claim, None, None
@@ -452,7 +452,7 @@ def compare(recorded: dict, reproduced: dict) -> tuple[list[str], list[str]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Outside implementations (certify.adapters, docs/adapters.md)
+# Outside implementations (certify.outside.adapters, docs/adapters.md)
 # --------------------------------------------------------------------------------------------
 
 # The claims whose numerical part runs the optimizer under test. P6 is about gradients of a loss,
@@ -474,7 +474,7 @@ def is_adapter_spec(optimizer) -> bool:
 
 def _resolve_implementation(claim_id: str, spec: str):
     """(variant, None) for an adapter spec that can run on claim_id, else (None, why not)."""
-    from certify import adapters
+    from certify.outside import adapters
 
     if claim_id not in COMPARE_CLAIMS:
         return None, f"{claim_id} does not run the optimizer under test (only {', '.join(COMPARE_CLAIMS)} do)"
@@ -505,7 +505,7 @@ def _implementation_failure(claim_id: str, message: str) -> dict:
 def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options: dict) -> dict:
     """claim.run with an outside implementation: its not-observable checks recorded, dropped from the
     verdict and listed in the certificate; a misbehaving implementation gives a failing result."""
-    from certify import adapters
+    from certify.outside import adapters
     from propositions import get_profile
     from propositions.kit import observability
 
@@ -543,9 +543,9 @@ def _run_adapted(claim, claim_id: str, seed: int, profile: str, variant, options
 
 
 def _counterexample(claim_id: str, seed: int, variant, data: dict) -> dict | None:
-    """The minimal counterexample of a failing result (certify.counterexample), JSON-able; its search
+    """The minimal counterexample of a failing result (certify.ci.counterexample), JSON-able; its search
     time goes to the run record (extra's "timings" members do)."""
-    from certify import counterexample
+    from certify.ci import counterexample
     from propositions._common import to_jsonable
 
     try:

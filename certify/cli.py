@@ -22,18 +22,18 @@ cluster (certify.execution); the certificates and their digests do not depend on
 certificate per claim (DIR/ID.json), DIR/REPORT.md and, with matplotlib, DIR/figures/*.png. The
 report written by `run` also covers the certificates already in DIR that load cleanly.
 
-`compare` runs P1..P5 on each implementation named (certify.adapters: reference_impl, torch_impl,
+`compare` runs P1..P5 on each implementation named (certify.outside.adapters: reference_impl, torch_impl,
 torch_impl-float32, geoopt-euclidean, geoopt-canonical, the variants, numpy:/torch: specs), writes
 DIR/compare/<impl>/<claim>.json and the implementation x claim matrix into DIR/REPORT.md, with the
-property probes of certify.probes naming how each implementation differs (docs/adapters.md). Its exit
+property probes of certify.outside.probes naming how each implementation differs (docs/adapters.md). Its exit
 code is 0 only when every pair passes.
 
 A failing certificate of an outside implementation (--implementation, --torch-optimizer, compare)
-records its minimal counterexample (certify.counterexample: the smallest case of the claim's own
+records its minimal counterexample (certify.ci.counterexample: the smallest case of the claim's own
 parameters that still fails the same check, its first diverging step and the first stage of
 docs/algorithm.md that differs), printed in one block under the certificate's line and in
 REPORT.md. `regression` writes a pytest file that replays the counterexamples of the certificates
-named (certify.regression; docs/ci.md).
+named (certify.ci.regression; docs/ci.md).
 
 `verify` first re-checks each file's digest, then re-runs the claim from the recorded seed,
 profile, optimizer and options and compares (certify.verification): the verdict, the pass/fail
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the named claims")
     run.add_argument("ids", nargs="+", metavar="ID", help=f"claim ids: {', '.join(claims.ALL_IDS)}")
     _add_run_options(run)
-    run.add_argument("--optimizer", default=claims.DEFAULT_OPTIMIZER, metavar="NAME", help="run against this optimizer: a variant (default stiefel_adam; a control name must make the claim fail), a name of certify.adapters.SHORTCUTS or a numpy:/torch: spec (docs/adapters.md)")
+    run.add_argument("--optimizer", default=claims.DEFAULT_OPTIMIZER, metavar="NAME", help="run against this optimizer: a variant (default stiefel_adam; a control name must make the claim fail), a name of certify.outside.adapters.SHORTCUTS or a numpy:/torch: spec (docs/adapters.md)")
     run.add_argument("--implementation", metavar="MODULE:CALLABLE", help="a NumPy step (docs/adapters.md): the same as --optimizer numpy:MODULE:CALLABLE")
     run.add_argument("--torch-optimizer", metavar="MODULE:CLASS[:JSON]", help="a torch.optim.Optimizer (docs/adapters.md): the same as --optimizer torch:MODULE:CLASS[:JSON]")
 
@@ -258,7 +258,7 @@ def command_mutate(args, out: Output, command: str) -> int:
 
 
 def command_compare(args, out: Output, command: str) -> int:
-    from certify import compare, probes
+    from certify.outside import compare, probes
 
     specs = list(args.implementations) + [f"numpy:{x}" for x in args.implementation] + [f"torch:{x}" for x in args.torch_optimizer]
     if not specs:
@@ -288,7 +288,7 @@ def command_compare(args, out: Output, command: str) -> int:
 
 
 def command_regression(args, out: Output, command: str) -> int:
-    from certify import regression
+    from certify.ci import regression
 
     target = Path(args.output)
     if target.is_dir() or not target.parent.is_dir():

@@ -47,7 +47,7 @@ def error_line(message: str) -> None:
 
 def print_counterexamples(out: Output, results: dict) -> None:
     """The minimal counterexample of each failing pair, one block each."""
-    from certify.counterexample import block, counterexamples_of
+    from certify.ci.counterexample import block, counterexamples_of
 
     for spec, row in results.items():
         for claim_id, certificate in row.items():

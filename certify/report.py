@@ -395,8 +395,8 @@ def _opening_lines(certificate: dict) -> list[str]:
 
 
 def counterexample_lines(certificate: dict) -> list[str]:
-    """The minimal counterexample of a failing certificate (certify.counterexample) as one block."""
-    from certify.counterexample import block, counterexamples_of
+    """The minimal counterexample of a failing certificate (certify.ci.counterexample) as one block."""
+    from certify.ci.counterexample import block, counterexamples_of
 
     lines = []
     for found in counterexamples_of(certificate):

@@ -166,7 +166,7 @@ class _Recorder:
         self.out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
         for reason in sealed["failures"] + sealed["inconclusive"]:
             self.out.line(f"    {reason}")
-        from certify.counterexample import block, counterexamples_of
+        from certify.ci.counterexample import block, counterexamples_of
 
         for found in counterexamples_of(sealed):
             self.out.line("    minimal counterexample:")
@@ -360,7 +360,7 @@ def _check_optimizer(name: str) -> None:
 
 def resolve_implementation(spec: str):
     """The Variant of an adapter spec; UsageError (exit 2, one line) when it cannot be used."""
-    from certify import adapters
+    from certify.outside import adapters
 
     try:
         return adapters.resolve(spec)
@@ -428,7 +428,7 @@ def _is_mutation_report(path: Path) -> bool:
 def _unusable_implementation(recorded: dict) -> str | None:
     """Why the outside implementation a certificate ran cannot be re-run here (it does not import,
     say), or None; a re-run would only end inconclusive and read as an irreproducible certificate."""
-    from certify import adapters
+    from certify.outside import adapters
 
     spec = recorded["provenance"]["optimizer"]
     if not claims.is_adapter_spec(spec):

@@ -123,7 +123,7 @@ def _outcome_differences(recorded: dict, reproduced: dict) -> list[str]:
     return differences + _counterexample_differences(recorded, reproduced)
 
 
-# The decisions of the counterexample search (certify.counterexample): deterministic for a seed, and
+# The decisions of the counterexample search (certify.ci.counterexample): deterministic for a seed, and
 # taken on residual/bound comparisons, so they agree on every machine as the checks' pass/fail do.
 COUNTEREXAMPLE_DECISIONS = ("found", "replayed_check", "parameters", "first_diverging_step", "stage")
 
@@ -137,8 +137,8 @@ def _counterexample_differences(recorded: dict, reproduced: dict) -> list[str]:
         new = reproduced.get("extra", {}).get(key) or {}
         pairs = [(member, old.get(member), new.get(member)) for member in COUNTEREXAMPLE_DECISIONS]
         pairs.append(("scenario", (old.get("replay") or {}).get("scenario"), (new.get("replay") or {}).get("scenario")))
-        differences += [f"minimal counterexample ({key}): {member} {a!r} recorded, {b!r} reproduced"
-                        for member, a, b in pairs if _canonical(a) != _canonical(b)]
+        label = "minimal counterexample" + ("" if key == "counterexample" else f" ({key[len('counterexample_'):]})")
+        differences += [f"{label}: {member} {a!r} recorded, {b!r} reproduced" for member, a, b in pairs if _canonical(a) != _canonical(b)]
     return differences
 
 

@@ -268,6 +268,89 @@ def projection_checks(seed: int, profile, name: str = "reference", prefix: str =
     return map_evidence(chunk_checks, batch_chunks(plan), seed, name, prefix, task_label="projection_checks")
 
 
+RETRACT_DTYPES = ("float64", "float32")
+RETRACT_TRUST_RADII = (0.2, 0.5, 0.75)
+RETRACT_SHAPES = ((2, 1), (3, 2), (6, 3), (5, 5), (16, 4))
+
+
+def retract_bound(d: int, r: int, dtype_name: str, trust_radius: float, A_F, sigma_min, sigma_max):
+    """||torch polar_retract(W, xi) - project_to_manifold(W + xi)||_F, W and xi the stored values: the
+    kernel forms A = fl(W + xi) in its dtype (each entry within u_c: ||dA||_F <= u_c ||A||_F, which
+    moves the polar factor by polar_perturbation at sigma_min - dA) and evaluates polar(A) on its
+    declared route (kit.step_analysis.retraction_error at the kernel's declared rounding, the
+    Newton-Schulz residual from A's own spectrum); the reference's float64 sum and SVD add their
+    own rounding (u ||A||_F through polar_perturbation, and polar_svd)."""
+    from .kit import step_analysis
+
+    rounding = step_analysis.kernel_rounding(dtype_name, trust_radius, d, r)
+    u_c = rounding.unit("retraction")
+    kappa = sigma_max / sigma_min
+    evaluation = step_analysis.retraction_error(d, r, rounding, kappa, trust_radius, (A_F, sigma_min, sigma_max))
+    summed = polar_perturbation_bound((u_c + u) * A_F, sigma_min - (u_c + u) * A_F, r)
+    return evaluation + summed + polar_error_bound(d, r, kappa)
+
+
+def _shortcut_retract(W, xi, trust_radius=0.5):
+    """(W + xi)(I + xi^T xi)^(-1/2): the polar factor only where W^T W = I and xi is tangent."""
+    import torch
+
+    gram = torch.eye(W.shape[-1], dtype=torch.float64) + xi.double().mT @ xi.double()
+    values, vectors = torch.linalg.eigh(gram)
+    return ((W + xi).double() @ (vectors * values.rsqrt().unsqueeze(-2)) @ vectors.mT).to(W.dtype)
+
+
+def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape: int | None = None) -> Evidence:
+    """torch_impl.polar_retract in float64 and float32 at trust radii 0.2, 0.5 and 0.75: from frames W
+    and steps xi of length up to the radius, tangent for half of them and in any direction for the
+    others (the kernel's Newton-Schulz basin holds both), against project_to_manifold(W + xi) of the
+    stored values; and a step longer than the radius refused with a ValueError naming trust_radius."""
+    import torch
+
+    if retract is None:
+        from torch_impl import polar_retract as retract
+    checks = {"retract": NumericalCheck(f"{prefix}polar_retract", "||polar_retract(W, xi) - project_to_manifold(W + xi)||_F (torch_impl, "
+                                        "Newton-Schulz route), xi tangent or not, ||xi||_F <= trust_radius",
+                                        _text(retract_bound)),
+              "refused": NumericalCheck(f"{prefix}polar_retract_refuses", "a step longer than the trust radius on the Newton-Schulz route: "
+                                        "ValueError naming trust_radius (0; inf if returned)", "exact: the documented refusal",
+                                        tightness_note="an exact equality: 0 by design")}
+    count = per_shape or max(8, profile.frames // 500)
+    for dtype_name in RETRACT_DTYPES:
+        for radius in RETRACT_TRUST_RADII:
+            for d, r in RETRACT_SHAPES:
+                key = (CLAIM_ID, "polar_retract", dtype_name, radius, d, r)
+                rng = rng_for(seed, *key)
+                dtype = getattr(torch, dtype_name)
+                W = torch.tensor(ref.random_point(d, r, rng, (count,))).to(dtype)
+                W64 = W.to(torch.float64).numpy()
+                direction = rng.standard_normal(W64.shape)
+                tangent = (np.arange(count) % 2 == 0)[:, None, None]
+                direction = np.where(tangent, ref.project_tangent(W64, direction, validate=False), direction)
+                length = radius * rng.uniform(0.0, 1.0, (count, 1, 1))
+                xi = torch.tensor(direction * length / np.linalg.norm(direction, axis=(-2, -1), keepdims=True)).to(dtype)
+                A = W64 + xi.to(torch.float64).numpy()
+                singular = np.linalg.svd(A, compute_uv=False)
+                computed = retract(W, xi, radius).to(torch.float64).numpy()
+                checks["retract"].add(np.linalg.norm(computed - ref.project_to_manifold(A), axis=(-2, -1)),
+                                      retract_bound(d, r, dtype_name, radius, np.linalg.norm(A, axis=(-2, -1)), singular[:, -1], singular[:, 0]),
+                                      shape=(d, r), key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius})
+                try:
+                    retract(W[:1], xi[:1] * (1.5 * radius / float(torch.linalg.matrix_norm(xi[:1].double()).max())), radius)
+                    refused = False
+                except ValueError as error:
+                    refused = "trust_radius" in str(error)
+                checks["refused"].add([0.0 if refused else math.inf], 0.5, key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius})
+    return Evidence(checks=list(checks.values()))
+
+
+def retract_part(ctx: Context) -> Evidence:
+    try:
+        import torch_impl  # noqa: F401
+    except ImportError:
+        return Evidence(notes=["torch is not installed: torch_impl.polar_retract was not tested"])
+    return retract_checks(ctx.seed, ctx.profile)
+
+
 def projection_part(ctx: Context) -> Evidence:
     evidence = projection_checks(ctx.seed, ctx.profile)
     evidence.extra.update({"relative_perturbation_log10": list(RELATIVE_PERTURBATION_LOG10), "scale_log2": list(SCALE_LOG2),
@@ -275,13 +358,19 @@ def projection_part(ctx: Context) -> Evidence:
     return evidence
 
 
-def control_part(ctx: Context) -> Evidence:
+def control_part(ctx: Context) -> Evidence | None:
     name = ctx.optimizer
+    if name == "shortcut_retract":
+        try:
+            import torch_impl  # noqa: F401
+        except ImportError:
+            return None
+        return Evidence(checks=retract_checks(ctx.seed, ctx.profile, _shortcut_retract, f"{name}:", per_shape=4).checks)
     return Evidence(checks=projection_checks(ctx.seed, ctx.profile, name, f"{name}:", ctx.profile.control_frames).checks)
 
 
 def _prepare(ctx: Context) -> None:
-    if ctx.optimizer not in CONTROLS:
+    if ctx.optimizer not in CONTROLS and ctx.optimizer != "shortcut_retract":
         ref.get_variant(ctx.optimizer)  # an unknown name is refused; any optimizer leaves project_to_manifold as it is
 
 
@@ -291,14 +380,18 @@ CLAIM = Claim(
     statement=(
         "For every full-rank A in R^{d x r}, reference_impl.project_to_manifold(A) is the nearest point of St(d, r) "
         "in the Frobenius norm, the polar factor X with X^T A symmetric positive definite (its eigenvalues the "
-        "singular values of A); hence it is idempotent, O(d) x O(r)-equivariant and scale free."
+        "singular values of A); hence it is idempotent, O(d) x O(r)-equivariant and scale free. torch_impl.polar_retract(W, xi) "
+        "is project_to_manifold(W + xi) within its declared rounding for every step of length at most the trust radius, "
+        "and refuses a longer one on its Newton-Schulz route."
     ),
     latex=(
         r"X = \operatorname*{arg\,min}_{Y \in \mathrm{St}(d,r)} \|A - Y\|_F = \mathrm{polar}(A):\quad X^\top X = I_r,\ "
         r"X^\top A = (A^\top A)^{1/2} \succ 0;\quad X(QAR) = Q\,X(A)\,R,\ X(cA) = X(A),\ X(X) = X"
     ),
     symbolic=Symbolic("sympy: the distance expansion at an orthonormal frame (explicit entries) and the nearest unit vector", symbolic_derivation),
-    parts=(Part("projection", projection_part),),
-    controls=tuple(Control(name, control_part, description) for name, (description, _) in CONTROLS.items()),
+    parts=(Part("projection", projection_part), Part("polar_retract", retract_part)),
+    controls=tuple(Control(name, control_part, description) for name, (description, _) in CONTROLS.items()) + (
+        Control("shortcut_retract", control_part, "a polar_retract by (W + xi)(I + xi^T xi)^(-1/2): the polar factor only for tangent "
+                "xi at an exact frame"),),
     prepare=_prepare,
 )

@@ -1,10 +1,10 @@
-"""The strategies the project's own tests draw from: the public ones of certify.strategies, with
+"""The strategies the project's own tests draw from: the public ones of certify.ci.strategies, with
 the tests' defaults (frames up to d = 12 with up to two leading axes). Points are drawn from a
 numpy Generator seeded by hypothesis, so every example is reproducible from hypothesis' own record."""
 
 from __future__ import annotations
 
-from certify import strategies as public
+from certify.ci import strategies as public
 
 seeds = public.seeds()
 gradient_scales = public.gradient_scales()

@@ -1,4 +1,4 @@
-"""Adapters (certify.adapters): outside implementations through the claims.
+"""Adapters (certify.outside.adapters): outside implementations through the claims.
 
 The claims run at a tiny profile here (a few hundred frames): enough for every check to meet the
 regime it tests, small enough for a test. The fakes (tests/adapter_fakes.py) each break one claim's
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import reference_impl as ri
-from certify import adapters, claims
+from certify import claims
+from certify.outside import adapters
 from propositions import get_claim
 from propositions._common import NumericalCheck, Profile
 from propositions.kit import observability
@@ -186,7 +187,7 @@ def test_torch_state_is_reusable_and_the_input_untouched():
 
 def test_geoopt_differences_are_measured_and_named():
     pytest.importorskip("geoopt")
-    from certify import probes
+    from certify.outside import probes
 
     euclidean = {p["property"]: p for p in probes.probe(adapters.resolve("geoopt-euclidean"))}
     assert euclidean["trust region"]["differs"] and "no trust region" in euclidean["trust region"]["finding"]
@@ -200,14 +201,14 @@ def test_geoopt_differences_are_measured_and_named():
 
 
 def test_probes_of_the_reference_find_no_difference():
-    from certify import probes
+    from certify.outside import probes
 
     assert not [p for p in probes.probe(adapters.resolve("reference_impl")) if p["differs"]]
     assert [p["property"] for p in probes.probe(adapters.resolve("qr_retraction")) if p["differs"]] == ["retraction"]
 
 
 def test_zero_gradient_probe_sees_a_step_without_the_v_hat_guard():
-    from certify import probes
+    from certify.outside import probes
 
     found = {p["property"]: p for p in probes.probe(adapters.resolve("numpy:adapter_fakes:unguarded"))}
     assert found["G = 0, eps = 0"]["differs"] and "0 by 0" in found["G = 0, eps = 0"]["finding"]

@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from certify import adapters, claims  # noqa: E402
+from certify import claims  # noqa: E402
+from certify.outside import adapters
 from propositions._common import get_profile  # noqa: E402
 from propositions.bookkeeping import CLAIM, CONTROLS, regrouping_allowance  # noqa: E402
 

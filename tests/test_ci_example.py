@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from certify import regression
+from certify.ci import regression
 from certify_fakes import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +27,8 @@ BROKEN_LINE = "v = beta2 * state.v + (1 - beta2) * np.sum(g * g, axis=(-2, -1))"
 
 
 def _plugin_arguments() -> list[str]:
-    installed = any(entry.value == "certify.pytest_plugin" for entry in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "certify.pytest_plugin"]
+    installed = any(entry.value == "certify.ci.pytest_plugin" for entry in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "certify.ci.pytest_plugin"]
 
 
 def _certify_command() -> list[str]:

@@ -123,9 +123,9 @@ def test_all_runs_every_proposition_and_skips_crosscheck_without_torch(registry,
     monkeypatch.setattr(report, "load_figure_class", DRAWING_FIGURE_LOADER)
     code, out, err = run_main(capsys, "all", "--out", str(tmp_path), "--profile", "quick")
     assert code == 0, out + err
-    # every discovered claim that needs no optional package: P1..P6 and the sampler certificate
+    # every discovered claim that needs no optional package: P1..P6, the sampler and projection certificates
     assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(f"{claim_id}.json" for claim_id in claims.PROPOSITION_IDS)
-    assert {f"P{i}" for i in range(1, 7)} | {"samplers"} == set(claims.PROPOSITION_IDS)
+    assert {f"P{i}" for i in range(1, 7)} | {"samplers", "projection"} == set(claims.PROPOSITION_IDS)
     assert "crosscheck skipped: torch not installed" in out
     report_text = (tmp_path / "REPORT.md").read_text()
     assert "crosscheck skipped: torch not installed" in report_text

@@ -16,7 +16,8 @@ import pytest
 
 import reference_impl as ri
 from certify import certificate as certificate_format
-from certify import claims, compare, report
+from certify import claims, report
+from certify.outside import compare
 from propositions._common import ClaimResult, ControlResult, NumericalCheck, SymbolicResult, rng_for
 from propositions.kit import observability
 from certify_fakes import FakeClaim, run_main

@@ -1,5 +1,5 @@
-"""Minimal counterexamples (certify.counterexample, certify.stages) and regression files
-(certify.regression), on five implementations each broken in one stage (tests/broken_impls.py,
+"""Minimal counterexamples (certify.ci.counterexample, certify.ci.stages) and regression files
+(certify.ci.regression), on five implementations each broken in one stage (tests/broken_impls.py,
 tests/broken_torch.py): the certificate records a small case, names its first diverging step and the
 stage that was broken, and the regression file fails on the broken code and passes on the fixed code
 and on the reference."""
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from certify import cli, counterexample
-from certify import regression
+from certify import cli
+
+from certify.ci import counterexample
+from certify.ci import regression
 from certify_fakes import run_main
 
 pytest_plugins = ["pytester"]
@@ -101,7 +103,7 @@ def test_regression_refuses_a_certificate_without_counterexample(tmp_path, capsy
 
 
 def test_the_reference_has_no_counterexample_and_replays_clean():
-    from certify import adapters
+    from certify.outside import adapters
 
     variant = adapters.resolve("reference_impl")
     start = counterexample.Case("P1", "W", 2, 1, 0, 3, "fresh", "gaussian", 0, 0.4, (0.9, 0.999), 0.0, 0.1, 0.0, 0)
@@ -110,7 +112,7 @@ def test_the_reference_has_no_counterexample_and_replays_clean():
 
 
 def test_a_warm_case_is_refused_for_a_black_box():
-    from certify import adapters
+    from certify.outside import adapters
 
     variant = adapters.resolve("numpy:adapter_fakes:opaque")
     warm = counterexample.Case("P1", "W", 2, 1, 0, 1, "warm", "gaussian", 0, 1.0, (0.9, 0.999), 1e-8, 0.5, 0.0, 0)
@@ -122,7 +124,7 @@ def test_a_warm_case_is_refused_for_a_black_box():
 
 def test_shrinking_reaches_the_smallest_shape_the_mistake_needs():
     """projection_no_sym is right for r = 1 (W^T G is a scalar there): the search stops at r = 2."""
-    from certify import adapters
+    from certify.outside import adapters
 
     variant = adapters.resolve("numpy:broken_impls:projection_no_sym")
     start = counterexample.Case("P1", "W", 8, 3, 2, 8, "warm", "gaussian", 5, 1.0, (0.5, 0.9), 1e-8, 0.5, 0.1, 3)
@@ -139,7 +141,7 @@ def test_shrinking_reaches_the_smallest_shape_the_mistake_needs():
 ])
 def test_the_other_stages_are_named(spec, quantity, stage):
     """Stage 6 (eps) and the transport, and what a black box's hidden moments leave open."""
-    from certify import adapters
+    from certify.outside import adapters
 
     check = {"name": f"trajectory_model_{quantity}[x]", "passed": False, "worst_case": {}}
     found = counterexample.minimal_counterexample(adapters.resolve(spec), {"id": "P1", "provenance": {"seed": 0}, "numerical": {"checks": [check]}})

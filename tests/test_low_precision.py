@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from certify import adapters, claims
+from certify import claims
+from certify.outside import adapters
 from propositions.kit import precision as precisions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # float32_step

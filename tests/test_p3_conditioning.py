@@ -207,7 +207,7 @@ def test_result_is_json_ready_with_figures():
 def test_the_frame_steps_left_out_are_counted_over_every_chunk():
     # a black box's direction is recovered from W_new; some frame-steps are left out of the spread,
     # and the description of the merged check must count those of every chunk, not of the first
-    from certify import adapters
+    from certify.outside import adapters
 
     variant = adapters.resolve("reference_impl")
     chunks = p3._tangent_chunks(p3.shape_plan(SMALL, frames=150, large=()))

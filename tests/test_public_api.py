@@ -10,7 +10,8 @@ import reference_impl
 
 ROOT = Path(__file__).resolve().parent.parent
 CLAIM_MODULES = {"optimizer": ["optimizer_class", "optimizer_scenarios", "_optimizer_controls"], "samplers": ["samplers"],
-                 "projection": ["projection"], "crosscheck": ["crosscheck"], "bookkeeping": ["bookkeeping"]}
+                 "projection": ["projection"], "crosscheck": ["crosscheck", "kernel_variants", "kernel_drift", "kernel_scale", "kernel_attainment"],
+                 "bookkeeping": ["bookkeeping"]}
 
 
 def _table() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""certify.strategies, the public hypothesis strategies: what each promises, checked on its draws."""
+"""certify.ci.strategies, the public hypothesis strategies: what each promises, checked on its draws."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference_impl as ri
-from certify import strategies as cs
-from certify.counterexample import Case
+from certify.ci import strategies as cs
+from certify.ci.counterexample import Case
 
 
 @given(cs.stiefel_points(max_d=6))

@@ -1,4 +1,4 @@
-"""The pytest plugin (certify.pytest_plugin, entry point pytest11 in pyproject.toml), run through
+"""The pytest plugin (certify.ci.pytest_plugin, entry point pytest11 in pyproject.toml), run through
 pytester: a failing implementation fails the test with its minimal counterexample, a correct one
 passes, an unusable one fails in one line, and hypothesis' settings come from the user's profile."""
 
@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plugin_arguments(request) -> list[str]:
-    """-p certify.pytest_plugin unless the installed entry point loaded it already."""
-    return [] if request.config.pluginmanager.has_plugin("certify") else ["-p", "certify.pytest_plugin"]
+    """-p certify.ci.pytest_plugin unless the installed entry point loaded it already."""
+    return [] if request.config.pluginmanager.has_plugin("certify") else ["-p", "certify.ci.pytest_plugin"]
 
 
 def in_subprocess(pytester, monkeypatch, request, *arguments):
@@ -30,7 +30,7 @@ def in_subprocess(pytester, monkeypatch, request, *arguments):
 
 def test_the_plugin_is_declared_as_a_pytest11_entry_point():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["entry-points"]["pytest11"] == {"certify": "certify.pytest_plugin"}
+    assert project["entry-points"]["pytest11"] == {"certify": "certify.ci.pytest_plugin"}
 
 
 def test_fixture_fails_with_the_minimal_counterexample_and_passes_the_fixed_code(pytester, request):

@@ -3,7 +3,7 @@
 The claims were written for optimizers behind the interface of reference_impl.step, whose state is a
 StiefelAdamState (m, v, t) that the checker can read and build. An outside implementation (a
 reviewer's NumPy step, a torch.optim.Optimizer driven through parameters and gradients,
-certify.adapters) may keep its state to itself. Three levels of access, and what each allows:
+certify.outside.adapters) may keep its state to itself. Three levels of access, and what each allows:
 
   trajectories  W_t from W_0 and G_1, G_2, ...: always available (P2, P4, P5, feasibility);
   direction     the xi a step applied: from the step's hook, or recovered from W_new by the inverse
@@ -70,7 +70,7 @@ class OpaqueState:
 
 @dataclass(frozen=True)
 class AdaptedVariant(Variant):
-    """A Variant built by an adapter (certify.adapters) around an outside implementation.
+    """A Variant built by an adapter (certify.outside.adapters) around an outside implementation.
 
     spec: the canonical text that rebuilds it (recorded in the certificate); state_observable:
     whether init/step return a readable StiefelAdamState; dtype: the storage dtype of its frames

@@ -184,7 +184,7 @@ def frozen_declaration(declaration: dict) -> tuple:
 def of(optimizer) -> Precision:
     """The Precision of an optimizer under test: a reference_impl variant name (float64), or an adapted
     implementation with `dtype` (storage) and optionally `compute_dtype` and `route` (its declared
-    retraction, certify/adapters.py), or `declaration` (its stage-by-stage declaration, Precision.declared)."""
+    retraction, certify/outside/adapters.py), or `declaration` (its stage-by-stage declaration, Precision.declared)."""
     if isinstance(optimizer, str):
         return FLOAT64
     declaration = getattr(optimizer, "declaration", None)

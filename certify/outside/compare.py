@@ -1,6 +1,6 @@
 """`certify compare IMPL...`: the claims on several implementations, side by side (docs/adapters.md).
 
-Each implementation (a name of certify.adapters.SHORTCUTS or reference_impl.VARIANTS, or a
+Each implementation (a name of certify.outside.adapters.SHORTCUTS or reference_impl.VARIANTS, or a
 numpy:/torch: spec) runs every claim of claims.IMPLEMENTATION_CLAIMS through claims.certify_claim,
 exactly as `certify run ID --optimizer SPEC` would: one sealed certificate per pair, written to
 OUT/compare/<label>/<claim>.json (each one verifiable with `certify verify`). The matrix of verdicts
@@ -13,7 +13,7 @@ A cell reads
   inconclusive: REASON         the claim could not run (the reason in one line)
 and "; K not observable" when K checks needed the implementation's hidden state (listed below the
 matrix, never counted as passed). Below the matrix, per implementation: what it is, the
-hyper-parameters it ignores, and the property probes of certify.probes (trust region, step length,
+hyper-parameters it ignores, and the property probes of certify.outside.probes (trust region, step length,
 direction, retraction), measured on its first step, which name the property that differs.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from certify import certificate as certificate_format
 from certify import claims
-from certify.counterexample import counterexamples_of
+from certify.ci.counterexample import counterexamples_of
 
 MATRIX_BEGIN = "<!-- certify compare: begin -->"
 MATRIX_END = "<!-- certify compare: end -->"
@@ -132,7 +132,7 @@ def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_secon
         found = probes.get(spec)
         if found:
             lines.append("")
-            lines.append("Property probes (first step from a fresh state, float64; certify/probes.py):")
+            lines.append("Property probes (first step from a fresh state, float64; certify/outside/probes.py):")
             lines.append("")
             lines.append("| property | StiefelAdam | measured | differs |")
             lines.append("|---|---|---|---|")

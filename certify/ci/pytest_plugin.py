@@ -10,10 +10,10 @@
 Either form holds the implementation to the claim's trajectory checks (propositions/kit/
 trajectories.py: the implementation against the model of docs/algorithm.md, step by step, within
 the one-step bound) on cases that hypothesis draws from the claim's own settings
-(certify.strategies.cases), under the hypothesis settings in force: the user's loaded profile
+(certify.ci.strategies.cases), under the hypothesis settings in force: the user's loaded profile
 (max_examples, derandomize, database, ...; a CI profile should derandomize). The deadline is
 lifted, as a first torch step pays for imports. A failing case is shrunk by hypothesis, then by the
-deterministic search of certify.counterexample, and the test fails with the minimal counterexample,
+deterministic search of certify.ci.counterexample, and the test fails with the minimal counterexample,
 its first diverging step and the first stage of docs/algorithm.md that differs. An implementation
 that cannot be used (a module that does not import, a wrong signature) fails the test in one line.
 The full certificate stays `certify run ID --implementation ...`.
@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import pytest
 
-MARKER = "certify(claim, implementation=None, torch_optimizer=None, optimizer=None): hold an implementation to a claim's trajectory checks (certify.pytest_plugin)"
+MARKER = "certify(claim, implementation=None, torch_optimizer=None, optimizer=None): hold an implementation to a claim's trajectory checks (certify.ci.pytest_plugin)"
 
 
 def pytest_configure(config):
@@ -41,7 +41,7 @@ def _spec(implementation, torch_optimizer, optimizer) -> str:
 
 
 def _variant(spec: str):
-    from certify import adapters
+    from certify.outside import adapters
 
     try:
         return adapters.resolve(spec)
@@ -61,7 +61,7 @@ class _Failed(AssertionError):
 def _property(variant, claim: str):
     from hypothesis import given, settings
 
-    from certify import counterexample, strategies
+    from certify.ci import counterexample, strategies
     from propositions.kit import observability
 
     white = observability.state_observable(variant)
@@ -81,7 +81,7 @@ def run_claim(claim: str, spec: str) -> None:
     """Run the property; on failure, pytest.fail with the minimal counterexample's block."""
     import time
 
-    from certify import counterexample, stages
+    from certify.ci import counterexample, stages
 
     claim = claim.upper()
     if claim not in ("P1", "P2", "P3", "P4", "P5"):

@@ -1,6 +1,6 @@
 """Which stage of docs/algorithm.md an implementation gets wrong, at its first diverging step.
 
-A counterexample (certify.counterexample) ends at the first step whose output leaves the model's
+A counterexample (certify.ci.counterexample) ends at the first step whose output leaves the model's
 trajectory. That step is replayed here stage by stage against the reference, from the
 implementation's own input (its W_k, G_k and the state it held before the step), and the first stage
 whose output differs beyond its bound is named:
@@ -23,7 +23,7 @@ untransported is the transport; t+ != t + 1 is the bias correction's counter.
 
 Stages 5-8, and all of them for a black box, are told apart by stage probes: steps of the
 implementation from the same W and state with the hyper-parameters chosen so that one stage decides
-the observed W+ (certify/probes.py, whose tolerances and their derivation are used unchanged):
+the observed W+ (certify/outside/probes.py, whose tolerances and their derivation are used unchanged):
 
   * a tiny step (length TINY_STEP, no cap, eps = 0) from a fresh state: any retraction is W + xi +
     O(||xi||^2), so the direction recovered by the inverse polar retraction is xi's to 1e-7 relative;
@@ -50,7 +50,7 @@ import math
 import numpy as np
 
 import reference_impl as ri
-from certify.probes import DIRECTION_TOLERANCE, FIT_TOLERANCE, LENGTH_TOLERANCE, RETRACTIONS, TINY_STEP, _fit
+from certify.outside.probes import DIRECTION_TOLERANCE, FIT_TOLERANCE, LENGTH_TOLERANCE, RETRACTIONS, TINY_STEP, _fit
 from propositions._common import rng_for
 from propositions.kit import observability
 from propositions.kit.directions import inverse_polar_retraction

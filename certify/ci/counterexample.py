@@ -21,7 +21,7 @@ until no simpler case fails; "simpler" is an order on the parameters (fewer entr
 fewer steps, a smaller batch, a smaller d, more hyper-parameters at their plain values, a smaller
 seed). The result records the parameters, the inputs that replay it (W_0, the warm state, the
 gradients the implementation saw), the residual and the bound at the first failing step, and the
-first stage of docs/algorithm.md that differs (certify.stages).
+first stage of docs/algorithm.md that differs (certify.ci.stages).
 """
 
 from __future__ import annotations
@@ -327,7 +327,7 @@ def minimal_counterexample(variant, certificate: dict) -> dict | None:
         return {"found": False, "check": check.get("name"), "replays": search.replays,
                 "reason": f"no case of {certificate['id']}'s trajectory settings failed {check.get('name')} in {search.replays} replays",
                 "timings": {"shrink_s": time.perf_counter() - started}}
-    from certify import stages
+    from certify.ci import stages
 
     case, outcome = found
     located = stages.locate(variant, case, outcome)
