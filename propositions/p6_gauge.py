@@ -280,6 +280,12 @@ def exact_checks(seed: int) -> list[dict]:
         ).trace()
         tangent_pairing &= sp.simplify(riemannian_pairing) == 0
         anchor = exact.rational_matrix(d, r, rng)
+        if exact.is_zero(exact.skew(W_Q.T * anchor)):
+            # a draw of small rationals can make W_Q^T A symmetric (seen at (2, 2, 2)): the anchor is
+            # then moved by W_Q E, E the unit skew matrix of the first two axes, so W_Q^T A gains E
+            unit = sp.zeros(r, r)
+            unit[0, 1], unit[1, 0] = 1, -1
+            anchor = anchor + W_Q * unit
         # the control: the anchored loss adds W_Q - A to G_Q, whose gauge part -skew(W_Q^T A) is not 0
         control_nonzero &= not exact.is_zero(exact.skew(W_Q.T * (G_Q + W_Q - anchor) + W_K.T * G_K))
         samples += 1
