@@ -75,7 +75,8 @@ from .kit.directions import step_direction
 from .kit.figures import DataFigure
 from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic, map_evidence
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
-from .kit.running_bounds import record_trajectory, optimizer_trajectory, trajectory_rounding_bound, worst_over_steps
+from .kit.running_bounds import record_trajectory, optimizer_trajectory, trajectory_rounding_bound, worst_within
+from .kit.running_bounds import coverage_text, informative_steps
 from .kit.running_bounds import highprec_unit_roundoff, replay_vacuous, replayed_check
 from .kit.symbolic import is_zero
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
@@ -305,28 +306,39 @@ def action_chunk(chunk, seed: int, profile: Profile, optimizer, side: str, frame
         _replay_draws(seed, d, r, profile.steps, label, side, n, range(index), seen, frames, large, profile)
     rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, index)
     act, rounding, O, resampled, acting = _transform(side, transform, n, rng, count, seen)
-    extra: dict = {"counts": Counts(vacuous=0, replayed=0)}
+    extra: dict = {"counts": Counts(vacuous=0, replayed=0, truncated=0, uncovered=0), "truncated_steps": []}
     if O is not None:
         extra["haar_draws"] = _record_draws(f"{label} ({d}, {r}) O({n})", O, resampled, d == r)
     replay = replayed_check(label)
-    for key, (residual, bound) in _comparisons(optimizer, W0, gradients, act, rounding, checks).items():
-        # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
-        # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
-        bound = np.where(bound > 0, bound, u)
-        if key == "W":  # a bound of 2 sqrt(r) or more (two frames are never further apart) certifies nothing
-            vacuous = np.flatnonzero(np.any(~(bound < 2 * math.sqrt(r)), axis=0))
-            extra["counts"]["vacuous"] += int(vacuous.size)
-            # the reference's vacuous frames are replayed at mp_dps digits (kit/running_bounds.replay_vacuous);
-            # another optimizer's are not (the replay runs the reference's mathematics)
-            if vacuous.size and optimizer == "stiefel_adam" and profile.mp_dps:
-                extra["counts"]["replayed"] += replay_vacuous(
-                    replay, vacuous, W0, gradients, CONFIG, profile.mp_dps, lambda i: _acting(acting[i], side),
-                    (CLAIM_ID, label, d, r, index), seed, output_rounding=_replay_product_rounding(n, profile.mp_dps))
-        worst_residual, worst_bound, _ = worst_over_steps(residual, bound)
-        checks[key].add(worst_residual, worst_bound, shape=(d, r), key=(CLAIM_ID, label, d, r, index), seed=seed)
-        if key == "W":
-            ratio = float(np.max(np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound))
-            extra["figure"] = {"check": [label], "d": [d], "r": [r], "max_ratio": [ratio]}
+    comparisons = _comparisons(optimizer, W0, gradients, act, rounding, checks)
+    # Fresh moments are exactly zero at t = 0 only; after one step every bound is > 0, but a
+    # frame with g = 0 exactly (d = r = 1) has v = 0 and m = 0 in both runs: floor at u.
+    comparisons = {key: (residual, np.where(bound > 0, bound, u)) for key, (residual, bound) in comparisons.items()}
+    # A frame is compared over the steps where its frame bound is below 2 sqrt(r) (two frames are
+    # never further apart: beyond, the bound certifies nothing), W, m and v alike. The reference's
+    # frames that reach it are replayed at mp_dps digits (kit/running_bounds.replay_vacuous);
+    # another optimizer's are compared over their informative steps, and the certificate says how far.
+    covered = informative_steps(comparisons["W"][1], r)
+    vacuous = np.flatnonzero(covered < profile.steps)
+    extra["counts"]["vacuous"] += int(vacuous.size)
+    replayed = 0
+    if vacuous.size and optimizer == "stiefel_adam" and profile.mp_dps:
+        replayed = replay_vacuous(
+            replay, vacuous, W0, gradients, CONFIG, profile.mp_dps, lambda i: _acting(acting[i], side),
+            (CLAIM_ID, label, d, r, index), seed, output_rounding=_replay_product_rounding(n, profile.mp_dps))
+        extra["counts"]["replayed"] += replayed
+    if not replayed:
+        extra["counts"]["truncated"] += int(np.count_nonzero(covered[vacuous] > 0))
+        extra["counts"]["uncovered"] += int(np.count_nonzero(covered[vacuous] == 0))
+        extra["truncated_steps"] = [int(k) for k in covered[vacuous] if k > 0]
+    compared = covered > 0
+    for key, (residual, bound) in comparisons.items():
+        worst_residual, worst_bound, _ = worst_within(residual, bound, covered)
+        if np.any(compared):
+            checks[key].add(worst_residual[compared], worst_bound[compared], shape=(d, r), key=(CLAIM_ID, label, d, r, index), seed=seed)
+        if key == "W" and np.any(compared):
+            ratio = np.where(np.isnan(worst_residual), np.inf, worst_residual)[compared] / worst_bound[compared]
+            extra["figure"] = {"check": [label], "d": [d], "r": [r], "max_ratio": [float(np.max(ratio))]}
     return Evidence(checks=list(checks.values()) + [replay], frames=count, extra=extra)
 
 
@@ -615,7 +627,8 @@ def haar_part(ctx: Context) -> Evidence:
     left = action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", frames * 2 // 5, LEFT_HAAR_LARGE_SHAPES, "left_haar")
     right = action_check(ctx.seed, ctx.profile, ctx.optimizer, "right", frames * 2 // 5, LARGE_SHAPES, "right_haar")
     both = Evidence.merged([Evidence(extra=left.extra), Evidence(extra=right.extra)]).extra
-    draws, ratio_by_shape = both.get("haar_draws", Counts()), both["figure"]
+    draws = both.get("haar_draws", Counts())
+    ratio_by_shape = both.get("figure", {"check": [], "d": [], "r": [], "max_ratio": []})
     by_shape = draws.get("by_shape", {})
     missing = component_coverage(draws)
     return Evidence(
@@ -625,7 +638,7 @@ def haar_part(ctx: Context) -> Evidence:
             "config": {"lr": CONFIG.lr, "betas": list(CONFIG.betas), "eps": CONFIG.eps,
                        "trust_radius": CONFIG.trust_radius, "weight_decay": CONFIG.weight_decay},
             "haar_draws": draws,
-            "frames_certified": _certified(left.frames + right.frames, both["counts"]),
+            "frames_certified": _certified(left.frames + right.frames, both),
         },
         figures={"frame_ratio_by_shape": DataFigure(ratio_by_shape)},
         notes=[
@@ -634,9 +647,9 @@ def haar_part(ctx: Context) -> Evidence:
             f"({len(by_shape)} shapes, {sum(v[2] for v in by_shape.values())} "
             f"extra draws to find a missing component); {draws.get('square_frames', 0)} frames with d = r "
             "(St(d, d) = O(d)).",
-        ],
+        ] + _coverage_notes("left_haar and right_haar", both, ctx),
         inconclusive=(["the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
-                       + "; ".join(missing)] if missing else []) + _vacuous_reason(both["counts"]),
+                       + "; ".join(missing)] if missing else []) + _nothing_compared(left.checks + right.checks),
     )
 
 
@@ -645,17 +658,29 @@ def _with_samples(checks):
     return [check for check in checks if check.samples or not check.name.endswith("_replayed")]
 
 
-def _certified(frames: int, counts) -> dict:
-    """How the frames were certified: by the float64 running bound, by a replay at high precision
-    (kit/running_bounds.replay_vacuous), or not at all (vacuous and not replayed)."""
-    return {"by_the_float64_bound": frames - counts["vacuous"], "replayed_at_high_precision": counts["replayed"],
-            "not_certified": counts["vacuous"] - counts["replayed"]}
+def _certified(frames: int, extra: dict) -> dict:
+    """How the frames were certified: over every step by the running bound, by a replay at high
+    precision (kit/running_bounds.replay_vacuous), over their first steps only (the bound reaches 2
+    sqrt(r) later), or not compared (it does at the first step)."""
+    counts = extra["counts"]
+    return {"over_every_step": frames - counts["vacuous"], "replayed_at_high_precision": counts["replayed"],
+            "over_their_first_steps": counts["truncated"], "not_compared": counts["uncovered"],
+            "shortest_compared_run": min(extra["truncated_steps"], default=None)}
 
 
-def _vacuous_reason(counts) -> list[str]:
-    left = counts["vacuous"] - counts["replayed"]
-    return [f"{left} frames had a rounding bound >= 2 sqrt(r) at some step (vacuous) and were not replayed: the "
-            "trajectory checks do not certify them"] if left else []
+def _coverage_notes(label: str, extra: dict, ctx: Context) -> list[str]:
+    """The notes that say how far the frames whose bound became vacuous were compared."""
+    counts = extra["counts"]
+    precision = precisions.of(ctx.optimizer if ctx.optimizer == "stiefel_adam" else get_variant(ctx.optimizer))
+    return coverage_text(label, {"truncated": counts["truncated"], "uncovered": counts["uncovered"],
+                                 "shortest": min(extra["truncated_steps"], default=None)}, ctx.profile.steps, precision.text())
+
+
+def _nothing_compared(checks) -> list[str]:
+    """Inconclusive only where a frame check compared no frame at all (every bound vacuous at its
+    first step; the moments follow the frames' informative steps, and a black box's are hidden)."""
+    return [f"{check.name}: no frame has a step whose running rounding bound is below 2 sqrt(r) at this precision"
+            for check in checks if not check.samples and check.name.endswith("_frames")]
 
 
 def signed_permutation_part(ctx: Context) -> Evidence:
@@ -663,8 +688,9 @@ def signed_permutation_part(ctx: Context) -> Evidence:
     evidence = action_check(ctx.seed, ctx.profile, ctx.optimizer, "left", ctx.profile.frames // 10, MEDIUM_SHAPES,
                             "left_signed_permutation", transform="signed_permutation")
     return Evidence(checks=_with_samples(evidence.checks), frames=evidence.frames,
-                    extra={"frames_certified_signed_permutation": _certified(evidence.frames, evidence.extra["counts"])},
-                    inconclusive=_vacuous_reason(evidence.extra["counts"]))
+                    extra={"frames_certified_signed_permutation": _certified(evidence.frames, evidence.extra)},
+                    notes=_coverage_notes("left_signed_permutation", evidence.extra, ctx),
+                    inconclusive=_nothing_compared(evidence.checks))
 
 
 def sign_flips_part(ctx: Context) -> Evidence:

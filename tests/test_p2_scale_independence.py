@@ -160,7 +160,8 @@ def test_symbolic_reduction_detects_a_non_identity():
 def test_vacuous_decay_bounds_are_replayed_at_high_precision(monkeypatch):
     """Below c = 10^-2 the carried decay bound reaches 2 sqrt(r) for some frames: each is replayed at
     the profile's mp_dps digits against the same claim (kit/running_bounds.replay_pair) and certified
-    there; without the mpmath tier (mp_dps = 0) they leave the run inconclusive."""
+    there; without the mpmath tier (mp_dps = 0) each is compared over the steps where its bound is
+    informative, and the certificate counts them and says how far the shortest went."""
     import dataclasses
 
     from propositions import get_profile
@@ -172,12 +173,18 @@ def test_vacuous_decay_bounds_are_replayed_at_high_precision(monkeypatch):
     vacuous = result.extra["vacuous_bounds"]
     assert vacuous > 0
     assert result.extra["frames_certified"]["replayed_at_high_precision"] == vacuous
-    assert result.extra["frames_certified"]["not_certified"] == 0
+    assert result.extra["frames_certified"]["over_their_first_steps"] == result.extra["frames_certified"]["not_compared"] == 0
     replayed = [c for c in result.checks if c.name.endswith("_replayed")]
     assert sum(c.samples for c in replayed) == vacuous and all(c.passed for c in replayed)
     assert result.verdict == "pass", result.failures() + result.inconclusive
     without = p2.CLAIM.run(2, dataclasses.replace(profile, mp_dps=0))
-    assert without.verdict == "inconclusive" and "vacuous" in without.inconclusive[0]
+    assert without.verdict == "pass", without.failures() + without.inconclusive
+    certified = without.extra["frames_certified"]
+    assert certified["replayed_at_high_precision"] == 0
+    assert certified["over_their_first_steps"] + certified["not_compared"] == vacuous
+    assert 0 < certified["shortest_compared_run"] < profile.steps
+    assert any(f"compared over their first steps only (as few as {certified['shortest_compared_run']} of {profile.steps})" in note
+               for note in without.notes)
 
 
 # Broken steps built here: plausible mistakes that the earlier checks (W_t only; an eps bound that

@@ -269,3 +269,18 @@ def test_model_rejects_mismatched_shapes():
     W = ri.random_point(4, 2, rng_for(0, "shapes"), (3,))
     with pytest.raises(ValueError, match="v of shape"):
         model_step(W, W, W, np.zeros((3, 4, 2)), 0, ri.StiefelAdamConfig())
+
+
+def test_an_inconclusive_well_posedness_reason_gives_the_count_the_shape_and_a_case():
+    """At a coarse precision, frame-steps that are not well posed are not compared; the reason names
+    how many, at which shapes, and one case to reproduce (its setting, shape, frame and step)."""
+    from propositions._common import NumericalCheck
+    from propositions.kit.trajectories import _case_text
+
+    check = NumericalCheck("trajectory_model_well_posed[x]", "d", "b")
+    extra = {"setting": "fresh_capped_1", "lr": 0.5, "betas": [0.9, 0.999], "eps": 1e-8, "trust_radius": 1.0, "weight_decay": 0.0,
+             "lead": [3], "index_layout": "(step - 1) * frames + frame"}
+    check.add([0.0, 0.0, 0.0, 0.0, 1.0, 1.0], 0.5, shape=(6, 6), key=("trajectories", "P3", "fresh_capped_1", 6, 6, "3"), seed=0, extra=extra)
+    assert check.exceeding() == 2 and not check.passed
+    assert _case_text(check.worst) == ("setting fresh_capped_1 (lr 0.5, betas (0.9, 0.999), eps 1e-08, Delta 1, lambda 0), shape (6, 6), "
+                                       "frame 1 of a batch (3,), step 2, seed 0 (key trajectories/P3/fresh_capped_1/6/6/3)")

@@ -5,9 +5,10 @@ this module turns that into a case a person can debug. Only the trajectory check
 (trajectory_model_W, _m, _v, _bookkeeping of propositions/kit/trajectories.py, run by every claim
 P1..P5 on the optimizer under test): each compares one step of the implementation with the model
 at the implementation's own input, so a case is small, cheap and needs nothing of the claim but its
-parameters. The check is the same: the same model (kit.model.model_step), the same one-step bound
-(kit.trajectories.one_step_bound; twice it for a white box, the carried bound of `_run_black_box`
-for a black box), the same rule (a well-posed step fails when its residual exceeds its bound).
+parameters. The check is the same, by the same code: kit.trajectories.compare_step, the model of
+docs/algorithm.md and the implementation's one-step bound at its own precision (kit/precision.py)
+plus the model's, the carried bound of a black box, a well-posed step failing when its residual
+exceeds its bound.
 
 A case is the claim's own parameters (`Case`): the shape (d, r), a batch of frames or a bare frame,
 the number of steps, a fresh or a warm start, the kind and power-of-ten scale of the gradients, the
@@ -35,10 +36,9 @@ import numpy as np
 import reference_impl as ri
 from propositions._common import rng_for
 from propositions.kit import observability
-from propositions.kit.model import model_step
 from propositions import trajectory_plans
-from propositions.kit.trajectories import (MIN_STEPS, TINY, checked_step, trajectory_gradient, state_shapes_fit, warm_state,
-                                          one_step_bound)
+from propositions.kit import precision as precisions
+from propositions.kit.trajectories import MIN_STEPS, checked_step, compare_step, trajectory_gradient, state_shapes_fit, warm_state
 
 QUANTITIES = ("W", "m", "v", "bookkeeping")
 CHECK_PREFIX = "trajectory_model_"
@@ -46,6 +46,13 @@ GRADIENT_KINDS = ("gaussian", "normal", "zero")
 PLAIN = {"eps": 0.0, "weight_decay": 0.0, "trust_radius": math.inf, "betas": (0.9, 0.999), "scale_exponent": 0}
 MAX_REPLAYS = 600  # the search's budget; each replay is a few small steps
 WIDE_EXPONENT = 20  # a "wide" setting (10^U(-30, 30)) starts from gradients of scale 10^20
+
+
+def wide_exponent(variant) -> int:
+    """The largest power of ten of gradient scale a case draws for `variant`: WIDE_EXPONENT, or fewer
+    decades where its storage dtype's range holds fewer (kit/precision.Precision.scale_decades: 13 in
+    float32 and bfloat16), as the claims' own draws do."""
+    return min(WIDE_EXPONENT, precisions.of(variant).scale_decades)
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,8 @@ def _draw(case: Case):
 
 
 def replay(variant, case: Case) -> Outcome:
-    """Run the case on `variant` (a reference_impl Variant, adapted or not) against the model."""
+    """Run the case on `variant` (a reference_impl Variant, adapted or not) against the model, at the
+    variant's own precision (kit/precision.py), as `certify run` holds it."""
     W, warm, gradient = _draw(case)
     if warm is not None and not observability.state_observable(variant):
         raise ValueError("a warm start hands the optimizer a state built by the checker; a black box takes only its own")
@@ -126,8 +134,10 @@ def _watched(white: bool, W, G, state):
 
 def replay_inputs(variant, quantity: str, W, warm, gradients, config, steps: int) -> Outcome:
     """The replay of given inputs: W_0, a warm state (or None: the variant's init), the gradients
-    (a list, or gradient(k, W_k)) and the config; the check trajectory_model_<quantity>."""
+    (a list, or gradient(k, W_k)) and the config; the check trajectory_model_<quantity>, by the rule
+    of the claims' own trajectories (kit.trajectories.compare_step) at the variant's precision."""
     white = observability.state_observable(variant)
+    precision = precisions.of(variant)
     if quantity not in QUANTITIES or (not white and quantity != "W"):
         raise ValueError(f"no replayable check trajectory_model_{quantity} for {'a white' if white else 'a black'} box")
     state = variant.init(W) if warm is None else warm
@@ -146,7 +156,7 @@ def replay_inputs(variant, quantity: str, W, warm, gradients, config, steps: int
         before = {"W": W, "G": G, "state": state, "reference_state": _reference_state(white, state, model_state), "carried": carried}
         if error is not None:
             return Outcome(k + 1, math.inf, 1.0, error, inputs, before)
-        residual, bound, model, carried = _compare(white, quantity, W, G, W_new, state_new, before, config)
+        residual, bound, model, carried = _compare(white, quantity, W, G, W_new, state_new, before, config, precision)
         ratio = _worst_ratio(residual, bound)
         if ratio[0] > ratio[1]:
             return Outcome(k + 1, ratio[0], ratio[1], None, inputs, {**before, "W_new": W_new, "state_new": state_new})
@@ -171,27 +181,16 @@ def _frobenius(X):
     return np.sqrt(np.sum(X * X, axis=(-2, -1)))
 
 
-def _compare(white, quantity, W, G, W_new, state_new, before, config):
-    """(residuals, bounds, the model's step, the carried state error) of one step: the rule of
-    kit.trajectories (white box: twice the one-step bound; black box: the carried bound, W only)."""
-    m, v, t = before["reference_state"]
-    with np.errstate(all="ignore"):
-        model = model_step(W, G, m, v, t, config)
-        own = one_step_bound(W, G, m, v, t, config, model)
-        if white:
-            residual = {"W": _frobenius(np.asarray(W_new) - model.W), "m": _frobenius(np.asarray(state_new.m) - model.m),
-                        "v": np.abs(np.asarray(state_new.v, dtype=np.float64) - model.v),
-                        "bookkeeping": np.full(W.shape[:-2], float(abs(int(state_new.t) - model.t)))}[quantity]
-            bound = 0.5 if quantity == "bookkeeping" else 2 * getattr(own, quantity)
-            posed = own.well_posed
-            carried = before["carried"]
-        else:
-            held = one_step_bound(W, G, m, v, t, config, model, *before["carried"])
-            residual, bound = _frobenius(np.asarray(W_new) - model.W), held.W + own.W
-            posed = held.well_posed & own.well_posed
-            carried = tuple(np.where(a > TINY, a, 0.0) + np.where(b > TINY, b, 0.0) for a, b in ((held.m, own.m), (held.v, own.v)))
-    residual = np.where(posed, residual, 0.0)
-    return residual, np.broadcast_to(np.where(posed, bound, 1.0), np.shape(residual)), model, carried
+def _compare(white, quantity, W, G, W_new, state_new, before, config, precision):
+    """(residuals, bounds, the model's step, the carried state error) of one step: the rule of the
+    claims' trajectories (kit.trajectories.compare_step), the bookkeeping an exact count."""
+    compared = compare_step(white, W, G, before["reference_state"], W_new, state_new, config, precision, before["carried"])
+    model = compared.model
+    if quantity == "bookkeeping":
+        residual = np.full(W.shape[:-2], float(abs(int(state_new.t) - model.t)))
+        return residual, np.full(np.shape(residual), 0.5), model, compared.carried
+    residual = compared.residual[quantity]
+    return residual, np.broadcast_to(compared.bound[quantity], np.shape(residual)), model, compared.carried
 
 
 def _worst_ratio(residual, bound) -> tuple[float, float]:
@@ -224,14 +223,14 @@ def first_failing_check(certificate: dict) -> str | None:
     return None
 
 
-def _case_from_setting(claim: str, quantity: str, setting, d: int, r: int, batch: int, seed: int) -> Case:
-    exponent = WIDE_EXPONENT if setting.gradients == "wide" else 0
+def _case_from_setting(claim: str, quantity: str, setting, d: int, r: int, batch: int, seed: int, limit: int = WIDE_EXPONENT) -> Case:
+    exponent = limit if setting.gradients == "wide" else 0
     kind = "gaussian" if setting.gradients == "wide" else setting.gradients
     return Case(claim, quantity, d, r, batch, MIN_STEPS, setting.start, kind, exponent, setting.step_length,
                 tuple(setting.betas), setting.eps, setting.trust_radius, setting.weight_decay, seed)
 
 
-def starting_cases(claim: str, quantity: str, worst: dict | None, seed: int, white: bool):
+def starting_cases(claim: str, quantity: str, worst: dict | None, seed: int, white: bool, limit: int = WIDE_EXPONENT):
     """The failing draw's setting and shape first, then every setting and shape of the claim, each
     with a batch of two frames and a bare frame (a black box: fresh starts only)."""
     plan = trajectory_plans()[claim]
@@ -243,7 +242,7 @@ def starting_cases(claim: str, quantity: str, worst: dict | None, seed: int, whi
             continue
         for d, r in sorted(shapes, key=lambda shape: tuple(shape) != first):
             for batch in (2, 0):
-                yield _case_from_setting(claim, quantity, setting, d, r, batch, seed)
+                yield _case_from_setting(claim, quantity, setting, d, r, batch, seed, limit)
 
 
 def _simpler(case: Case):
@@ -319,7 +318,7 @@ def minimal_counterexample(variant, certificate: dict) -> dict | None:
     seed = int(certificate.get("provenance", {}).get("seed", 0))
     search = _Search(variant)
     found = None
-    for start in starting_cases(certificate["id"], quantity if white else "W", check.get("worst_case"), seed, white):
+    for start in starting_cases(certificate["id"], quantity if white else "W", check.get("worst_case"), seed, white, wide_exponent(variant)):
         found = shrink(variant, start, search)
         if found is not None or search.replays >= MAX_REPLAYS:
             break

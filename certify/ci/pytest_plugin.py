@@ -9,8 +9,10 @@
 
 Either form holds the implementation to the claim's trajectory checks (propositions/kit/
 trajectories.py: the implementation against the model of docs/algorithm.md, step by step, within
-the one-step bound) on cases that hypothesis draws from the claim's own settings
-(certify.ci.strategies.cases), under the hypothesis settings in force: the user's loaded profile
+the one-step bound at the implementation's own precision, by kit.trajectories.compare_step, the
+rule `certify run` applies: a float32 or bfloat16 implementation is held to the analysis of its
+dtype, and its cases draw gradients within that dtype's range) on cases that hypothesis draws from
+the claim's own settings (certify.ci.strategies.cases), under the hypothesis settings in force: the user's loaded profile
 (max_examples, derandomize, database, ...; a CI profile should derandomize). The deadline is
 lifted, as a first torch step pays for imports. A failing case is shrunk by hypothesis, then by the
 deterministic search of certify.ci.counterexample, and the test fails with the minimal counterexample,
@@ -68,7 +70,7 @@ def _property(variant, claim: str):
     quantities = ("W", "m", "v", "bookkeeping") if white else ("W",)
 
     @settings(settings.default, deadline=None)
-    @given(strategies.cases(claim, black_box=not white))
+    @given(strategies.cases(claim, black_box=not white, max_exponent=counterexample.wide_exponent(variant)))
     def holds(case):
         for quantity in quantities:
             if counterexample.replay(variant, replace(case, quantity=quantity)).fails:

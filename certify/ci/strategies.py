@@ -121,11 +121,13 @@ def configs(draw, lr=None, trust_radius=None, weight_decay=None, eps=None, betas
     )
 
 
-def cases(claim: str, black_box: bool = False, max_d: int = 6, max_steps: int = 8) -> st.SearchStrategy:
+def cases(claim: str, black_box: bool = False, max_d: int = 6, max_steps: int = 8, max_exponent: int | None = None) -> st.SearchStrategy:
     """A certify.ci.counterexample.Case of claim's trajectory settings (propositions/kit/trajectories.py):
     a setting of the claim, a shape, a batch (0: a bare frame), a number of steps and a seed; its
     check is trajectory_model_W (replace(case, quantity=...) for m, v, bookkeeping). A black box
-    takes only its own state: its warm settings start fresh."""
+    takes only its own state: its warm settings start fresh. max_exponent: the largest power of ten
+    of a wide setting's gradient scale (default counterexample.WIDE_EXPONENT, 20; the plugin passes
+    counterexample.wide_exponent(implementation), 13 for float32 and bfloat16 storage)."""
     from propositions import trajectory_plans
 
     plans = trajectory_plans()
@@ -133,12 +135,14 @@ def cases(claim: str, black_box: bool = False, max_d: int = 6, max_steps: int = 
         raise ValueError(f"no trajectory settings for claim {claim!r}; known: {', '.join(plans)}")
     if max_d < 1 or max_steps < 1:
         raise ValueError(f"max_d and max_steps must be at least 1, got {max_d} and {max_steps}")
-    return _cases(claim, black_box, max_d, max_steps, plans[claim].settings)
+    from certify.ci.counterexample import WIDE_EXPONENT
+
+    return _cases(claim, black_box, max_d, max_steps, plans[claim].settings, WIDE_EXPONENT if max_exponent is None else max_exponent)
 
 
 @st.composite
-def _cases(draw, claim, black_box, max_d, max_steps, settings):
-    from certify.ci.counterexample import WIDE_EXPONENT, Case
+def _cases(draw, claim, black_box, max_d, max_steps, settings, max_exponent):
+    from certify.ci.counterexample import Case
 
     setting = draw(st.sampled_from(settings))
     d = draw(st.integers(1, max_d))
@@ -146,7 +150,7 @@ def _cases(draw, claim, black_box, max_d, max_steps, settings):
     wide = setting.gradients == "wide"
     return Case(claim, "W", d, r, draw(st.integers(0, 3)),
                 draw(st.integers(1, max_steps)), "fresh" if black_box else setting.start, "gaussian" if wide else setting.gradients,
-                draw(st.integers(-WIDE_EXPONENT, WIDE_EXPONENT)) if wide else 0, setting.step_length, tuple(setting.betas),
+                draw(st.integers(-max_exponent, max_exponent)) if wide else 0, setting.step_length, tuple(setting.betas),
                 setting.eps, setting.trust_radius, setting.weight_decay, draw(seeds()))
 
 

@@ -295,6 +295,12 @@ class NumericalCheck:
                 **({} if extra is None else dict(extra)),
             }
 
+    def exceeding(self) -> int:
+        """How many samples have residual / bound > 1 (from the ratio histogram, whose edges hold log10
+        ratio 0)."""
+        above = int(np.searchsorted(RATIO_BINS, 0.0)) + 1
+        return int(self._ratio_hist[above:].sum())
+
     def merge(self, other: "NumericalCheck") -> "NumericalCheck":
         """Fold in `other`, a partial check of the same name filled by later adds; returns self.
 

@@ -190,12 +190,46 @@ def frame_distance(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.where(finite, diff, np.nan)
 
 
-def worst_over_steps(residual: np.ndarray, bound: np.ndarray):
-    """Per frame, the step t with the largest residual / bound: (residual (n,), bound (n,), t (n,))."""
-    ratio = np.where(np.isnan(residual), np.inf, residual) / bound
+def informative_steps(bound: np.ndarray, r: int) -> np.ndarray:
+    """Per frame (columns of bound (T, n)), how many leading steps have a running bound below
+    2 sqrt(r), the largest distance of two frames: beyond the first step where it reaches it the bound
+    certifies nothing (it only grows), so a trajectory is compared over those steps alone."""
+    vacuous = ~(bound < 2.0 * math.sqrt(r))
+    return np.where(vacuous.any(axis=0), np.argmax(vacuous, axis=0), bound.shape[0])
+
+
+def worst_over_informative_steps(residual: np.ndarray, bound: np.ndarray, r: int):
+    """Per frame, the step with the largest residual / bound among its informative steps
+    (informative_steps; a NaN residual counts as infinite); returns (residual,
+    bound, t, covered, compared): covered (n,) the informative steps of each frame, compared (n,) the
+    frames with at least one (the others are not compared: a caller adds only worst[compared])."""
+    covered = informative_steps(bound, r)
+    worst_residual, worst_bound, t = worst_within(residual, bound, covered)
+    return worst_residual, worst_bound, t, covered, covered > 0
+
+
+def worst_within(residual: np.ndarray, bound: np.ndarray, covered: np.ndarray):
+    """Per frame i, the step among its first covered[i] with the largest residual / bound (a NaN
+    residual counts as infinite): (residual (n,), bound (n,), t (n,)); a frame with no covered step
+    gives its step 0, which the caller leaves out."""
+    inside = np.arange(bound.shape[0])[:, None] < covered[None, :]
+    ratio = np.where(inside, np.where(np.isnan(residual), np.inf, residual) / bound, -np.inf)
     t = np.argmax(ratio, axis=0)
     columns = np.arange(residual.shape[1])
     return residual[t, columns], bound[t, columns], t
+
+
+def coverage_text(label: str, counts: dict, steps: int, precision_text: str) -> list[str]:
+    """The notes that say what a trajectory check covered where bounds became vacuous (counts: vacuous,
+    replayed, truncated, uncovered, shortest)."""
+    notes = []
+    if counts.get("truncated"):
+        notes.append(f"{label}: {counts['truncated']} frames compared over their first steps only (as few as {counts['shortest']} "
+                     f"of {steps}): their running rounding bound at {precision_text} reaches 2 sqrt(r) (certifies nothing) beyond")
+    if counts.get("uncovered"):
+        notes.append(f"{label}: {counts['uncovered']} frames not compared: their running rounding bound at {precision_text} reaches "
+                     "2 sqrt(r) at the first step (the shapes where it is informative are the ones compared)")
+    return notes
 
 
 def plan_chunks(plan) -> list[tuple[int, int, int, int]]:

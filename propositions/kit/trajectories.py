@@ -186,6 +186,54 @@ def one_step_bound(W, G, m_in, v_in, t_in: int, config: StiefelAdamConfig, model
                         well_posed=error.well_posed)
 
 
+@dataclass
+class StepComparison:
+    """One step of the implementation against the model (`compare_step`): residuals and bounds per
+    quantity ("W", "m", "v"; a black box has "W" only), whether the step is well posed (where it is
+    not, residual 0 and bound 1: counted, not compared), the model's step, and a black box's carried
+    state errors for the next step."""
+
+    residual: dict
+    bound: dict
+    posed: np.ndarray
+    model: ModelStep
+    carried: tuple
+
+
+def compare_step(white: bool, W, G, reference_state, W_new, state_new, config: StiefelAdamConfig,
+                 precision: precisions.Precision = precisions.FLOAT64, carried=(0.0, 0.0)) -> StepComparison:
+    """The one rule by which an implementation's step is held to the model, whoever asks (the claims'
+    trajectories, the minimal counterexample, the pytest plugin, regression files): the model steps
+    from reference_state (m, v, t) at the model's own route; the implementation's evaluation is within
+    one_step_bound at its `precision` (kit/precision.py), the model's within one_step_bound at float64,
+    so their distance is at most the sum. A white box is compared from its own state (W, m, v); a
+    black box on W only, from the model's state, with the errors `carried` from the earlier steps as
+    the input errors of its hidden moments (_run_black_box)."""
+    m, v, t = reference_state
+    with np.errstate(all="ignore"):
+        model = model_step(W, G, m, v, t, config)
+        own = one_step_bound(W, G, m, v, t, config, model, route=MODEL_ROUTE)
+        if white:
+            held = one_step_bound(W, G, m, v, t, config, model, precision=precision)
+            residual = {"W": _frobenius(np.asarray(W_new) - model.W), "m": _frobenius(np.asarray(state_new.m) - model.m),
+                        "v": np.abs(np.asarray(state_new.v, dtype=np.float64) - model.v)}
+            bound = {name: getattr(held, name) + getattr(own, name) for name in residual}
+            next_carried = carried
+        else:
+            held = one_step_bound(W, G, m, v, t, config, model, *carried, precision=precision)
+            residual, bound = {"W": _frobenius(np.asarray(W_new) - model.W)}, {"W": held.W + own.W}
+            # carried without the TINY floor of one_step_bound: a bound at the floor is an exact step
+            # (g = 0, m = 0), whose state both runs hold exactly
+            next_carried = tuple(np.where(a > TINY, a, 0.0) + np.where(b > TINY, b, 0.0) for a, b in ((held.m, own.m), (held.v, own.v)))
+        # a step is judged only where both bounds exist: well posed, and every bound compared finite
+        # (a bound that is not, an infinite retraction bound at a coarse precision, certifies nothing)
+        finite = np.logical_and.reduce([np.isfinite(value) for value in bound.values()])
+        posed = np.asarray(held.well_posed & own.well_posed & finite)
+    residual = {name: np.where(posed, value, 0.0) for name, value in residual.items()}
+    bound = {name: np.where(posed, value, 1.0) for name, value in bound.items()}
+    return StepComparison(residual, bound, posed, model, next_carried)
+
+
 # --------------------------------------------------------------------------------------------
 # Running the trajectories
 # --------------------------------------------------------------------------------------------
@@ -199,6 +247,7 @@ class _Checks:
         self.label = label
         self.black_box = False
         self.precision = precisions.FLOAT64
+        self.unposed: dict = {}  # (d, r) -> frame-steps not well posed there (a coarse precision's reason)
         self.W = NumericalCheck(
             f"trajectory_model_W[{label}]",
             "||W_opt - W_model|| after each step of the optimizer's own trajectories, the model fed the optimizer's input",
@@ -256,6 +305,12 @@ class _Checks:
         inf = np.full(residual_shape, np.inf)
         for check in (self.W, self.m, self.v, self.bookkeeping):
             check.add(inf, 1.0 if check is not self.bookkeeping else 0.5, shape=shape, key=key, seed=self.seed, extra=extra)
+
+    def count_unposed(self, shape, flags) -> None:
+        """Add the frame-steps flagged not well posed (flags: arrays of 0 / 1) to shape's count."""
+        count = int(sum(np.count_nonzero(f) for f in flags))
+        if count:
+            self.unposed[tuple(shape)] = self.unposed.get(tuple(shape), 0) + count
 
     def list(self) -> list[NumericalCheck]:
         # a black box's m, v and t are not observable: those checks hold no sample and are recorded
@@ -377,28 +432,24 @@ def _compare_with_model(checks: _Checks, variant, setting: TrajectorySetting, d:
             error = f"step {k + 1} returned a state of the wrong shape"
         if error is not None:
             break
-        with np.errstate(all="ignore"):
-            model = model_step(W, G, state.m, state.v, state.t, config)
-            bound = one_step_bound(W, G, state.m, state.v, state.t, config, model, precision=checks.precision)
-            model_bound = one_step_bound(W, G, state.m, state.v, state.t, config, model, route=MODEL_ROUTE)
-            posed = np.broadcast_to(bound.well_posed & model_bound.well_posed, lead).ravel()
-            residuals = {
-                "W": _frobenius(np.asarray(W_new) - model.W),
-                "m": _frobenius(np.asarray(state_new.m) - model.m),
-                "v": np.abs(np.asarray(state_new.v, dtype=np.float64) - model.v),
-            }
-        for name, residual in residuals.items():
+        compared = compare_step(True, W, G, (state.m, state.v, state.t), W_new, state_new, config, checks.precision)
+        model = compared.model
+        posed = np.broadcast_to(compared.posed, lead).ravel()
+        for name in ("W", "m", "v"):
             # steps whose bound is undefined are counted by _well_posed, not compared
-            collected[name][0].append(np.where(posed, np.ravel(residual), 0.0))
-            collected[name][1].append(np.where(posed, np.ravel(getattr(bound, name) + getattr(model_bound, name)), 1.0))
+            collected[name][0].append(np.broadcast_to(compared.residual[name], lead).ravel())
+            collected[name][1].append(np.broadcast_to(compared.bound[name], lead).ravel())
         collected["bookkeeping"][0].append(np.full(frames, float(abs(int(state_new.t) - model.t))))
         collected["well_posed"][0].append(np.where(posed, 0.0, 1.0))
         checks.steps += frames
         checks.clipped += int(np.count_nonzero(model.clipped))
         if twin_dps is not None and bool(np.all(posed)):
-            _compare_with_twin(checks, W, G, state, config, (W_new, state_new.m, state_new.v), model,
-                               (bound, model_bound), twin_dps, key + (k,), shape)
+            with np.errstate(all="ignore"):
+                bounds = (one_step_bound(W, G, state.m, state.v, state.t, config, model, precision=checks.precision),
+                          one_step_bound(W, G, state.m, state.v, state.t, config, model, route=MODEL_ROUTE))
+            _compare_with_twin(checks, W, G, state, config, (W_new, state_new.m, state_new.v), model, bounds, twin_dps, key + (k,), shape)
         W, state = np.asarray(W_new), state_new
+    checks.count_unposed(shape, collected["well_posed"][0])
     for name, (residuals, bounds) in collected.items():
         if residuals:
             check = getattr(checks, name)
@@ -466,26 +517,21 @@ def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int,
         W_new, state_new, error = checked_step(variant, W, G, state, config, k, watched=(W, G))
         if error is not None:
             break
-        with np.errstate(all="ignore"):
-            model = model_step(W, G, m_model, v_model, t_model, config)
-            held = one_step_bound(W, G, m_model, v_model, t_model, config, model, m_error, v_error, precision=checks.precision)
-            own = one_step_bound(W, G, m_model, v_model, t_model, config, model, route=MODEL_ROUTE)
-            posed = np.broadcast_to(held.well_posed & own.well_posed, lead).ravel()
-            residual = np.ravel(_frobenius(np.asarray(W_new) - model.W))
-        residuals.append(np.where(posed, residual, 0.0))
-        bounds.append(np.where(posed, np.ravel(held.W + own.W), 1.0))
+        compared = compare_step(False, W, G, (m_model, v_model, t_model), W_new, state_new, config, checks.precision,
+                                (m_error, v_error))
+        model, posed = compared.model, np.broadcast_to(compared.posed, lead).ravel()
+        residuals.append(np.broadcast_to(compared.residual["W"], lead).ravel())
+        bounds.append(np.broadcast_to(compared.bound["W"], lead).ravel())
         posed_flags.append(np.where(posed, 0.0, 1.0))
         checks.steps += frames
         checks.clipped += int(np.count_nonzero(model.clipped))
-        # carried without the TINY floor of one_step_bound: a bound at the floor is an exact step
-        # (g = 0, m = 0), whose state both runs hold exactly
-        m_error = np.where(held.m > TINY, held.m, 0.0) + np.where(own.m > TINY, own.m, 0.0)
-        v_error = np.where(held.v > TINY, held.v, 0.0) + np.where(own.v > TINY, own.v, 0.0)
+        m_error, v_error = compared.carried
         m_model, v_model, t_model = model.m, model.v, model.t
         W, state = np.asarray(W_new), state_new
     if residuals:
         checks.W.add(np.concatenate(residuals), np.concatenate(bounds), shape=shape, key=key, seed=checks.seed, extra=extra)
         checks.well_posed.add(np.concatenate(posed_flags), 0.5, shape=shape, key=key, seed=checks.seed, extra=extra)
+        checks.count_unposed(shape, posed_flags)
     if error is not None:
         checks.W.add(np.full(frames, np.inf), 1.0, shape=shape, key=key, seed=checks.seed, extra={**extra, "error": error})
 
@@ -498,6 +544,11 @@ def _twin_plan(settings: int, profile: Profile) -> set:
 
 
 def trajectory_agreement(seed: int, profile: Profile, optimizer, plans: TrajectoryPlan | Sequence[TrajectoryPlan]) -> list[NumericalCheck]:
+    """The checks of _agreement (its docstring)."""
+    return _agreement(seed, profile, optimizer, plans).list()
+
+
+def _agreement(seed: int, profile: Profile, optimizer, plans: TrajectoryPlan | Sequence[TrajectoryPlan]) -> _Checks:
     """Compare the optimizer's own trajectories with the model, step by step (see the module docstring).
 
     optimizer: a reference_impl.VARIANTS name or a Variant. plans: the claims' TrajectoryPlan (one,
@@ -520,7 +571,7 @@ def trajectory_agreement(seed: int, profile: Profile, optimizer, plans: Trajecto
                     key = ("trajectories", plan.claim, setting.name, d, r, "x".join(map(str, lead)) or "bare")
                     twin_dps = profile.mp_dps if lead == () and (index, (d, r)) in twins else None
                     _compare_with_model(checks, variant, setting, d, r, lead, steps, key, twin_dps)
-    return checks.list()
+    return checks
 
 
 def trajectory_evidence(ctx: Context, plan: TrajectoryPlan) -> Evidence:
@@ -528,16 +579,36 @@ def trajectory_evidence(ctx: Context, plan: TrajectoryPlan) -> Evidence:
 
     In float64 the settings make every step of a correct optimizer well posed, and a step that is not
     fails trajectory_model_well_posed. At a coarser precision (kit/precision.py) the step may be
-    undefined at the implementation's own rounding level (q or sigma_min not above its error): those
-    frame-steps are not compared, and the claim says so (inconclusive) instead of failing an
-    implementation that the analysis cannot judge there."""
-    checks = trajectory_agreement(ctx.seed, ctx.profile, ctx.optimizer, plan)
+    undefined at the implementation's own rounding level (q or sigma_min not above its error, or a
+    bound that is not finite): those frame-steps are not compared, and the certificate names how
+    many, at which shapes, and one case (a note), instead of failing an implementation that the
+    analysis cannot judge there; it is inconclusive only where no step at all was compared."""
+    found = _agreement(ctx.seed, ctx.profile, ctx.optimizer, plan)
+    checks = found.list()
     if precisions.of(get_variant(ctx.optimizer)).is_float64:
         return Evidence(checks=checks)
     undefined = [c for c in checks if c.name.startswith("trajectory_model_well_posed[") and not c.passed]
-    reasons = [f"{c.name}: some steps are not well posed at the implementation's rounding (kit/precision.py); "
-               "they were not compared" for c in undefined]
-    return Evidence(checks=[c for c in checks if c not in undefined], inconclusive=reasons)
+    precision = precisions.of(get_variant(ctx.optimizer))
+    where = ", ".join(f"{count} at ({d}, {r})" for (d, r), count in found.unposed.items())
+    texts = [f"{c.name}: {c.exceeding()} of {c.samples} frame-steps are not well posed at the implementation's rounding "
+             f"({precision.storage}: q = sqrt(v^) + eps or sigma_min(W + xi) not above its own error, or a bound that is "
+             f"not finite) and were not compared ({where}); one case: {_case_text(c.worst)}" for c in undefined]
+    # the steps where the analysis judges this dtype are compared and the others are named (notes);
+    # only a check that compared no step at all leaves the claim without evidence (inconclusive)
+    empty = [text for c, text in zip(undefined, texts) if c.exceeding() >= c.samples]
+    return Evidence(checks=[c for c in checks if c not in undefined], notes=[t for t in texts if t not in empty], inconclusive=empty)
+
+
+def _case_text(worst: dict) -> str:
+    """One reproducing case of a trajectory check's worst sample: the setting, the shape, the frame
+    and the step (index_layout (step - 1) * frames + frame), the seed."""
+    lead = tuple(worst.get("lead") or ())
+    frames = int(np.prod(lead)) if lead else 1
+    step, frame = divmod(int(worst["index_in_draw"]), frames)
+    where = "a bare frame" if not lead else f"frame {frame} of a batch {lead}"
+    return (f"setting {worst['setting']} (lr {worst['lr']:g}, betas {tuple(worst['betas'])}, eps {worst['eps']:g}, "
+            f"Delta {worst['trust_radius']:g}, lambda {worst['weight_decay']:g}), shape ({worst['shape'][0]}, {worst['shape'][1]}), "
+            f"{where}, step {step + 1}, seed {worst['seed']} (key {'/'.join(worst['key'])})")
 
 
 def trajectory_part(plan: TrajectoryPlan) -> Part:
