@@ -41,11 +41,28 @@ the observed W+ (certify/outside/probes.py, whose tolerances and their derivatio
     and no cap, then as it was, against the model within the trajectory check's own one-step bound
     (the retraction having fitted polar): the first to leave the model is the bias correction (for
     a black box: the moments or the bias correction), the direction (eps) or the cap.
+
+At the implementation's precision. Every probe and comparison holds the implementation to the
+analysis of its own dtype (kit/precision.py), as the claims do: the stored state and the full steps
+through kit.trajectories.compare_step, the probes through `ProbeScale`. A probe's output W_1 is off
+by at most rho, the one-step rounding bound of that probe step at the implementation's precision plus
+the model's (one_step_bound); the inverse polar retraction carries an error dW_1 into the recovered xi
+with a factor at most KAPPA = 2 near xi = 0 (its derivative there is the identity on the tangent
+space and 0 across it, norm 1, plus O(||xi||) <= 0.1 here), so a probe of length s reads xi to
+2 rho / s relative. In float64 the probes keep the lengths and tolerances of certify/outside/probes.py
+(s = 1e-7: rounding 1e-9 relative, a retraction that is not polar bending by O(s) = 1e-7, tolerances
+1e-6). In float32 and bfloat16 that s is below the storage's resolution (u_s = 6e-8, 4e-3): the
+probe takes s = sqrt(KAPPA rho), where rounding (KAPPA rho / s) and bending (s) are equal, and counts
+a difference only beyond 10 (KAPPA rho / s + s), ten times what rounding and bending can give, the
+margin the float64 tolerances keep. A float32 stage error of order one (a wrong beta, a missing
+1 / (d r), eps inside the root) then differs as its float64 twin does; the retraction's fit is held to
+10 (2 rho_tiny / s + rho_1 / ||W_1 - W||) in the same way.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,11 +70,40 @@ import reference_impl as ri
 from certify.outside.probes import DIRECTION_TOLERANCE, FIT_TOLERANCE, LENGTH_TOLERANCE, RETRACTIONS, TINY_STEP, _fit
 from propositions._common import rng_for
 from propositions.kit import observability
+from propositions.kit import precision as precisions
 from propositions.kit.directions import inverse_polar_retraction
 from propositions.kit.model import model_step
-from propositions.kit.trajectories import one_step_bound
+from propositions.kit.trajectories import MODEL_ROUTE, compare_step, one_step_bound
 from reference_impl.adam import moments_and_direction
 
+KAPPA = 2.0  # the inverse polar retraction's gain on an error of W_1 near xi = 0 (module docstring)
+MARGIN = 10.0  # a difference is ten times what rounding and bending can give (the float64 tolerances' margin)
+
+
+@dataclass(frozen=True)
+class ProbeScale:
+    """A tiny probe's length and tolerances at the implementation's precision (module docstring):
+    step, direction (on 1 - cos), length (on |ratio - 1|), and the relative error `reading` with which
+    the probe reads xi (KAPPA rho / step)."""
+
+    step: float
+    direction: float
+    length: float
+    reading: float
+
+    @classmethod
+    def at(cls, precision, rounding) -> "ProbeScale":
+        """The scale for a probe whose step of length TINY_STEP has one-step rounding bound rho =
+        rounding(TINY_STEP) and one of length s has rounding(s) (a callable: the bound depends on the step)."""
+        if precision.is_float64:
+            return cls(TINY_STEP, DIRECTION_TOLERANCE, LENGTH_TOLERANCE, KAPPA * rounding(TINY_STEP) / TINY_STEP)
+        step = max(TINY_STEP, min(MAX_PROBE_STEP, math.sqrt(KAPPA * rounding(TINY_STEP))))
+        reading = KAPPA * rounding(step) / step
+        tolerance = MARGIN * (reading + step)
+        return cls(step, max(DIRECTION_TOLERANCE, tolerance), max(LENGTH_TOLERANCE, tolerance), reading)
+
+
+MAX_PROBE_STEP = 0.1  # the O(||xi||) terms above stay below 0.1 (KAPPA's derivation)
 STAGE_NUMBERS = {"projection": "stages 1-2", "moments": "stages 3-4", "bias correction": "stage 5", "direction": "stage 6",
                  "cap": "stage 7", "retraction": "stage 8", "transport": "stage 8", "moments or bias correction": "stages 3-5"}
 MODERATE_STEP = 0.3
@@ -75,27 +121,56 @@ def _ratio_text(residual, bound) -> str:
     return f"{float(np.max(residual)):.3g} vs bound {float(np.min(bound)):.3g}"
 
 
-def state_findings(W, G, state, W_new, state_new, config) -> list[dict]:
-    """A white box's stored m+, v+, t+ at the failing step against the reference (module docstring)."""
+def _rounding(precision, W, G, reference_state, config_of, carried=(0.0, 0.0)):
+    """rho(s): the largest one-step rounding bound on W_1 over the frames of the probe step of length s
+    (config_of(s) its config), at the implementation's precision plus the model's (module docstring);
+    infinite where the step is not well posed or the first-order analysis does not apply."""
+    m, v, t = reference_state
+
+    def rho(length: float) -> float:
+        config = config_of(length)
+        try:
+            with np.errstate(all="ignore"):
+                model = model_step(W, G, m, v, t, config)
+                held = one_step_bound(W, G, m, v, t, config, model, *carried, precision=precision)
+                own = one_step_bound(W, G, m, v, t, config, model, route=MODEL_ROUTE)
+        except precisions.PrecisionTooCoarse:
+            return math.inf
+        total = np.where(held.well_posed & own.well_posed, held.W + own.W, np.inf)
+        return float(np.max(total))
+
+    return rho
+
+
+def _tolerance_text(precision, scale: ProbeScale, which: str) -> str:
+    if precision.is_float64:
+        return ""
+    return f" (tolerance {getattr(scale, which):.3g} at {precision.storage}, probe length {scale.step:.3g})"
+
+
+def state_findings(W, G, state, W_new, state_new, config, precision=precisions.FLOAT64) -> list[dict]:
+    """A white box's stored m+, v+, t+ at the failing step against the reference (module docstring),
+    within the trajectory check's bounds at the implementation's precision (compare_step)."""
     m, v, t = state.m, np.asarray(state.v, dtype=np.float64), int(state.t)
     with np.errstate(all="ignore"):
-        model = model_step(W, G, m, v, t, config)
-        bound = one_step_bound(W, G, m, v, t, config, model)
+        compared = compare_step(True, W, G, (m, v, t), W_new, state_new, config, precision)
         g = ri.project_tangent(W, G + config.weight_decay * W, validate=False)
         m3 = config.betas[0] * m + (1 - config.betas[0]) * g
-        m_new = np.asarray(state_new.m)
-        transported = _frobenius(m_new - ri.project_tangent(np.asarray(W_new), m3, validate=False))
-        untransported = _frobenius(m_new - m3)
-        v_residual = np.abs(np.asarray(state_new.v, dtype=np.float64) - model.v)
-    m_ok, v_ok = bool(np.all(transported <= 2 * bound.m)), bool(np.all(v_residual <= 2 * bound.v))
+        m_new = np.asarray(state_new.m, dtype=np.float64)
+        posed = compared.posed
+        transported = np.where(posed, _frobenius(m_new - ri.project_tangent(np.asarray(W_new, dtype=np.float64), m3, validate=False)), 0.0)
+        untransported = np.where(posed, _frobenius(m_new - m3), 0.0)
+        v_residual = compared.residual["v"]
+    bound_m, bound_v = compared.bound["m"], compared.bound["v"]
+    m_ok, v_ok = bool(np.all(transported <= bound_m)), bool(np.all(v_residual <= bound_v))
     findings = [
         _finding("moments", "stored m+ (as P_{W+}(m)) and v+ against the reference's stages 3-4",
-                 f"m+: {_ratio_text(transported, 2 * bound.m)}; v+: {_ratio_text(v_residual, 2 * bound.v)}",
-                 (not m_ok and not bool(np.all(untransported <= 2 * bound.m))) or not v_ok),
+                 f"m+: {_ratio_text(transported, bound_m)}; v+: {_ratio_text(v_residual, bound_v)}",
+                 (not m_ok and not bool(np.all(untransported <= bound_m))) or not v_ok),
         _finding("bias correction", "the stored step count t+ = t + 1", f"t = {t}, t+ = {state_new.t}", int(state_new.t) != t + 1),
     ]
-    transport = not m_ok and bool(np.all(untransported <= 2 * bound.m))
-    return findings, _finding("transport", "stored m+ is P_{W+}(m), not m", f"||m+ - m|| {_ratio_text(untransported, 2 * bound.m)}", transport)
+    transport = not m_ok and bool(np.all(untransported <= bound_m))
+    return findings, _finding("transport", "stored m+ is P_{W+}(m), not m", f"||m+ - m|| {_ratio_text(untransported, bound_m)}", transport)
 
 
 def _probe_gradient(W, G, weight_decay, seed):
@@ -125,26 +200,33 @@ def _config(config, **change):
 
 
 def fresh_findings(variant, W, G, config, seed) -> list[dict]:
-    """Tiny steps from a fresh state at the failing step's W (module docstring)."""
+    """Tiny steps from a fresh state at the failing step's W (module docstring), each of the length
+    and held to the tolerances of ProbeScale at the implementation's precision."""
     d, r = W.shape[-2:]
+    precision = precisions.of(variant)
     G = _probe_gradient(W, G, config.weight_decay, seed)
-    lr = TINY_STEP / math.sqrt(d * r)
     expected = -ri.project_tangent(W, G + config.weight_decay * W, validate=False)
+    fresh = (np.zeros_like(W), np.zeros(W.shape[:-2]), 0)
     findings = []
     for stage, betas in (("projection", config.betas), ("moments", (0.0, 0.0)), ("bias correction", config.betas)):
-        probe = _config(config, lr=lr, betas=betas, eps=0.0, trust_radius=math.inf)
-        W1 = variant.step(W, G, variant.init(W), probe)[0]
+        def probe_config(length, betas=betas):
+            return _config(config, lr=length / math.sqrt(d * r), betas=betas, eps=0.0, trust_radius=math.inf)
+
+        scale = ProbeScale.at(precision, _rounding(precision, W, G, fresh, probe_config))
+        W1 = variant.step(W, G, variant.init(W), probe_config(scale.step))[0]
         xi = _recovered(W, W1)
         if stage == "projection":
             worst = float(np.min(_cos(xi, expected)))
-            findings.append(_finding(stage, "direction of a tiny first step: -P_W(G + lambda W)", f"min cos = {worst:.12f}",
-                                     1 - worst > DIRECTION_TOLERANCE))
+            findings.append(_finding(stage, "direction of a tiny first step: -P_W(G + lambda W)",
+                                     f"min cos = {worst:.12f}{_tolerance_text(precision, scale, 'direction')}",
+                                     not 1 - worst <= scale.direction))
             continue
-        ratio = _frobenius(xi) / TINY_STEP
+        ratio = _frobenius(xi) / scale.step
         what = "betas (0, 0), where 1 - beta^t = 1" if stage == "moments" else f"betas {tuple(betas)} at t = 1"
         findings.append(_finding(stage, f"length of a tiny first step, {what}: lr sqrt(d r)",
-                                 f"||xi|| / (lr sqrt(d r)) in [{float(np.min(ratio)):.9g}, {float(np.max(ratio)):.9g}]",
-                                 float(np.max(np.abs(ratio - 1))) > LENGTH_TOLERANCE))
+                                 f"||xi|| / (lr sqrt(d r)) in [{float(np.min(ratio)):.9g}, {float(np.max(ratio)):.9g}]"
+                                 f"{_tolerance_text(precision, scale, 'length')}",
+                                 not float(np.max(np.abs(ratio - 1))) <= scale.length))
     return findings
 
 
@@ -154,70 +236,92 @@ def _reference_xi(W, G, reference_state, config):
     return moments_and_direction(g, ri.StiefelAdamState(m=m, v=np.asarray(v), t=t), config)[3]
 
 
-def history_findings(variant, W, G, state, reference_state, config, white: bool) -> list[dict]:
-    """Tiny steps from the state held before the failing step; eps = 0 then the step's own eps."""
+def history_findings(variant, W, G, state, reference_state, config, white: bool, carried=(0.0, 0.0)) -> list[dict]:
+    """Tiny steps from the state held before the failing step; eps = 0 then the step's own eps (the
+    length and tolerances of ProbeScale; carried: a black box's hidden-state errors)."""
+    precision = precisions.of(variant)
     findings = []
     for eps in (0.0, config.eps):
         unit = _config(config, lr=1.0, eps=eps, trust_radius=math.inf)
         length = float(np.min(_frobenius(_reference_xi(W, G, reference_state, unit))))
         if not length > 0:
             return findings
-        probe = _config(unit, lr=TINY_STEP / length)
+        scale = ProbeScale.at(precision, _rounding(precision, W, G, reference_state, lambda s: _config(unit, lr=s / length), carried))
+        probe = _config(unit, lr=scale.step / length)
         expected = _reference_xi(W, G, reference_state, probe)
         xi = _recovered(W, variant.step(W, G, state, probe)[0])
         worst = float(np.min(_cos(xi, expected)))
         ratio = _frobenius(xi) / _frobenius(expected)
         findings.append(_finding("direction" if white else "moments", f"direction of a tiny step from the held state (eps = {eps:g}): -m^",
-                                 f"min cos = {worst:.12f}", 1 - worst > DIRECTION_TOLERANCE))
+                                 f"min cos = {worst:.12f}{_tolerance_text(precision, scale, 'direction')}",
+                                 not 1 - worst <= scale.direction))
         stage = ("bias correction" if eps == 0 else "direction") if white else "moments or bias correction"
         findings.append(_finding(stage, f"length of a tiny step from the held state (eps = {eps:g}): lr ||m^|| / (sqrt(v^) + eps)",
-                                 f"ratio in [{float(np.min(ratio)):.9g}, {float(np.max(ratio)):.9g}]",
-                                 float(np.max(np.abs(ratio - 1))) > LENGTH_TOLERANCE))
+                                 f"ratio in [{float(np.min(ratio)):.9g}, {float(np.max(ratio)):.9g}]{_tolerance_text(precision, scale, 'length')}",
+                                 not float(np.max(np.abs(ratio - 1))) <= scale.length))
     return findings
 
 
-def retraction_finding(variant, W, G, state, reference_state, config) -> dict:
-    """A step of length MODERATE_STEP without cap, fitted by polar(W + a u) along its tiny direction u."""
+def retraction_finding(variant, W, G, state, reference_state, config, carried=(0.0, 0.0)) -> tuple[dict, float]:
+    """A step of length MODERATE_STEP without cap, fitted by polar(W + a u) along its tiny direction u
+    (at the implementation's precision: the fit tolerance of the module docstring). Returns the
+    finding and the slack it leaves: 0 in float64, where a fit within 1e-5 excludes every retraction
+    that differs from polar at second order (certify/outside/probes.py); at a coarser precision the
+    distance by which a retraction within the fit's tolerance could differ from polar on a step of
+    length MODERATE_STEP (tolerance x ||W_1 - W||), which full_step_findings scales to its step."""
+    precision = precisions.of(variant)
     unit = _config(config, lr=1.0, trust_radius=math.inf)
     length = float(np.min(_frobenius(_reference_xi(W, G, reference_state, unit))))
-    tiny = _recovered(W, variant.step(W, G, state, _config(unit, lr=TINY_STEP / length))[0])
+    rho = _rounding(precision, W, G, reference_state, lambda s: _config(unit, lr=s / length), carried)
+    scale = ProbeScale.at(precision, rho)
+    tiny = _recovered(W, variant.step(W, G, state, _config(unit, lr=scale.step / length))[0])
     direction = tiny / _frobenius(tiny)[..., None, None]
-    W1 = np.asarray(variant.step(W, G, state, _config(unit, lr=MODERATE_STEP / length))[0])
+    W1 = np.asarray(variant.step(W, G, state, _config(unit, lr=MODERATE_STEP / length))[0], dtype=np.float64)
     frames = [(W, direction, W1)] if W.ndim == 2 else list(zip(W.reshape(-1, *W.shape[-2:]), direction.reshape(-1, *W.shape[-2:]),
                                                                    W1.reshape(-1, *W.shape[-2:])))
     misfit = max(_fit(RETRACTIONS["polar"], w, u, w1) for w, u, w1 in frames)
-    return _finding("retraction", f"a step of length {MODERATE_STEP} without cap: polar(W + a u) along its own direction",
-                    f"relative misfit {misfit:.3g}", misfit > FIT_TOLERANCE)
+    tolerance, text, slack = FIT_TOLERANCE, "", 0.0
+    if not precision.is_float64:
+        moved = float(np.max(_frobenius(W1 - W)))
+        tolerance = max(FIT_TOLERANCE, MARGIN * (scale.reading + rho(MODERATE_STEP) / moved)) if moved > 0 else math.inf
+        slack = tolerance * moved
+        text = f" (tolerance {tolerance:.3g} at {precision.storage})"
+    finding = _finding("retraction", f"a step of length {MODERATE_STEP} without cap: polar(W + a u) along its own direction",
+                       f"relative misfit {misfit:.3g}{text}", not misfit <= tolerance)
+    return finding, slack
 
 
 def _step_residual(variant, at: dict, config, white: bool) -> tuple[float, float]:
-    """(worst residual, its bound) of the failing step replayed at `config` against the model, within
-    the trajectory check's own bound (twice the one-step bound; the carried bound for a black box)."""
+    """(worst residual, its bound) of the failing step replayed at `config` against the model, by the
+    trajectory check's own rule at the implementation's precision (kit.trajectories.compare_step)."""
     W, G = np.asarray(at["W"]), np.asarray(at["G"])
-    m, v, t = at["reference_state"]
-    W1 = np.asarray(variant.step(W, G, at["state"], config)[0])
-    with np.errstate(all="ignore"):
-        model = model_step(W, G, m, v, t, config)
-        own = one_step_bound(W, G, m, v, t, config, model)
-        held = own if white else one_step_bound(W, G, m, v, t, config, model, *at["carried"])
-        residual = np.ravel(np.where(held.well_posed & own.well_posed, _frobenius(W1 - model.W), 0.0))
-        bound = np.ravel(np.broadcast_to(own.W + held.W, np.shape(model.W)[:-2]))
+    W1, state1 = variant.step(W, G, at["state"], config)
+    compared = compare_step(white, W, G, at["reference_state"], W1, state1, config, precisions.of(variant),
+                            (0.0, 0.0) if white else at["carried"])
+    residual, bound = np.ravel(compared.residual["W"]), np.ravel(np.broadcast_to(compared.bound["W"], np.shape(compared.residual["W"])))
     index = int(np.argmax(residual / bound))
     return float(residual[index]), float(bound[index])
 
 
-def full_step_findings(variant, at: dict, config, white: bool) -> list[dict]:
+def full_step_findings(variant, at: dict, config, white: bool, slack: float = 0.0) -> list[dict]:
     """The failing step itself, from the held state, with eps = 0 and no cap, then the step's eps and
     no cap, then the step's own config: the first of these to leave the model names stage 5, 6 or 7
-    (stages 1-4 and 8 having passed their probes)."""
+    (stages 1-4 and 8 having passed their probes). slack: how far a retraction within the fit's
+    tolerance may be from polar on a step of length MODERATE_STEP (retraction_finding); two
+    retractions of the same first order differ at second order, so on the failing step, whose frame
+    moves by a, by slack (a / MODERATE_STEP)^2 to leading order, which a step must exceed besides its
+    bound before a stage is named."""
+    length = float(np.max(_frobenius(np.asarray(at["W_new"], dtype=np.float64) - np.asarray(at["W"], dtype=np.float64)))) if "W_new" in at else MODERATE_STEP
+    allowed = slack * (length / MODERATE_STEP) ** 2
     ladder = (("bias correction" if white else "moments or bias correction", dict(eps=0.0, trust_radius=math.inf), "eps = 0, no cap"),
               ("direction", dict(trust_radius=math.inf), f"eps = {config.eps:g}, no cap"),
               ("cap", {}, f"eps = {config.eps:g}, Delta = {config.trust_radius:g}"))
     findings = []
     for stage, change, what in ladder:
         residual, bound = _step_residual(variant, at, _config(config, **change), white)
+        margin = f" + {allowed:.3g} (a retraction within the fit's tolerance)" if allowed else ""
         findings.append(_finding(stage, f"the failing step from the held state ({what}) against the model within its one-step bound",
-                                 f"||W+ - W+_model|| = {residual:.3g} vs bound {bound:.3g}", residual > bound))
+                                 f"||W+ - W+_model|| = {residual:.3g} vs bound {bound:.3g}{margin}", not residual <= bound + allowed))
     return findings
 
 
@@ -235,19 +339,26 @@ def _probes(variant, case, at: dict) -> list:
     W, G, state, reference = np.asarray(at["W"]), np.asarray(at["G"]), at["state"], at["reference_state"]
     config = case.config()
     white = observability.state_observable(variant)
+    carried = (0.0, 0.0) if white else at.get("carried", (0.0, 0.0))
     stored, transport = [], None
     if white and "state_new" in at:
-        stored, transport = state_findings(W, G, state, at["W_new"], at["state_new"], config)
+        stored, transport = state_findings(W, G, state, at["W_new"], at["state_new"], config, precisions.of(variant))
     if W.shape[-2] * W.shape[-1] == 1:  # St(1, 1) = {-1, 1}: no tangent direction to probe
         return stored + ([transport] if transport is not None else [])
     fresh = _guarded(lambda: fresh_findings(variant, W, G, config, case.seed))
     # the fresh direction decides stages 1-2 before the stored moments, which a wrong g also moves
     ordered = fresh[:1] + stored + fresh[1:]
     if reference[2] > 0:
-        ordered += _guarded(lambda: history_findings(variant, W, G, state, reference, config, white))
-    retraction = _guarded(lambda: retraction_finding(variant, W, G, state, reference, config))
-    if not any(finding["differs"] for finding in retraction):  # the full steps below take the retraction as polar
-        ordered += _guarded(lambda: full_step_findings(variant, at, config, white))
+        ordered += _guarded(lambda: history_findings(variant, W, G, state, reference, config, white, carried))
+    slack = [0.0]
+
+    def fitted():
+        finding, slack[0] = retraction_finding(variant, W, G, state, reference, config, carried)
+        return finding
+
+    retraction = _guarded(fitted)
+    if not any(finding["differs"] for finding in retraction):  # the full steps below take the retraction as polar, up to its slack
+        ordered += _guarded(lambda: full_step_findings(variant, at, config, white, slack[0]))
     return ordered + retraction + ([transport] if transport is not None else [])
 
 
@@ -262,7 +373,9 @@ def locate(variant, case, outcome) -> dict:
     evidence = _probes(variant, case, at)
     first = next((f for f in evidence if f["differs"] and f["stage"]), None)
     if first is None:
+        precision = precisions.of(variant)
+        where = "" if precision.is_float64 else f" beyond what {precision.storage} rounding allows each probe"
         return {"stage": None, "stage_number": None, "evidence": evidence,
-                "finding": "no stage probe differs at this step: the step differs only in combination"}
+                "finding": f"no stage probe differs{where} at this step: the step differs only in combination"}
     return {"stage": first["stage"], "stage_number": STAGE_NUMBERS[first["stage"]], "evidence": evidence,
             "finding": f"{first['test']}: {first['measured']}"}
