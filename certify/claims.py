@@ -465,6 +465,28 @@ BOOKKEEPING_ID = "bookkeeping"
 COMPARE_CLAIMS = IMPLEMENTATION_CLAIMS + (BOOKKEEPING_ID,)
 
 
+NOT_APPLICABLE = "not applicable"
+
+
+def not_applicable(claim_id: str, optimizer: str) -> str | None:
+    """Why claim_id does not apply to the optimizer named `optimizer` (a variant name or an adapter
+    spec), or None: only the bookkeeping claim has such implementations (a NumPy step has no torch
+    param groups). An adapter spec that cannot be resolved is left to the run, which says why."""
+    if claim_id != BOOKKEEPING_ID or optimizer == DEFAULT_OPTIMIZER:
+        return None
+    from propositions import bookkeeping
+
+    if not is_adapter_spec(optimizer):
+        return bookkeeping.not_applicable(optimizer)
+    variant, _ = _resolve_implementation(claim_id, optimizer)
+    return None if variant is None else bookkeeping.not_applicable(variant)
+
+
+def not_applicable_record(claim_id: str, reason: str) -> dict:
+    """The outcome of a claim that does not apply: no certificate, its own verdict (compare's cells)."""
+    return {"id": claim_id, "verdict": NOT_APPLICABLE, "reason": reason, "failures": [], "inconclusive": [], "extra": {}}
+
+
 def is_adapter_spec(optimizer) -> bool:
     """Whether `optimizer` names something other than a reference_impl variant (an adapter spec)."""
     from reference_impl import VARIANTS

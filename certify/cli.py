@@ -25,8 +25,12 @@ report written by `run` also covers the certificates already in DIR that load cl
 `compare` runs P1..P5 on each implementation named (certify.outside.adapters: reference_impl, torch_impl,
 torch_impl-float32, geoopt-euclidean, geoopt-canonical, the variants, numpy:/torch: specs), writes
 DIR/compare/<impl>/<claim>.json and the implementation x claim matrix into DIR/REPORT.md, with the
-property probes of certify.outside.probes naming how each implementation differs (docs/adapters.md). Its exit
-code is 0 only when every pair passes.
+property probes of certify.outside.probes naming how each implementation differs (docs/adapters.md). A
+claim that does not apply to an implementation (the torch bookkeeping claim on a NumPy step) is its
+own outcome, "not applicable": no certificate, not counted. Its exit code is 0 when every applicable
+pair passes. `run` with --implementation, --torch-optimizer or a variant (--optimizer other than
+stiefel_adam) writes to a fresh folder run-<UTC time> unless --out is given: only the reference's own
+run writes reports/.
 
 A failing certificate of an outside implementation (--implementation, --torch-optimizer, compare)
 records its minimal counterexample (certify.ci.counterexample: the smallest case of the claim's own
@@ -47,7 +51,8 @@ import) is not re-run, and says so in one line. `cite` prints a citation (text: 
 statement, verdict, digest, project version and commit and the reproduce command.
 
 Exit codes:
-  0  every certificate passes (for verify: and its re-run agrees with it);
+  0  every certificate passes (for verify: and its re-run agrees with it); a claim that does not
+     apply to the implementation is not counted;
   1  a certificate fails or is inconclusive, a re-run disagrees with its certificate, or an
      internal error was reported;
   2  usage or input error: unknown id or option value, a file that cannot be read, is not JSON,
@@ -70,12 +75,11 @@ from certify import certificate as certificate_format
 from certify import claims
 from certify import execution
 from certify.render import Output, error_line, print_counterexamples
-from certify.run import command_all, command_crosscheck, command_run, command_verify, output_folder, resolve_implementation
+from certify.run import DEFAULT_OUT, command_all, command_crosscheck, command_run, command_verify, fresh_folder, output_folder, resolve_implementation
 from propositions.kit import parallel
 
 PROFILE_NAMES = ("quick", "default", "thorough")
 CITE_FORMATS = ("text", "markdown", "bibtex")
-DEFAULT_OUT = "reports"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -126,7 +130,7 @@ def _add_execution_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"directory for certificates, REPORT.md and figures/ (default {DEFAULT_OUT})")
+    parser.add_argument("--out", default=None, metavar="DIR", help=f"directory for certificates, REPORT.md and figures/ (default {DEFAULT_OUT}; for any optimizer but the reference's own, a fresh folder run-<UTC time> here)")
     parser.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
     parser.add_argument("--profile", choices=PROFILE_NAMES, default=DEFAULT_PROFILE, help=f"how much evidence to collect (default {DEFAULT_PROFILE})")
     _add_execution_options(parser)
@@ -196,16 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------
 
 
-def _fresh_folder(prefix: str) -> Path:
-    """PREFIX-<UTC time> in the current directory, with -2, -3, ... where that name is taken."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    candidate, index = Path(f"{prefix}-{stamp}"), 1
-    while candidate.exists():
-        index += 1
-        candidate = Path(f"{prefix}-{stamp}-{index}")
-    return candidate
-
-
 def command_list(args, out: Output, command: str) -> int:
     rows = []
     for claim_id in claims.ALL_IDS:
@@ -265,7 +259,7 @@ def command_compare(args, out: Output, command: str) -> int:
         raise UsageError("name at least one implementation to compare (e.g. certify compare reference_impl torch_impl)")
     specs = list(dict.fromkeys(specs))
     variants = {spec: resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
-    out_dir = output_folder(args.out if args.out is not None else str(_fresh_folder("compare")))
+    out_dir = output_folder(args.out if args.out is not None else str(fresh_folder("compare")))
     results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
     found = {}
     for spec, variant in variants.items():
@@ -283,8 +277,9 @@ def command_compare(args, out: Output, command: str) -> int:
         if differing:
             out.line(f"{spec} differs from StiefelAdam in: " + "; ".join(differing))
     out.line(f"report: {path}; certificates under {out_dir / 'compare'} ({wall_seconds:.1f} s)")
-    expected = {spec: "pass" for spec in specs}
-    return 0 if all(c["verdict"] == expected[spec] for spec in specs for c in results[spec].values()) else 1
+    # a pair whose claim does not apply is its own outcome: compare exits 0 when every applicable pair passes
+    applicable = [c for spec in specs for c in results[spec].values() if c["verdict"] != claims.NOT_APPLICABLE]
+    return 0 if all(c["verdict"] == "pass" for c in applicable) else 1
 
 
 def command_regression(args, out: Output, command: str) -> int:

@@ -18,6 +18,26 @@ from certify.render import Output, error_line
 from propositions.kit import parallel
 
 
+DEFAULT_OUT = "reports"
+
+
+def fresh_folder(prefix: str) -> Path:
+    """PREFIX-<UTC time> in the current directory, with -2, -3, ... where that name is taken."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    candidate, index = Path(f"{prefix}-{stamp}"), 1
+    while candidate.exists():
+        index += 1
+        candidate = Path(f"{prefix}-{stamp}-{index}")
+    return candidate
+
+
+def default_out(optimizer: str) -> Path:
+    """Where a run without --out writes: reports/ for the reference's own certificates; a fresh
+    run-<UTC time> folder here for any other optimizer (a variant, --implementation,
+    --torch-optimizer), so that its certificates never replace the reference's committed ones."""
+    return Path(DEFAULT_OUT) if optimizer == claims.DEFAULT_OPTIMIZER else fresh_folder("run")
+
+
 def output_folder(text: str) -> Path:
     """The output directory, created now so that an unusable --out fails before any claim runs."""
     out = Path(text)
@@ -233,14 +253,19 @@ def _run_and_record(ids: list[str], args, out: Output, command: str, options_for
     tasks go to the executor; with several claims and a pool or a cluster, each claim is a task
     (its chunks then run inline in its pool worker, or go back to the cluster from a dask worker).
     """
-    out_dir = output_folder(args.out)
     optimizer = getattr(args, "optimizer", claims.DEFAULT_OPTIMIZER)
+    out_dir = output_folder(str(args.out if args.out is not None else default_out(optimizer)))
     executor = parallel.current()
     started = time.perf_counter()
     recorder = _Recorder(out, out_dir)
-    to_run = []
+    to_run, not_applicable = [], []
     for claim_id in ids:
-        if runnable(claim_id):
+        reason = claims.not_applicable(claim_id, optimizer)
+        if reason:
+            not_applicable.append(claim_id)
+            notes.append(f"{claim_id}: not applicable to {optimizer}: {reason}")
+            out.line(notes[-1])
+        elif runnable(claim_id):
             to_run.append(claim_id)
         else:
             out.line(notes[-1])
@@ -266,8 +291,10 @@ def _run_and_record(ids: list[str], args, out: Output, command: str, options_for
     out.table(report_writer.SUMMARY_HEADER, report_writer.summary_rows(certificates), title="certificates")
     out.line(f"report: {report_path}" + ("" if plotted else " (plots left out: matplotlib is not installed)"))
     counts = {verdict: sum(c["verdict"] == verdict for c in certificates) for verdict in ("pass", "fail", "inconclusive")}
-    out.line(f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive in {total_wall:.2f} s")
-    all_pass = certificates and all(c["verdict"] == "pass" for c in certificates)
+    outside = f", {len(not_applicable)} not applicable" if not_applicable else ""
+    out.line(f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive{outside} in {total_wall:.2f} s")
+    # a claim that does not apply is its own outcome: the exit status is that of the claims that do
+    all_pass = (certificates or not_applicable) and all(c["verdict"] == "pass" for c in certificates)
     return 0 if all_pass and not recorder.internal_errors else 1
 
 
@@ -483,6 +510,11 @@ def command_verify(args, out: Output, command: str) -> int:
         out.table(verification.TABLE_HEADER, verification.table_rows(comparison), title=f"{recorded['id']}: recorded against re-run")
         for note in comparison.notes:
             out.line(f"{name}: {note}")
+    reproduced = sum(not comparison.differences for _, _, _, comparison in entries)
+    failed = sum(recorded["verdict"] != "pass" for _, recorded, _, _ in entries)
+    skipped = len(loaded) - len(entries)
+    out.line(f"verified {len(loaded)} certificate(s): {reproduced} reproduced, {len(entries) - reproduced} differing, "
+             f"{failed} with a verdict other than pass" + (f", {skipped} not re-run" if skipped else ""))
     if report_path is not None:
         text = verification.markdown(entries, header=_verification_header(loaded, entries))
         try:

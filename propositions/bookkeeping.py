@@ -113,6 +113,18 @@ def _factory_for(optimizer) -> TorchFactory | None:
     return getattr(optimizer, "torch_factory", None)
 
 
+NOT_A_TORCH_OPTIMIZER = "the implementation is not a torch optimizer (a NumPy step has no param groups or state_dict)"
+
+
+def not_applicable(optimizer) -> str | None:
+    """Why this claim does not apply to `optimizer` (a reference_impl variant name or an adapted
+    implementation), or None where it does: StiefelAdam, a control, or a torch optimizer. A claim
+    that does not apply is its own outcome (certify run, compare), not an inconclusive certificate."""
+    if isinstance(optimizer, str):
+        return None if optimizer == REAL_OPTIMIZER or optimizer in CONTROLS else NOT_A_TORCH_OPTIMIZER
+    return None if getattr(optimizer, "torch_factory", None) is not None else NOT_A_TORCH_OPTIMIZER
+
+
 def _real_class():
     from torch_impl import StiefelAdam
 
@@ -155,7 +167,7 @@ def invariance_part(ctx: Context) -> Evidence:
 
     factory = _factory_for(ctx.optimizer)
     if factory is None:
-        return Evidence(inconclusive=["not applicable: the implementation is not a torch optimizer (a NumPy step has no param groups or state_dict)"])
+        return Evidence(inconclusive=[f"not applicable: {NOT_A_TORCH_OPTIMIZER}"])
     import torch
 
     u = torch.finfo(factory.dtype).eps / 2

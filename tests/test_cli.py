@@ -119,6 +119,22 @@ def test_run_against_a_control_variant_fails(registry, capsys, tmp_path):
     assert certificate_format.load(tmp_path / "P1.json")["provenance"]["reproduce"].endswith("--optimizer qr_retraction")
 
 
+def test_run_of_another_optimizer_without_out_writes_a_fresh_folder_not_reports(registry, capsys, tmp_path, monkeypatch):
+    """Only the reference's own run writes reports/: a variant's certificates (a fail, here) go to a
+    fresh run-<UTC time> folder unless --out names one, so the committed reports stay as they were."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "P1.json").write_text("the reference's certificate", encoding="utf-8")
+    code, out, _ = run_main(capsys, "run", "P1", "--profile", "quick", "--optimizer", "qr_retraction")
+    assert code == 1
+    assert (tmp_path / "reports" / "P1.json").read_text(encoding="utf-8") == "the reference's certificate"
+    folders = sorted(tmp_path.glob("run-*"))
+    assert len(folders) == 1 and certificate_format.load(folders[0] / "P1.json")["verdict"] == "fail"
+    assert f"report: {folders[0].name}/REPORT.md" in out
+    code, _, _ = run_main(capsys, "run", "P1", "--profile", "quick")  # the reference's own run: reports/
+    assert code == 0 and certificate_format.load(tmp_path / "reports" / "P1.json")["verdict"] == "pass"
+
+
 def test_all_runs_every_proposition_and_skips_crosscheck_without_torch(registry, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "load_figure_class", DRAWING_FIGURE_LOADER)
     code, out, err = run_main(capsys, "all", "--out", str(tmp_path), "--profile", "quick")
@@ -409,6 +425,18 @@ def test_verify_of_a_reproduced_failing_certificate_exits_1(registry, capsys, tm
     capsys.readouterr()
     code, out, _ = run_main(capsys, "verify", str(tmp_path / "P2.json"))
     assert code == 1 and "reproduced: verdict fail" in out
+
+
+def test_verify_ends_with_a_summary_line(registry, capsys, tmp_path):
+    registry["P2"] = make_claim("P2", passing=False)
+    assert cli.main(["run", "P1", "P2", "--out", str(tmp_path), "--profile", "quick"]) == 1
+    capsys.readouterr()
+    code, out, _ = run_main(capsys, "verify", str(tmp_path / "P1.json"), str(tmp_path / "P2.json"))
+    assert code == 1
+    assert out.strip().splitlines()[-1] == "verified 2 certificate(s): 2 reproduced, 0 differing, 1 with a verdict other than pass"
+    registry["P1"] = make_claim("P1", passing=False)  # P1 now behaves differently
+    code, out, _ = run_main(capsys, "verify", str(tmp_path / "P1.json"))
+    assert code == 1 and out.strip().splitlines()[-1] == "verified 1 certificate(s): 0 reproduced, 1 differing, 0 with a verdict other than pass"
 
 
 def test_cite_is_one_line_with_id_digest_verdict_and_command(certified, capsys):

@@ -101,3 +101,22 @@ def test_step_direction_falls_back_to_the_inverse_for_a_plain_step():
     assert np.array_equal(hooked.W_new, plain.W_new)
     assert np.all(hooked.error_bound == 0)
     assert np.max(np.linalg.norm(plain.xi - hooked.xi, axis=(-2, -1))) < 1e-13
+
+
+def test_an_output_outside_the_inverse_retractions_domain_is_marked_not_raised():
+    """W_new = W J with J a quarter turn in the first two columns is on St(d, r) but W^T W_new = J has
+    eigenvalues +-i, which sum to 0: the Lyapunov operator is singular. Such a frame (an outside
+    implementation's degenerate output) gets an infinite error bound, and the other frames of the
+    batch are recovered as before, instead of a LinAlgError stopping the claim."""
+    rng = np.random.default_rng(3)
+    W = np.linalg.qr(rng.standard_normal((3, 5, 2)))[0]
+    xi = ri.project_tangent(W, 1e-2 * rng.standard_normal((3, 5, 2)))
+    W_new = ri.project_to_manifold(W + xi)
+    J = np.array([[0.0, -1.0], [1.0, 0.0]])
+    regular = inverse_polar_retraction(W, W_new)
+    W_new[1] = W[1] @ J
+    found = inverse_polar_retraction(W, W_new)
+    assert np.isinf(found.error_bound[1]) and np.isinf(found.sensitivity[1])
+    for i in (0, 2):  # each frame is solved by itself: the same bits as without the degenerate one
+        assert np.isfinite(found.error_bound[i]) and np.array_equal(found.xi[i], regular.xi[i])
+        assert found.error_bound[i] == regular.error_bound[i]

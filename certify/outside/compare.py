@@ -46,6 +46,8 @@ def cell(certificate: dict) -> str:
     hidden = certificate.get("extra", {}).get("not_observable", [])
     suffix = f"; {len(hidden)} not observable" if hidden else ""
     verdict = certificate["verdict"]
+    if verdict == claims.NOT_APPLICABLE:
+        return f"not applicable: {certificate['reason']}"
     if verdict == "pass":
         return "pass" + suffix
     if verdict == "fail":
@@ -67,6 +69,11 @@ def run(specs: list[str], *, out_dir: Path, seed: int, profile: str, command: st
         directory.mkdir(parents=True, exist_ok=True)
         results[spec] = {}
         for claim_id in claims.COMPARE_CLAIMS:
+            reason = claims.not_applicable(claim_id, spec)
+            if reason:  # its own outcome: no certificate, not counted in the exit status
+                results[spec][claim_id] = claims.not_applicable_record(claim_id, reason)
+                progress(f"{spec} {claim_id}: not applicable ({reason})")
+                continue
             sealed, internal_error = claims.certify_claim(claim_id, seed=seed, profile=profile, optimizer=spec, command=command)
             if internal_error:
                 progress(f"{spec} {claim_id}: {internal_error}")
@@ -91,7 +98,8 @@ def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_secon
         "## Implementations compared",
         "",
         f"`{command}`: seed {seed}, profile {profile}, {wall_seconds:.1f} s in all. Each cell is the certificate "
-        "`compare/<implementation>/<claim>.json` beside this report (`certify verify` re-runs it). "
+        "`compare/<implementation>/<claim>.json` beside this report (`certify verify` re-runs it), except where the "
+        "claim does not apply (*not applicable*: no certificate, not counted in the exit status). "
         "*not observable*: checks that need the implementation's hidden state (m, v, t), which a black box does "
         "not expose: they are listed below and are not counted as passed. *margin*: worst residual/bound of the "
         "failing check.",
@@ -102,7 +110,7 @@ def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_secon
     lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in matrix_rows(results)]
     lines.append("")
     for spec, row in results.items():
-        any_certificate = next(iter(row.values()))
+        any_certificate = next((c for c in row.values() if c["verdict"] != claims.NOT_APPLICABLE), {})
         implementation = any_certificate.get("extra", {}).get("implementation")
         lines.append(f"### {spec}")
         lines.append("")
@@ -118,17 +126,7 @@ def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_secon
             lines.append(f"A reference_impl variant ({spec}), run as `certify run ID --optimizer {spec}`.")
         lines.append("")
         for claim_id, certificate in row.items():
-            failures = certificate.get("failures", [])
-            hidden = certificate.get("extra", {}).get("not_observable", [])
-            if failures:
-                lines.append(f"- {claim_id} failures: " + "; ".join(_escape(f) for f in failures[:4]) + (" ..." if len(failures) > 4 else ""))
-                for found in counterexamples_of(certificate):
-                    if found.get("found"):
-                        lines.append(f"- {claim_id} minimal counterexample: {_escape(found['summary'])}")
-            if certificate["verdict"] == "inconclusive":
-                lines.append(f"- {claim_id}: " + "; ".join(_escape(r) for r in certificate.get("inconclusive", [])[:2]))
-            if hidden:
-                lines.append(f"- {claim_id} not observable: " + "; ".join(_escape(e["check"]) for e in hidden))
+            lines += _claim_lines(claim_id, certificate)
         found = probes.get(spec)
         if found:
             lines.append("")
@@ -142,6 +140,26 @@ def markdown(results: dict, probes: dict, *, seed: int, profile: str, wall_secon
         lines.append("")
     lines.append(MATRIX_END)
     return "\n".join(lines) + "\n"
+
+
+def _claim_lines(claim_id: str, certificate: dict) -> list[str]:
+    """The lines under an implementation's heading for one claim: failures and the minimal
+    counterexample, the reason it does not apply or is inconclusive, the checks not observable."""
+    lines = []
+    failures = certificate.get("failures", [])
+    hidden = certificate.get("extra", {}).get("not_observable", [])
+    if failures:
+        lines.append(f"- {claim_id} failures: " + "; ".join(_escape(f) for f in failures[:4]) + (" ..." if len(failures) > 4 else ""))
+        for found in counterexamples_of(certificate):
+            if found.get("found"):
+                lines.append(f"- {claim_id} minimal counterexample: {_escape(found['summary'])}")
+    if certificate["verdict"] == claims.NOT_APPLICABLE:
+        lines.append(f"- {claim_id}: not applicable ({_escape(certificate['reason'])}); no certificate")
+    if certificate["verdict"] == "inconclusive":
+        lines.append(f"- {claim_id}: " + "; ".join(_escape(r) for r in certificate.get("inconclusive", [])[:2]))
+    if hidden:
+        lines.append(f"- {claim_id} not observable: " + "; ".join(_escape(e["check"]) for e in hidden))
+    return lines
 
 
 def write_matrix(out_dir: Path, text: str) -> Path:

@@ -104,7 +104,12 @@ def inverse_polar_retraction(W: np.ndarray, W_new: np.ndarray) -> InversePolar:
     d, r = W.shape[-2], W.shape[-1]
     identity = np.eye(r)
     A = _transpose(W) @ W_new
-    S = sym(solve_lyapunov(A, 2.0 * identity))
+    # ||A - I||_F < 1 puts every eigenvalue of A within 1 of 1, so no two sum to 0 and the Lyapunov
+    # operator is invertible; a frame outside (an output far from W, or not finite) is not recovered
+    # (valid below is False there, its bound infinite): it is solved at A = I instead, so that a
+    # singular operator never stops the other frames
+    inside = _frobenius(A - identity) < 1.0
+    S = sym(solve_lyapunov(np.where(inside[..., None, None], A, identity), 2.0 * identity))
     W_new_S = W_new @ S
     xi = W_new_S - W
     norm_W, norm_W_new = _frobenius(W), _frobenius(W_new)
@@ -115,7 +120,7 @@ def inverse_polar_retraction(W: np.ndarray, W_new: np.ndarray) -> InversePolar:
     W_new_two = 1.0 + _frobenius(_transpose(W_new) @ W_new - identity) + gamma(d) * norm_W_new**2
     W_two = 1.0 + _frobenius(_transpose(W) @ W - identity) + gamma(d) * norm_W**2
     positive = np.linalg.eigvalsh(S)[..., 0] > 0
-    valid = (distance < 1.0) & positive
+    valid = (distance < 1.0) & positive & inside
     with np.errstate(divide="ignore", invalid="ignore"):
         kappa_L = np.where(valid, 1.0 / (2.0 * (1.0 - distance)), np.inf)
         S_error = kappa_L * (residual + 2.0 * gamma(r) * norm_A * norm_S + 2.0 * A_error * norm_S)
