@@ -59,7 +59,7 @@ def test_the_ci_example_fails_with_a_counterexample_when_broken_and_passes_when_
     step_file.write_text(correct.replace(CORRECT_LINE, BROKEN_LINE))
     failing = _pytest(project)
     assert failing.returncode == 1, failing.stdout + failing.stderr
-    assert "2 failed, 1 passed" in failing.stdout
+    assert "2 failed, 3 passed" in failing.stdout
     assert "numpy:mystep:init,step fails P1; minimal counterexample:" in failing.stdout
     assert "P1 trajectory_model_W fails at d=2, r=1, a bare frame, one step" in failing.stdout
     assert "first stage that differs: moments (stages 3-4)" in failing.stdout
@@ -73,7 +73,44 @@ def test_the_ci_example_fails_with_a_counterexample_when_broken_and_passes_when_
 
     step_file.write_text(correct)
     fixed = _pytest(project)
-    assert fixed.returncode == 0 and "4 passed" in fixed.stdout, fixed.stdout + fixed.stderr
+    assert fixed.returncode == 0 and "6 passed" in fixed.stdout, fixed.stdout + fixed.stderr
+
+
+# the float32 port (mystep32.py) with the bias correction of v^ taken from beta1 (stage 5)
+CORRECT_32 = "m_hat, v_hat = m / F(1 - beta1**t), v / F(1 - beta2**t)"
+BROKEN_32 = "m_hat, v_hat = m / F(1 - beta1**t), v / F(1 - beta1**t)"
+
+
+def test_a_float32_step_is_held_to_float32_and_its_typo_is_named_as_in_float64(tmp_path):
+    """The plugin, `certify run` and the regression file hold a float32 step to the analysis of
+    float32 (kit/precision.py), one rule whoever asks: the correct port passes; with a typo in stage 5
+    the plugin fails naming stage 5, as it does for the float64 twin, the regression file written
+    from the certificate fails, and after the fix both pass."""
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLE, project)
+    step_file = project / "mystep32.py"
+    correct = step_file.read_text()
+    assert CORRECT_32 in correct
+    passing = _pytest(project, "-k", "float32")
+    assert passing.returncode == 0 and "2 passed" in passing.stdout, passing.stdout + passing.stderr
+
+    step_file.write_text(correct.replace(CORRECT_32, BROKEN_32))
+    failing = _pytest(project, "-k", "float32")
+    assert failing.returncode == 1 and "2 failed" in failing.stdout, failing.stdout + failing.stderr
+    assert "numpy:mystep32:init,step fails P1; minimal counterexample:" in failing.stdout
+    assert "first stage that differs: bias correction (stage 5)" in failing.stdout
+    assert "at float32" in failing.stdout  # the probe's tolerance at the step's own precision
+
+    run = _run([*_certify_command(), "run", "P1", "--implementation", "mystep32:init,step", "--profile", "quick", "--out", "certificates"], project)
+    assert run.returncode == 1 and "minimal counterexample:" in run.stdout, run.stdout + run.stderr
+    written = _run([*_certify_command(), "regression", "certificates/P1.json", "-o", "tests/test_regressions.py"], project)
+    assert written.returncode == 0, written.stderr
+    replayed = _pytest(project, "tests/test_regressions.py")
+    assert replayed.returncode == 1 and "1 failed" in replayed.stdout and "bias correction (stage 5)" in replayed.stdout, replayed.stdout
+
+    step_file.write_text(correct)
+    fixed = _pytest(project, "tests/test_regressions.py")
+    assert fixed.returncode == 0 and "1 passed" in fixed.stdout, fixed.stdout + fixed.stderr
 
 
 def test_verify_says_in_one_line_that_the_implementation_cannot_be_used(tmp_path, monkeypatch, capsys):
