@@ -173,7 +173,7 @@ def tangent_dimension_ok(d: int, r: int) -> bool:
 
 def steepest_descent(runner: Runner, seed: int, eps: float) -> dict:
     check = blackbox_check("first_step_direction", "||D - ||D|| n||, n = -P_W(G)/||P_W(G)||, against twice D's error")
-    per_sqrt, per_gradient = [], []
+    lengths = {"lr sqrt(d r)": [], "lr": [], "lr ||P_W(G)||": []}
     for d, r in SHAPES:
         W, G, _ = draw(seed, "P1", d, r)
         config = config_for(eps, trust_radius=math.inf)
@@ -185,9 +185,10 @@ def steepest_descent(runner: Runner, seed: int, eps: float) -> dict:
         residual = frobenius(direction.D - length[:, None, None] * n)
         check.add(residual, 2.0 * direction.error, length, direction.ok)
         ok = direction.ok
-        per_sqrt.append(length[ok] / (lr0 * math.sqrt(d * r)))
-        per_gradient.append(length[ok] / (lr0 * frobenius(g)[ok]))
-    measured = {"eps": eps, **length_text(np.concatenate(per_sqrt), np.concatenate(per_gradient))}
+        lengths["lr sqrt(d r)"].append(length[ok] / (lr0 * math.sqrt(d * r)))
+        lengths["lr"].append(length[ok] / lr0)
+        lengths["lr ||P_W(G)||"].append(length[ok] / (lr0 * frobenius(g)[ok]))
+    measured = {"eps": eps, **length_text(lengths)}
     return verdict("P1", [check.summary()], measured=measured)
 
 
@@ -195,17 +196,19 @@ def blackbox_check(name: str, description: str) -> Comparison:
     return Comparison(name, description)
 
 
-def length_text(per_sqrt: np.ndarray, per_gradient: np.ndarray) -> dict:
-    """The first step's length, in the two units that name it (P1's measured figures)."""
-    if not per_sqrt.size:
+def length_text(lengths: dict) -> dict:
+    """The first step's length in the unit in which it is most nearly constant over frames and shapes:
+    lr sqrt(d r) (a mean-square second moment at eps = 0), lr (a sum of squares), lr ||P_W(G)|| (SGD)."""
+    spreads = {}
+    for unit, values in lengths.items():
+        values = np.concatenate(values) if values else np.zeros(0)
+        if values.size and np.min(values) > 0:
+            spreads[unit] = (float(np.max(values) / np.min(values)) - 1.0, float(np.min(values)), float(np.max(values)))
+    if not spreads:
         return {"length": "not measured"}
-    spread_sqrt = float(np.max(per_sqrt) / np.min(per_sqrt)) - 1 if np.min(per_sqrt) > 0 else math.inf
-    spread_gradient = float(np.max(per_gradient) / np.min(per_gradient)) - 1 if np.min(per_gradient) > 0 else math.inf
-    if spread_sqrt <= spread_gradient:
-        text = f"||xi|| = lr sqrt(d r) x [{np.min(per_sqrt):.6g}, {np.max(per_sqrt):.6g}] (scale free)"
-    else:
-        text = f"||xi|| = lr ||P_W(G)|| x [{np.min(per_gradient):.6g}, {np.max(per_gradient):.6g}] (proportional to the gradient)"
-    return {"length": text}
+    unit = min(spreads, key=lambda key: spreads[key][0])
+    _, low, high = spreads[unit]
+    return {"length": f"||xi|| = {unit} x [{low:.6g}, {high:.6g}]"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,7 +230,7 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool) -> dict:
     for d, r in SHAPES:
         W, G, _ = draw(seed, "P2", d, r, STEPS)
         base = runner.run(W, G, config, case="P2")
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=True, seed=seed, key=("P2", d, r))
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=True, seed=seed, key=("P2", d, r), case="P2")
         moved = frobenius(base.frames[1:] - W)
         for c in POWER_SCALES + OTHER_SCALES:
             scaled = runner.run(W, c * G, config, case="P2")
@@ -249,10 +252,11 @@ def scale_domain(runner: Runner, W, G, config, base, S, d, r) -> str:
         for k in SCAN_EXPONENTS:
             scaled = runner.run(W, 2.0 ** (sign * k) * G, config, case="P2 scan of c")
             bound = blackbox.comparison_bound(runner, S, d, r, np.maximum(base.phi, scaled.phi))
+            compared = base.ok & np.all(np.isfinite(S), axis=0)  # a frame without a measured bound is not scanned
             with np.errstate(invalid="ignore"):
                 agree = scaled.ok & np.all(frobenius(scaled.frames[1:] - base.frames[1:]) <= bound, axis=0)
-            if not np.all(agree[base.ok]):
-                what = "left out (raised or not finite)" if not np.all(scaled.ok[base.ok]) else "parted"
+            if not np.all(agree[compared]):
+                what = "left out (raised or not finite)" if not np.all(scaled.ok[compared]) else "parted"
                 reach[sign] = f"up to 2^{sign * previous_exponent(k)}, {what} at 2^{sign * k}"
                 break
     return f"c = 2^k, k < 0: {reach[-1]}; k > 0: {reach[1]} (scanned |k| in {', '.join(map(str, SCAN_EXPONENTS))})"
@@ -372,7 +376,7 @@ def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
     for d, r in SHAPES:
         W, G, rng = draw(seed, "P4", d, r, STEPS)
         base = runner.run(W, G, config, case="P4")
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=True, seed=seed, key=("P4", d, r))
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=True, seed=seed, key=("P4", d, r), case="P4")
         moved = frobenius(base.frames[1:] - W)
         left, right = blackbox.orthogonal(d, rng, FRAMES), blackbox.orthogonal(r, rng, FRAMES)
         P, Sg = blackbox.signed_permutation(d, rng, FRAMES), blackbox.signed_permutation(r, rng, FRAMES)
@@ -404,7 +408,7 @@ def decay_blindness(runner: Runner, seed: int, eps: float, ignored=()) -> dict:
         W, G, _ = draw(seed, "P5", d, r, DECAY_STEPS)
         config = config_for(eps)
         base = runner.run(W, G, config, case="P5")
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P5", d, r))
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P5", d, r), case="P5")
         moved = frobenius(base.frames[1:] - W)
         for decay in DECAYS:
             decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")

@@ -49,6 +49,7 @@ black box can prove them; no bound of StiefelAdam's own analysis is used.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -118,7 +119,14 @@ class Runner:
     calls: int = 0
 
     def _exclude(self, case: str, reason: str, frames: int) -> None:
-        self.excluded[(case, reason)] = self.excluded.get((case, reason), 0) + int(frames)
+        """Count frames left out; reasons that differ only in their figures count together, under the
+        first one seen."""
+        pattern = re.sub(r"[-+]?\d[\d.]*(e[-+]?\d+)?", "#", reason)
+        for (known_case, known), count in self.excluded.items():
+            if known_case == case and re.sub(r"[-+]?\d[\d.]*(e[-+]?\d+)?", "#", known) == pattern:
+                self.excluded[(known_case, known)] = count + int(frames)
+                return
+        self.excluded[(case, reason)] = int(frames)
 
     def _steps(self, W0, gradients, config, state):
         W = np.asarray(W0, dtype=np.float64)
@@ -229,7 +237,8 @@ def first_order_direction(runner: Runner, W, G, config, lr0: float, state=None, 
     return Direction(np.where(ok[..., None, None], D2, np.nan), np.where(ok, error, np.inf), ok, lr0)
 
 
-def sensitivity(runner: Runner, W0, gradients, config, base: Run, *, relative: bool, seed: int, key: tuple, state=None) -> np.ndarray:
+def sensitivity(runner: Runner, W0, gradients, config, base: Run, *, relative: bool, seed: int, key: tuple, state=None,
+                case: str = "") -> np.ndarray:
     """Twice Hutchinson's estimate of ||J_t diag(G)||_F (relative) or ||J_t||_F (absolute) for the map
     from the gradients G_1..G_t to W_t, for every step t: shape (T, *lead); module docstring.
 
@@ -258,13 +267,13 @@ def sensitivity(runner: Runner, W0, gradients, config, base: Run, *, relative: b
     usable = linear & np.all(np.isfinite(estimate), axis=0) & base.ok
     dropped = int(np.sum(base.ok & ~usable))
     if dropped:
-        runner._exclude("sensitivity", "the run is not differentiable at rounding scale (its response to perturbations of "
+        runner._exclude(f"{case}: sensitivity", "the run is not differentiable at rounding scale (its response to perturbations of "
                         "2^-20 and 2^-30 relative differs by more than a factor 4): no bound can be measured", dropped)
     return np.where(usable[None], estimate, np.nan)
 
 
 def _response(runner, W0, gradients, direction, eta, config, base, state) -> np.ndarray:
-    moved = runner.run(W0, gradients + eta * direction, config, state, case="sensitivity")
+    moved = runner.run(W0, gradients + eta * direction, config, state, case="finite differences")
     with np.errstate(invalid="ignore"):
         return frobenius(moved.frames[1:] - base.frames[1:]) / eta
 
