@@ -230,12 +230,15 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool) -> dict:
     for d, r in SHAPES:
         W, G, _ = draw(seed, "P2", d, r, STEPS)
         base = runner.run(W, G, config, case="P2")
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=True, seed=seed, key=("P2", d, r), case="P2")
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P2", d, r), case="P2")
         moved = frobenius(base.frames[1:] - W)
         for c in POWER_SCALES + OTHER_SCALES:
             scaled = runner.run(W, c * G, config, case="P2")
             exact = math.log2(c).is_integer()
-            bound = blackbox.comparison_bound(runner, S, d, r, np.maximum(base.phi, scaled.phi), rho_gradient=0.0 if exact else U64)
+            # fl(c G) = c G (1 + delta), |delta| <= u; the scaled run responds to it as the first to G delta
+            # (its Jacobian is the first one's over c): a difference of at most u ||G_t||
+            error = 0.0 if exact else U64 * frobenius(G)
+            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, scaled.phi), gradient_error=error)
             residual = frobenius(scaled.frames[1:] - base.frames[1:])
             check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None)
         if scan is None:
@@ -251,7 +254,7 @@ def scale_domain(runner: Runner, W, G, config, base, S, d, r) -> str:
         reach[sign] = "all scanned"
         for k in SCAN_EXPONENTS:
             scaled = runner.run(W, 2.0 ** (sign * k) * G, config, case="P2 scan of c")
-            bound = blackbox.comparison_bound(runner, S, d, r, np.maximum(base.phi, scaled.phi))
+            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, scaled.phi))
             compared = base.ok & np.all(np.isfinite(S), axis=0)  # a frame without a measured bound is not scanned
             with np.errstate(invalid="ignore"):
                 agree = scaled.ok & np.all(frobenius(scaled.frames[1:] - base.frames[1:]) <= bound, axis=0)
@@ -376,19 +379,24 @@ def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
     for d, r in SHAPES:
         W, G, rng = draw(seed, "P4", d, r, STEPS)
         base = runner.run(W, G, config, case="P4")
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=True, seed=seed, key=("P4", d, r), case="P4")
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P4", d, r), case="P4")
         moved = frobenius(base.frames[1:] - W)
         left, right = blackbox.orthogonal(d, rng, FRAMES), blackbox.orthogonal(r, rng, FRAMES)
         P, Sg = blackbox.signed_permutation(d, rng, FRAMES), blackbox.signed_permutation(r, rng, FRAMES)
+        # each action, the length of its inner products (the rounding of A X is within gamma_n || |A||X| ||
+        # entry by entry), and its absolute matrices (None: a signed permutation, exact)
         actions = {
-            "P4-left": (lambda X: left @ X, gamma(d, U64)),
-            "P4-right": (lambda X: X @ right, gamma(r, U64)),
-            "P4-signed": (lambda X: P @ X @ Sg, 0.0),
+            "P4-left": (lambda X: left @ X, d, lambda X: np.abs(left) @ np.abs(X)),
+            "P4-right": (lambda X: X @ right, r, lambda X: np.abs(X) @ np.abs(right)),
+            "P4-signed": (lambda X: P @ X @ Sg, 0, None),
         }
-        for name, (act, rho) in actions.items():
+        for name, (act, n, magnitude) in actions.items():
             moved_run = runner.run(act(W), act(G), config, case="P4")
-            bound = blackbox.comparison_bound(runner, S, d, r, np.maximum(base.phi, moved_run.phi), rho_gradient=rho,
-                                              frame_error=2.0 * rho * math.sqrt(r))
+            rounding = gamma(n, U64) if magnitude is not None else 0.0
+            gradient_error = rounding * frobenius(magnitude(G)) if magnitude is not None else 0.0
+            frame_error = rounding * (frobenius(magnitude(W)) + frobenius(magnitude(base.frames[1:]))) if magnitude is not None else 0.0
+            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, moved_run.phi), gradient_error=gradient_error,
+                                              frame_error=frame_error)
             residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
             checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0)
     return [verdict(name, [check.summary()]) for name, check in checks.items()]
@@ -413,21 +421,22 @@ def decay_blindness(runner: Runner, seed: int, eps: float, ignored=()) -> dict:
         for decay in DECAYS:
             decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")
             phi = np.maximum(base.phi, decayed.phi)
-            remainder = decay_remainder(runner, W, G, decay, phi, d, r)
-            bound = S * remainder + 2.0 * np.arange(1, DECAY_STEPS + 1).reshape(-1, 1) * runner.output_error(phi, d, r)
+            bound = blackbox.comparison_bound(runner, S, G, d, r, phi, gradient_error=decay_remainder(runner, W, G, decay, phi, d))
             check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok)
     reason, untested = weight_decay_reaches_step(runner, seed, eps, ignored)
     return verdict("P5", [check.summary()], vacuous=reason, untested=untested)
 
 
-def decay_remainder(runner: Runner, W, G, decay, phi, d, r) -> np.ndarray:
-    """Per step t, a bound on the norm of everything by which the gradients of the run with decay
-    differ from those without, over steps 1..t, (T, frames): at each step the projected decay term
-    lambda W (W^T W - I) (||W||_2 <= 1 + defect) and the rounding of G + lambda W and of its
-    projection, gamma_{2d}(u) (||G|| + lambda sqrt(r)) per run."""
+def decay_remainder(runner: Runner, W, G, decay, phi, d) -> np.ndarray:
+    """Per step, a bound on the norm by which the gradient the run with decay projects differs from
+    the one without (T, frames): the projected decay term lambda W (W^T W - I) (||W||_2 <= 1 + defect,
+    the defect of its input frame at most the larger of W_0's and the runs' phi) and the rounding of
+    G + lambda W, u (||G|| + lambda sqrt(r)) (its own projection's rounding is the backward error
+    comparison_bound adds, here on the larger input: gamma_{2d}(u) lambda sqrt(r))."""
+    r = W.shape[-1]
     defect = np.maximum(blackbox.gram_defect(W), phi)
-    per_step = decay * defect * (1 + defect) + 2.0 * gamma(2 * d, runner.u) * (frobenius(G) + decay * math.sqrt(r))
-    return np.sqrt(np.cumsum(per_step**2, axis=0))
+    return (decay * defect * (1 + defect) + runner.u * (frobenius(G) + decay * math.sqrt(r))
+            + 2.0 * gamma(2 * d, runner.u) * decay * math.sqrt(r))
 
 
 def weight_decay_reaches_step(runner: Runner, seed: int, eps: float, ignored) -> tuple[str | None, str | None]:
@@ -456,7 +465,7 @@ def weight_decay_reaches_step(runner: Runner, seed: int, eps: float, ignored) ->
 # Domain, controls, all properties
 # --------------------------------------------------------------------------------------------
 
-DOMAIN_CASES = ("eps = 0", "St(1, 1)", "G = 0 at eps = 0")
+DOMAIN_CASES = ("eps = 0", "St(1, 1)", "St(1, 1) at eps = 0", "G = 0 at eps = 0")
 
 
 def domain(runner: Runner, seed: int, declared=()) -> tuple[list[dict], bool]:
@@ -470,6 +479,7 @@ def domain(runner: Runner, seed: int, declared=()) -> tuple[list[dict], bool]:
     trials = {
         "eps = 0": (W, G, config_for(0.0)),
         "St(1, 1)": (one, rng.standard_normal(one.shape), config_for(1e-8)),
+        "St(1, 1) at eps = 0": (one, rng.standard_normal(one.shape), config_for(0.0)),
         "G = 0 at eps = 0": (W, np.zeros_like(G), config_for(0.0)),
     }
     for case, (frames, gradient, config) in trials.items():

@@ -102,7 +102,7 @@ TORCH_DTYPES = ("float64", "float32", "bfloat16")
 ROUTES = ("any", "svd", "eigh", "gram")
 CONFIG_FIELDS = ("lr", "betas", "eps", "weight_decay", "trust_radius")
 # flags that declare a case outside the step's domain (propositions.properties.DOMAIN_CASES): not tried
-DOMAIN_FLAGS = {"no_eps_zero": "eps = 0", "no_st11": "St(1, 1)", "no_zero_gradient": "G = 0 at eps = 0"}
+DOMAIN_FLAGS = {"no_eps_zero": "eps = 0", "no_st11": "St(1, 1)", "no_st11_eps_zero": "St(1, 1) at eps = 0", "no_zero_gradient": "G = 0 at eps = 0"}
 NUMPY_FLAGS = ("per_frame", "batched", "black_box") + tuple(DOMAIN_FLAGS)
 
 

@@ -14,10 +14,13 @@ returned. An implementation is tested at its own phi (a frame off St by phi may 
 normal space by up to about phi, and nothing in a black box says its tangent error is smaller).
 
 Output rounding. A frame the implementation returns carries its feasibility defect and the rounding
-of its last operations: `output_error` = phi_frame + 2 gamma_{2d}(u) sqrt(r), taking the last stage
-of a step on (d, r) frames to be products of length at most 2d (a polar factor, a Gram matrix or a
-projection: inner products of length d or r, then one more product) of entries of size <= 1, with
-||W||_F = sqrt(r); u = u_c + u_s of the implementation's dtypes (kit/precision.py).
+of the retraction that made it: `output_error` = phi_frame + E_polar, with E_polar the rounding bound
+of a polar factor by the SVD (kit/bounds.polar_error_bound) at condition 2 (W + xi for a step of
+length up to sqrt(3); the runs here take shorter ones) at u = u_c + u_s of the implementation's dtypes
+(kit/precision.py). This is borrowed from StiefelAdam's analysis as the model of a retraction's
+rounding (the polar factor is the most expensive of the retractions in use: QR, Cayley and
+Newton-Schulz iterations round no worse at this condition); a black box's own retraction could round
+differently, and nothing it shows can bound that.
 
 First-order directions (`first_order_direction`). The direction of a step is the limit of
 (W_1(lr) - W) / lr as lr -> 0, whatever the retraction (every retraction agrees with W + xi to first
@@ -26,7 +29,7 @@ E_k = (W_1(lr0 2^-k) - W) 2^k = a + b h_k + c h_k^2 + O(h^3) (h_k = 2^-k), D1 = 
 D2 = 2 E_2 - E_1 both equal a up to -c h^2 / 2 and -c h^2 / 8, so D2's truncation error is
 |D1 - D2| / 3; |D1 - D2| is kept (a factor 3 for the O(h^3) remainder). Rounding: E_k carries
 output_error / h_k, so D2 carries 2 * 4 e + 2 e = 10 e (e the output error at the step size of
-lr0). The step size lr0 balances the two: a step of length s = 4 (u + phi)^(1/3).
+lr0). The step size lr0 balances the two: a step of length s = 4 e^(1/3), at most 0.25.
 
 Sensitivity bounds (`sensitivity`, `comparison_bound`). Two runs whose inputs agree in exact
 arithmetic (G and 2^k G at eps = 0, Q W and W, with and without a decay term that the projection
@@ -61,6 +64,7 @@ from .common import rng_for
 FINITE_DIFFERENCE_STEP = 2.0**-20
 PROBES = 2
 LINEARITY = 4.0
+OUTPUT_CONDITION = 2.0
 RICHARDSON_STEPS = 3
 
 
@@ -191,11 +195,14 @@ class Runner:
 
     def output_error(self, phi, d: int, r: int):
         """A returned frame's error beyond the exact step (module docstring), per frame."""
-        return np.asarray(phi) + 2.0 * gamma(2 * d, self.u) * math.sqrt(r)
+        from .bounds import polar_error_bound
 
-    def step_size(self) -> float:
-        """The step length s of the first-order directions: 4 (u + phi)^(1/3) (module docstring)."""
-        return 4.0 * (self.u + self.phi) ** (1.0 / 3.0)
+        return np.asarray(phi) + float(polar_error_bound(d, r, OUTPUT_CONDITION, u_c=self.u))
+
+    def step_size(self, d: int, r: int) -> float:
+        """The step length s of the first-order directions on (d, r) frames: 4 e^(1/3), e the output
+        error at the runner's phi (module docstring), capped at 0.25."""
+        return min(0.25, 4.0 * float(self.output_error(self.phi, d, r)) ** (1.0 / 3.0))
 
 
 @dataclass
@@ -213,7 +220,7 @@ def calibrated_lr(runner: Runner, W, G, config, state=None, case: str = "") -> f
     """The lr at which one step moves the frames by about runner.step_size() (the median over frames
     of a trial step at lr = s / sqrt(d r), scaled), so that the directions' two errors balance."""
     d, r = W.shape[-2:]
-    s = runner.step_size()
+    s = runner.step_size(d, r)
     trial = s / math.sqrt(d * r)
     run = runner.run(W, G[None], replace(config, lr=trial), state, case)
     moved = frobenius(run.last - W)[run.ok]
@@ -246,7 +253,9 @@ def sensitivity(runner: Runner, W0, gradients, config, base: Run, *, relative: b
     2^-10 of the step, and a frame whose two responses (per unit of perturbation) differ by more than
     a factor LINEARITY is not differentiable at rounding scale (a step driven by rounding noise, as
     the scale-free step of a gradient normal up to rounding at eps = 0): it is left out (its bound is
-    NaN, and `runner` counts it), never given a bound the measurement does not support."""
+    NaN, and `runner` counts it), never given a bound the measurement does not support. Responses are
+    compared above the rounding of the two runs (2 output errors over the perturbation's size at the
+    smaller step): a step that does not depend on G to rounding is linear, with derivative ~0."""
     gradients = np.asarray(gradients, dtype=np.float64)
     scale = np.sqrt(np.mean(gradients**2, axis=(0, -2, -1), keepdims=True)) if not relative else None
     total = np.zeros((len(gradients),) + base.ok.shape)
@@ -256,10 +265,14 @@ def sensitivity(runner: Runner, W0, gradients, config, base: Run, *, relative: b
         direction = gradients * signs if relative else scale * signs
         response = _response(runner, W0, gradients, direction, FINITE_DIFFERENCE_STEP, config, base, state)
         if probe == 0:
-            smaller = _response(runner, W0, gradients, direction, FINITE_DIFFERENCE_STEP * 2.0**-10, config, base, state)
+            small_step = FINITE_DIFFERENCE_STEP * 2.0**-10
+            smaller = _response(runner, W0, gradients, direction, small_step, config, base, state)
+            # a response within the two runs' rounding (2 output errors over the step) is no response:
+            # a derivative that is zero to rounding (a step that does not depend on G there) is linear
+            floor = 2.0 * runner.output_error(base.phi, *np.shape(W0)[-2:])
             with np.errstate(invalid="ignore", divide="ignore"):
-                ratio = np.max(np.maximum(smaller, 1e-300) / np.maximum(response, 1e-300), axis=0)
-            linear &= (ratio <= LINEARITY) & (ratio >= 1.0 / LINEARITY)
+                ratio = np.maximum(smaller, floor / small_step) / np.maximum(response, floor / small_step)
+            linear &= np.all((ratio <= LINEARITY) & (ratio >= 1.0 / LINEARITY), axis=0)
         total += response**2
     estimate = 2.0 * np.sqrt(total / PROBES)
     if not relative:
@@ -278,17 +291,27 @@ def _response(runner, W0, gradients, direction, eta, config, base, state) -> np.
         return frobenius(moved.frames[1:] - base.frames[1:]) / eta
 
 
-def comparison_bound(runner: Runner, S_relative, d: int, r: int, phi, *, rho_gradient: float = 0.0,
-                     frame_error: float = 0.0) -> np.ndarray:
-    """Bound on ||W_t - W'_t|| for two runs whose gradients agree up to rho_gradient relative per entry
-    and whose frames up to frame_error (absolute, carried forward), each with its own rounding
-    (module docstring): shape (T, *lead) for S_relative of that shape and phi (lead,) the larger
-    feasibility of the two runs."""
-    T = S_relative.shape[0]
-    steps = np.arange(1, T + 1).reshape((T,) + (1,) * (S_relative.ndim - 1))
-    rho = rho_gradient + 2.0 * gamma(2 * d, runner.u)
-    entries = steps * d * r
-    return np.sqrt(entries) * rho * S_relative + 2.0 * steps * runner.output_error(phi, d, r) + frame_error
+def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradient_error=0.0, frame_error=0.0) -> np.ndarray:
+    """Bound on ||W_t - W'_t|| for two runs of the same frames (module docstring), shape (T, *lead):
+
+    S (T, *lead) the absolute sensitivity ||J_t||_F of W_t to the gradients G_1..G_t (`sensitivity`,
+    relative=False); gradients (T, *lead, d, r) those of the run S was measured on; gradient_error
+    (T, *lead) or a scalar: the norm by which the other run's gradients differ from them at each step,
+    in the coordinates of that run (a transformation's rounding, measured back through it); each
+    run's own rounding adds a backward error gamma_{2d}(u) ||G_t||; the differences of steps 1..t
+    add in quadrature (they are entries of one perturbation of (G_1, ..., G_t)). frame_error: an
+    absolute difference of the frames, carried forward; phi (lead,) the larger feasibility of the
+    two runs: each step's output error, of both runs, carried forward too."""
+    T = S.shape[0]
+    steps = np.arange(1, T + 1).reshape((T,) + (1,) * (S.ndim - 1))
+    per_step = np.broadcast_to(gradient_error, S.shape) + 2.0 * gamma(2 * d, runner.u) * frobenius(gradients)
+    return S * np.sqrt(np.cumsum(per_step**2, axis=0)) + 2.0 * steps * runner.output_error(phi, d, r) + frame_error
+
+
+def absolute_product_norm(A, B) -> np.ndarray:
+    """|| |A| |B| ||_F per frame: with gamma_n, the bound on the rounding of the product A B (inner
+    products of length n), entry by entry."""
+    return frobenius(np.abs(A) @ np.abs(B))
 
 
 def orthogonal(n: int, rng: np.random.Generator, count: int) -> np.ndarray:
@@ -310,4 +333,4 @@ def signed_permutation(n: int, rng: np.random.Generator, count: int) -> np.ndarr
 
 
 __all__ = ["Direction", "PerFrameStates", "Run", "Runner", "calibrated_lr", "comparison_bound", "first_order_direction",
-           "frobenius", "gamma", "gram_defect", "orthogonal", "sensitivity", "signed_permutation"]
+           "absolute_product_norm", "frobenius", "gamma", "gram_defect", "orthogonal", "sensitivity", "signed_permutation"]
