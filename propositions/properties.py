@@ -496,7 +496,9 @@ def domain(runner: Runner, seed: int, declared=()) -> tuple[list[dict], bool]:
 
 
 def ask(variant, seed: int, *, eps_zero: bool, ignored=(), only=PROPERTY_IDS, runner: Runner | None = None) -> list[dict]:
-    """The properties `only` (of PROPERTY_IDS) of one variant, as verdict records (without controls)."""
+    """The properties `only` (of PROPERTY_IDS, or claim ids: P4 is its three groups) of one variant, as
+    verdict records (without controls)."""
+    only = tuple(p for p in PROPERTY_IDS if p in only or p.split("-")[0] in only)
     runner = runner or runner_for(variant)
     eps = 0.0 if eps_zero else 1e-8
     asked = {
@@ -551,6 +553,7 @@ IGNORES_WEIGHT_DECAY = ri.Variant("ignores_weight_decay", "StiefelAdam that drop
 def controls(seed: int, only=PROPERTY_IDS) -> list[dict]:
     """Each property of `only` on its controls (CONTROLS): [{property, control, expected, verdict, margin,
     detected}]; a "fails" control is detected when its margin reaches DETECTION_FACTOR."""
+    only = tuple(p for p in PROPERTY_IDS if p in only or p.split("-")[0] in only)
     records = []
     for property_id, name, expected in CONTROLS:
         if property_id not in only:

@@ -167,6 +167,7 @@ class Runner:
         lead = W0.shape[:-2]
         frames = np.full((len(gradients) + 1,) + W0.shape, np.nan)
         states = PerFrameStates()
+        raised = np.zeros(lead, dtype=bool)
         for position, index in enumerate(np.ndindex(*lead)):
             own = state[position] if isinstance(state, PerFrameStates) else None
             try:
@@ -174,13 +175,14 @@ class Runner:
                 frames[(slice(None),) + index] = frame_run
             except Exception as error:
                 self._exclude(case, f"the step raised: {one_line(error)}", 1)
+                raised[index] = True
                 final = None
             states.append(final)
-        return self._finish(frames, states, lead, case)
+        return self._finish(frames, states, lead, case, raised)
 
-    def _finish(self, frames, state, lead, case) -> Run:
+    def _finish(self, frames, state, lead, case, raised=False) -> Run:
         finite = np.all(np.isfinite(frames), axis=(0, -2, -1))
-        bad = int(np.sum(~finite))
+        bad = int(np.sum(~finite & ~raised))
         if bad:
             self._exclude(case, "the step returned a frame that is not finite (NaN or inf)", bad)
         phi = np.max(gram_defect(frames[1:]), axis=0) if len(frames) > 1 else np.zeros(lead)
