@@ -406,7 +406,7 @@ def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
 # P5
 # --------------------------------------------------------------------------------------------
 
-DECAYS = (1e-3, 1.0, 1e3)
+DECAYS = (1e-3, 1.0, 1e3, 1e6)
 DECAY_STEPS = 2
 
 
