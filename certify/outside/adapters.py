@@ -11,17 +11,21 @@ hyper-parameters in a `StiefelAdamConfig`. An adapter builds such a Variant arou
                                FLAGS (comma separated): `per_frame` (the step takes one (d, r) frame;
                                the adapter loops over the leading axes), `batched` (it takes
                                (..., d, r); no trial), `black_box` (W only: its state is not read
-                               even if it is a StiefelAdamState). Without per_frame/batched the
-                               adapter tries a batch of two frames once and falls back to per frame
-                               when the step raises or returns the wrong shape.
+                               even if it is a StiefelAdamState), and cases outside its domain that
+                               the property verdicts do not try (DOMAIN_FLAGS: `no_eps_zero`,
+                               `no_st11`, `no_st11_eps_zero`, `no_zero_gradient`). Without
+                               per_frame/batched the adapter tries a batch of two frames once and
+                               falls back to per frame when the step raises or returns the wrong shape.
   torch:MODULE:CLASS[:JSON]    a torch.optim.Optimizer driven only through a parameter, its gradient
                                and step(). JSON holds constructor keywords; four keys are the
                                adapter's own: "dtype" ("float64" default, "float32", "bfloat16"), "route" (the
                                retraction the claims' bounds assume: "any" default, "svd", "eigh", "gram"), "manifold"
                                ("module:Class", e.g. "geoopt:EuclideanStiefel": the parameter is then
-                               a geoopt.ManifoldParameter on that manifold), "batched" (true
-                               default: one parameter of shape (..., d, r); false: one parameter per
-                               frame) and "state" (how its state maps to m, v, t, below). lr, betas,
+                               a geoopt.ManifoldParameter on that manifold), "batched" (true: one
+                               parameter of shape (..., d, r); false: one parameter per frame; not
+                               given: batched, or per frame where a batched trial step raises),
+                               "domain" (cases outside its domain, as DOMAIN_FLAGS names them) and
+                               "state" (how its state maps to m, v, t, below). lr, betas,
                                eps, weight_decay and trust_radius come from the claim's config; those
                                the class does not take are recorded as ignored.
 
