@@ -105,17 +105,25 @@ class Comparison:
             self.bitwise.append(np.broadcast_to(bitwise, np.shape(residual))[ok].ravel())
 
     def summary(self) -> dict:
+        """max_ratio, residual and bound at the worst ratio over the comparisons that can resolve the
+        property (bound at most RESOLUTION of what they compare); `unresolved` counts the others,
+        which decide nothing unless their residual exceeds even their bound (a failure at any bound)."""
         residual = np.concatenate(self.residual) if self.residual else np.zeros(0)
         bound = np.concatenate(self.bound) if self.bound else np.zeros(0)
         scale = np.concatenate(self.scale) if self.scale else np.zeros(0)
-        out = {"name": self.name, "description": self.description, "samples": int(residual.size)}
-        if residual.size:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(bound > 0, residual / bound, np.where(residual > 0, np.inf, 0.0))
-                resolution = np.where(scale > 0, bound / scale, np.inf)
-            worst = int(np.argmax(ratio))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(bound > 0, residual / bound, np.where(residual > 0, np.inf, 0.0))
+            resolved = np.where(scale > 0, bound / scale, np.inf) <= RESOLUTION
+        counted = resolved | (ratio > 1)
+        out = {"name": self.name, "description": self.description, "samples": int(np.sum(counted)),
+               "unresolved": int(np.sum(~counted))}
+        if np.any(counted):
+            worst = int(np.flatnonzero(counted)[np.argmax(ratio[counted])])
             out.update(max_ratio=float(ratio[worst]), residual=float(residual[worst]), bound=float(bound[worst]),
-                       max_residual=float(np.max(residual)), worst_resolution=float(np.max(resolution)))
+                       max_residual=float(np.max(residual[counted])))
+        if np.any(~counted):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out["worst_resolution"] = float(np.max(np.where(scale > 0, bound / scale, np.inf)[~counted]))
         if self.bitwise:
             bits = np.concatenate(self.bitwise)
             out["bit_identical"] = f"{int(np.sum(bits))} of {bits.size}"
@@ -127,14 +135,13 @@ def verdict(property_id: str, checks: list[dict], *, measured: dict | None = Non
     """The verdict of one property from its checks (module docstring)."""
     record = {"property": property_id, "statement": PROPERTY_TEXT[property_id], "checks": checks,
               "measured": dict(measured or {}), "check": None, "margin": None, "reason": ""}
-    if untested is None:
-        empty = [c["name"] for c in checks if not c["samples"]]
-        blunt = [c for c in checks if c["samples"] and c["worst_resolution"] > RESOLUTION and c["max_ratio"] <= 1]
-        if not checks or len(empty) == len(checks):
-            untested = "no frame could be compared (see the excluded cases)"
-        elif blunt:
+    if untested is None and (not checks or not all(c["samples"] for c in checks)):
+        blunt = [c for c in checks if not c["samples"] and c.get("unresolved")]
+        if blunt:
             untested = (f"{blunt[0]['name']}: its bound is {blunt[0]['worst_resolution']:.2g} of what it compares (more than "
                         f"{RESOLUTION:g}): at this implementation's precision and feasibility the comparison cannot tell")
+        else:
+            untested = "no frame could be compared (see the excluded cases)"
     failing = [c for c in checks if c["samples"] and c["max_ratio"] > 1]
     if failing:
         worst = max(failing, key=lambda c: c["max_ratio"])

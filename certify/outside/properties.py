@@ -135,6 +135,7 @@ def implementation_section(spec: str, record: dict) -> list[str]:
     for found in record["properties"]:
         figures = "; ".join(f"{key} {_escape(json.dumps(to_jsonable(value)))}" for key, value in found["measured"].items())
         checks = "; ".join(f"{c['name']} max ratio {c.get('max_ratio', float('nan')):.3g} over {c['samples']}"
+                           + (f" ({c['unresolved']} more not resolved at this precision)" if c.get("unresolved") else "")
                            + (f", bit-identical {c['bit_identical']}" if "bit_identical" in c else "") for c in found["checks"])
         lines.append(f"- {found['property']} ({_escape(found['statement'])}): **{found['verdict']}**"
                      + (f": {_escape(found['reason'])}" if found["reason"] else "") + (f". {checks}" if checks else "")
