@@ -530,6 +530,9 @@ def ask_all(variant, seed: int, *, only=PROPERTY_IDS) -> dict:
     runner = runner_for(variant)
     rows, eps_zero = domain(runner, seed, tuple(getattr(variant, "domain", ()) or ()))
     found = ask(variant, seed, eps_zero=eps_zero, ignored=tuple(getattr(variant, "ignored", ()) or ()), only=only, runner=runner)
+    for record in found:
+        if record["verdict"] == "untested" and "cannot tell" in record["reason"]:
+            record["reason"] += f" (its frames are off St(d, r) by up to phi = {runner.phi:.2g})"
     excluded = [{"case": case, "reason": reason, "frames": count} for (case, reason), count in runner.excluded.items()
                 if not case.startswith("domain: ")]
     return {"domain": rows, "eps_zero": eps_zero, "phi": runner.phi, "properties": found, "excluded": excluded, "calls": runner.calls}
