@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--optimizer", default=claims.DEFAULT_OPTIMIZER, metavar="NAME", help="run against this optimizer: a variant (default stiefel_adam; a control name must make the claim fail), a name of certify.outside.adapters.SHORTCUTS or a numpy:/torch: spec (docs/adapters.md)")
     run.add_argument("--implementation", metavar="MODULE:CALLABLE", help="a NumPy step (docs/adapters.md): the same as --optimizer numpy:MODULE:CALLABLE")
     run.add_argument("--torch-optimizer", metavar="MODULE:CLASS[:JSON]", help="a torch.optim.Optimizer (docs/adapters.md): the same as --optimizer torch:MODULE:CLASS[:JSON]")
+    run.add_argument("--properties", action="store_true", help="ask each claim's property (P1..P5) of the optimizer as a black box: holds / fails / vacuous / untested (docs/adapters.md#property-verdicts); default --out a fresh folder properties-<UTC time>")
 
     compare = commands.add_parser("compare", help="run P1..P5 on several implementations: certificates per pair and a matrix in REPORT.md")
     compare.add_argument("implementations", nargs="*", metavar="IMPL", help="names (reference_impl, torch_impl, torch_impl-float32, geoopt-euclidean, geoopt-canonical, stiefel_adam, the controls) or numpy:/torch: specs")
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", default=None, metavar="DIR", help="certificates go to DIR/compare/<impl>/<claim>.json, the matrix into DIR/REPORT.md (default: a fresh folder compare-<UTC time> here, so that no report is overwritten)")
     compare.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
     compare.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help="how much evidence to collect (default quick)")
+    compare.add_argument("--properties", action="store_true", help="instead of the certificates, ask each claim's property of each implementation as a black box: the matrix of which has which property (docs/adapters.md#property-verdicts)")
 
     crosscheck = commands.add_parser("crosscheck", help="the torch kernel against the float64 reference")
     crosscheck.add_argument("--device", choices=claims.CROSSCHECK_DEVICES, default="cpu")
@@ -258,6 +260,9 @@ def command_compare(args, out: Output, command: str) -> int:
     if not specs:
         raise UsageError("name at least one implementation to compare (e.g. certify compare reference_impl torch_impl)")
     specs = list(dict.fromkeys(specs))
+    if args.properties:
+        out_dir = args.out if args.out is not None else str(_fresh_folder("compare"))
+        return command_properties(specs, claims.IMPLEMENTATION_CLAIMS, out_dir, args.seed, out, command)
     variants = {spec: resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
     out_dir = output_folder(args.out if args.out is not None else str(fresh_folder("compare")))
     results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
@@ -282,6 +287,54 @@ def command_compare(args, out: Output, command: str) -> int:
     return 0 if all(c["verdict"] == "pass" for c in applicable) else 1
 
 
+def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, out: Output, command: str) -> int:
+    """The property verdicts of `specs` for the claims `claim_ids` (certify.outside.properties): the
+    matrix printed and written into OUT/REPORT.md, one record per implementation under OUT/properties/.
+    Exit 0 when every property asked holds for every implementation, 1 when one fails, is vacuous or
+    untested, 2 for an implementation that cannot be used (before anything runs)."""
+    from certify.outside import adapters, properties
+
+    canonical = [adapters.canonical_spec(spec) if spec != claims.DEFAULT_OPTIMIZER else spec for spec in specs]
+    try:
+        variants = {spec: properties.resolve(spec) for spec in canonical}
+    except adapters.AdapterError as error:
+        raise UsageError(str(error)) from None
+    out_dir = output_folder(out_text)
+    records, control_records, wall_seconds = properties.run(variants, seed=seed, claim_ids=claim_ids, out_dir=out_dir, progress=out.line)
+    text = properties.markdown(records, control_records, seed=seed, wall_seconds=wall_seconds, command=command)
+    try:
+        path = properties.write(out_dir, text)
+    except OSError as error:
+        raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
+    first = next(iter(records.values()))
+    header = ["implementation"] + [properties.HEADERS[v["property"]] for v in first["properties"]] + ["StiefelAdam's step"]
+    out.table(header, properties.matrix_rows(records), title="which optimizer has which property")
+    for spec, record in records.items():
+        out.line(f"{spec}: StiefelAdam's step: {record['stiefel_adam_step']['text']}")
+    out.line(f"report: {path}; records under {out_dir / 'properties'} ({wall_seconds:.1f} s)")
+    return 0 if all(v["verdict"] == "holds" for record in records.values() for v in record["properties"]) else 1
+
+
+def command_run_or_properties(args, out: Output, command: str) -> int:
+    """`certify run`, or with --properties the property verdicts of the claims named (P1..P5)."""
+    if not args.properties:
+        return command_run(args, out, command)
+    from certify.run import _optimizer_from_args
+
+    ids = []
+    for text in args.ids:
+        try:
+            claim_id = claims.normalise_id(text)
+        except claims.UnknownClaim as error:
+            raise UsageError(str(error)) from None
+        if claim_id not in claims.IMPLEMENTATION_CLAIMS:
+            raise UsageError(f"{claim_id} states no property of an optimizer's step; --properties takes {', '.join(claims.IMPLEMENTATION_CLAIMS)}")
+        ids.append(claim_id)
+    explicit_out = any(token == "--out" or token.startswith("--out=") for token in shlex.split(command))
+    out_dir = args.out if explicit_out else str(_fresh_folder("properties"))
+    return command_properties([_optimizer_from_args(args)], tuple(dict.fromkeys(ids)), out_dir, args.seed, out, command)
+
+
 def command_regression(args, out: Output, command: str) -> int:
     from certify.ci import regression
 
@@ -303,7 +356,7 @@ COMMANDS = {
     "compare": command_compare,
     "all": command_all,
     "list": command_list,
-    "run": command_run,
+    "run": command_run_or_properties,
     "crosscheck": command_crosscheck,
     "verify": command_verify,
     "cite": command_cite,

@@ -213,3 +213,18 @@ def test_zero_gradient_probe_sees_a_step_without_the_v_hat_guard():
     found = {p["property"]: p for p in probes.probe(adapters.resolve("numpy:adapter_fakes:unguarded"))}
     assert found["G = 0, eps = 0"]["differs"] and "0 by 0" in found["G = 0, eps = 0"]["finding"]
     assert not found["first-step direction"]["differs"]
+
+
+def test_a_torch_step_from_a_loaded_state_runs_at_the_hyperparameters_it_is_asked_for():
+    """load_state_dict restores the param groups saved with the state; the adapter sets the step's own
+    lr (and the rest) again, so a second step from one state at lr and lr / 10 moves the frame ten times
+    less (property verdicts take their directions from a warm state at several lr)."""
+    pytest.importorskip("torch")
+    variant = adapters.resolve("torch:torch_impl:StiefelAdam")
+    rng = np.random.default_rng(3)
+    W = ri.random_point(6, 2, rng, (2,))
+    G1, G2 = rng.standard_normal(W.shape), rng.standard_normal(W.shape)
+    W1, state = variant.step(W, G1, variant.init(W), ri.StiefelAdamConfig(lr=0.01, trust_radius=float("inf")))
+    moved = [ri.frobenius(variant.step(W1, G2, state, ri.StiefelAdamConfig(lr=lr, trust_radius=float("inf")))[0] - W1)
+             for lr in (1e-3, 1e-4)]
+    np.testing.assert_allclose(moved[0] / moved[1], 10.0, rtol=1e-3)

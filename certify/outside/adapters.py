@@ -11,17 +11,21 @@ hyper-parameters in a `StiefelAdamConfig`. An adapter builds such a Variant arou
                                FLAGS (comma separated): `per_frame` (the step takes one (d, r) frame;
                                the adapter loops over the leading axes), `batched` (it takes
                                (..., d, r); no trial), `black_box` (W only: its state is not read
-                               even if it is a StiefelAdamState). Without per_frame/batched the
-                               adapter tries a batch of two frames once and falls back to per frame
-                               when the step raises or returns the wrong shape.
+                               even if it is a StiefelAdamState), and cases outside its domain that
+                               the property verdicts do not try (DOMAIN_FLAGS: `no_eps_zero`,
+                               `no_st11`, `no_st11_eps_zero`, `no_zero_gradient`). Without
+                               per_frame/batched the adapter tries a batch of two frames once and
+                               falls back to per frame when the step raises or returns the wrong shape.
   torch:MODULE:CLASS[:JSON]    a torch.optim.Optimizer driven only through a parameter, its gradient
                                and step(). JSON holds constructor keywords; four keys are the
                                adapter's own: "dtype" ("float64" default, "float32", "bfloat16"), "route" (the
                                retraction the claims' bounds assume: "any" default, "svd", "eigh", "gram"), "manifold"
                                ("module:Class", e.g. "geoopt:EuclideanStiefel": the parameter is then
-                               a geoopt.ManifoldParameter on that manifold), "batched" (true
-                               default: one parameter of shape (..., d, r); false: one parameter per
-                               frame) and "state" (how its state maps to m, v, t, below). lr, betas,
+                               a geoopt.ManifoldParameter on that manifold), "batched" (true: one
+                               parameter of shape (..., d, r); false: one parameter per frame; not
+                               given: batched, or per frame where a batched trial step raises),
+                               "domain" (cases outside its domain, as DOMAIN_FLAGS names them) and
+                               "state" (how its state maps to m, v, t, below). lr, betas,
                                eps, weight_decay and trust_radius come from the claim's config; those
                                the class does not take are recorded as ignored.
 
@@ -101,7 +105,9 @@ TORCH_DTYPES = ("float64", "float32", "bfloat16")
 # the retraction an implementation may declare ("route"), as the claims' bounds take it
 ROUTES = ("any", "svd", "eigh", "gram")
 CONFIG_FIELDS = ("lr", "betas", "eps", "weight_decay", "trust_radius")
-NUMPY_FLAGS = ("per_frame", "batched", "black_box")
+# flags that declare a case outside the step's domain (propositions.properties.DOMAIN_CASES): not tried
+DOMAIN_FLAGS = {"no_eps_zero": "eps = 0", "no_st11": "St(1, 1)", "no_st11_eps_zero": "St(1, 1) at eps = 0", "no_zero_gradient": "G = 0 at eps = 0"}
+NUMPY_FLAGS = ("per_frame", "batched", "black_box") + tuple(DOMAIN_FLAGS)
 
 
 def known_names() -> list[str]:
@@ -119,8 +125,13 @@ def canonical_spec(text: str) -> str:
     )
 
 
-def resolve(spec: str) -> Variant:
-    """The Variant for a spec (see the module docstring); AdapterError when it cannot be used."""
+def resolve(spec: str, *, checked: bool = True) -> Variant:
+    """The Variant for a spec (see the module docstring); AdapterError when it cannot be used.
+
+    checked=False: the step's frames come back as the implementation returned them (as float64),
+    without the output checks that raise ImplementationError (finite, on St(d, r) within the
+    reference's input tolerance): the property verdicts (certify/outside/properties.py) measure
+    an implementation's feasibility and domain instead of refusing it."""
     spec = canonical_spec(spec)
     if spec in ri.VARIANTS:
         return ri.VARIANTS[spec]
@@ -129,8 +140,8 @@ def resolve(spec: str) -> Variant:
         spec = SHORTCUTS[spec][0]
     kind, _, rest = spec.partition(":")
     if kind == "numpy":
-        return _numpy_variant(name, spec, rest)
-    return _torch_variant(name, spec, rest)
+        return _numpy_variant(name, spec, rest, checked)
+    return _torch_variant(name, spec, rest, checked)
 
 
 def describe(variant) -> dict:
@@ -143,6 +154,8 @@ def describe(variant) -> dict:
         "direction": "the step's own (hook)" if variant.step_with_direction is not None else "recovered by the inverse polar retraction",
         "dtype": getattr(variant, "dtype", "float64"),
         "ignored_hyperparameters": list(getattr(variant, "ignored", ())),
+        "calling": getattr(variant, "calling", "batched: frames of shape (..., d, r)"),
+        "declared_outside_domain": list(getattr(variant, "domain", ())),
     }
 
 
@@ -275,7 +288,7 @@ def _numpy_parts(spec: str, rest: str):
     return module_name, attrs, flags
 
 
-def _numpy_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
+def _numpy_variant(name: str, spec: str, rest: str, checked: bool = True) -> AdaptedVariant:
     module_name, attrs, flags = _numpy_parts(spec, rest)
     module = _import(module_name, spec)
     names = [a for a in attrs.split(",")]
@@ -291,20 +304,20 @@ def _numpy_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
         raise AdapterError(f"{spec}: ATTRS must be step, init,step or one object with .init and .step")
     _check_signature(init, "init(W)", 1, spec)
     _check_signature(step, "step(W, G, state, config)", 4, spec)
-    adapter = _NumpyStepper(name, init, step, flags)  # messages name the implementation as the user did
+    adapter = _NumpyStepper(name, init, step, flags, checked)  # messages name the implementation as the user did
     adapter.trial()
-    ignored = ()
+    domain = tuple(case for flag, case in DOMAIN_FLAGS.items() if flag in flags)
     return AdaptedVariant(
         name, SHORTCUTS.get(name, (None, f"NumPy implementation {module_name}:{attrs}"))[1], (), adapter.init,
-        adapter.step, spec=spec, state_observable=adapter.observable, dtype=adapter.dtype, ignored=ignored,
+        adapter.step, spec=spec, state_observable=adapter.observable, dtype=adapter.dtype, domain=domain, calling=adapter.calling,
     )
 
 
 class _NumpyStepper:
     """init/step of a NumPy implementation, batched or looped over the leading axes."""
 
-    def __init__(self, spec, init, step, flags):
-        self.spec = spec
+    def __init__(self, spec, init, step, flags, checked=True):
+        self.spec, self.checked = spec, checked
         self._init, self._step = init, step
         self.per_frame = "per_frame" in flags
         self.black_box = "black_box" in flags
@@ -329,6 +342,7 @@ class _NumpyStepper:
             raise AdapterError(f"{self.spec}: step returned frames of dtype {self.dtype}; the claims' bounds are derived for "
                                f"{', '.join(step_analysis.UNIT_ROUNDOFFS)} storage")
         self.observable = not self.black_box and isinstance(state, StiefelAdamState) and isinstance(out[1], StiefelAdamState)
+        self.calling = "one (d, r) frame a call (declared)" if self.per_frame else "batched: frames of shape (..., d, r)"
         if self.per_frame:
             return
         W2, G2 = _trial_frames((2,))
@@ -341,6 +355,8 @@ class _NumpyStepper:
         except Exception:
             batched_ok = False
         self.per_frame = not batched_ok
+        if self.per_frame:
+            self.calling = "one (d, r) frame a call (a step on a batch of two frames failed)"
 
     def init(self, W):
         W = np.asarray(W)
@@ -356,14 +372,21 @@ class _NumpyStepper:
         if W.ndim == 2 or not self.per_frame:
             inner = state if self.observable else self._payload(state, W.shape[:-2])
             W_new, state_new = self._call(W, G, inner, config)
-            W_new = _check_output(self.spec, W, W_new, self.dtype)
+            W_new = self._output(W, W_new)
             return W_new, state_new if self.observable else OpaqueState(state_new, W.shape[:-2])
         lead = W.shape[:-2]
         frames = self._split(state, lead)
         results = [self._call(W[index], G[index], frame_state, config) for index, frame_state in zip(np.ndindex(*lead), frames)]
         W_new = np.stack([np.asarray(w) for w, _ in results]).reshape(W.shape) if results else np.array(W, copy=True)
-        W_new = _check_output(self.spec, W, W_new, self.dtype)
-        return W_new, self._join([s for _, s in results], lead)
+        return self._output(W, W_new), self._join([s for _, s in results], lead)
+
+    def _output(self, W, W_new):
+        if self.checked:
+            return _check_output(self.spec, W, W_new, self.dtype)
+        W_new = np.asarray(W_new, dtype=np.float64)
+        if W_new.shape != np.shape(W):
+            raise ImplementationError(f"{self.spec}: the step returned a frame of shape {W_new.shape} for input {np.shape(W)}")
+        return W_new
 
     def _call(self, W, G, state, config):
         out = self._step(W, G, state, config)
@@ -415,44 +438,74 @@ def _torch_parts(spec: str, rest: str):
     return module_name, class_name, options
 
 
-def _torch_variant(name: str, spec: str, rest: str) -> AdaptedVariant:
+def _torch_variant(name: str, spec: str, rest: str, checked: bool = True) -> AdaptedVariant:
     try:
         import torch
     except Exception:
         raise AdapterError(f"{spec}: needs torch, which is not installed (pip install 'stiefel-adam-certify[torch]')") from None
     module_name, class_name, options = _torch_parts(spec, rest)
-    options = dict(options)
-    dtype = options.pop("dtype", "float64")
-    if dtype not in TORCH_DTYPES:
-        raise AdapterError(f"{spec}: dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
-    route = options.pop("route", "any")
-    if route not in ROUTES:
-        raise AdapterError(f"{spec}: route must be one of {', '.join(ROUTES)}, got {route!r}")
-    manifold_name = options.pop("manifold", None)
-    batched = options.pop("batched", True)
-    if not isinstance(batched, bool):
-        raise AdapterError(f"{spec}: batched must be true or false, got {batched!r}")
-    state_map = _state_map(options.pop("state", None), spec, batched)
+    settings = _TorchSettings.pop_from(dict(options), spec)
     module = _import(module_name, spec)
     optimizer_class = _attribute(module, class_name, spec)
     # a package that states how it evaluates each stage (torch_impl.declared_precision) is held to it
     declare = getattr(module, "declared_precision", None)
-    declaration = precisions.frozen_declaration(declare(getattr(torch, dtype))) if callable(declare) else None
+    declaration = precisions.frozen_declaration(declare(getattr(torch, settings.dtype))) if callable(declare) else None
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise AdapterError(f"{spec}: {module_name}.{class_name} is not a torch.optim.Optimizer class")
-    manifold = None
-    if manifold_name is not None:
-        manifold_module, _, manifold_class = str(manifold_name).partition(":")
-        manifold_type = _attribute(_import(manifold_module, spec), manifold_class or "?", spec)
-        try:
-            manifold = manifold_type()
-        except Exception as error:
-            raise AdapterError(f"{spec}: manifold {manifold_name} cannot be made: {_one_line(error)}") from None
-    adapter = _TorchStepper(name, optimizer_class, options, getattr(torch, dtype), manifold, batched, state_map)
+    builder = _TorchBuilder(name, optimizer_class, settings.options, getattr(torch, settings.dtype), _manifold(settings.manifold, spec))
+    adapter = _TorchStepper(name, builder, settings.batched, settings.state_map, checked)
     adapter.trial()
-    description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({dtype})"))[1]
-    return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=state_map is not None,
-                          dtype=dtype, route=route, ignored=adapter.ignored, torch_factory=adapter.factory(), declaration=declaration)
+    description = SHORTCUTS.get(name, (None, f"torch optimizer {module_name}.{class_name} ({settings.dtype})"))[1]
+    return AdaptedVariant(name, description, (), adapter.init, adapter.step, spec=spec, state_observable=settings.state_map is not None,
+                          dtype=settings.dtype, route=settings.route, ignored=builder.ignored, torch_factory=builder.factory(),
+                          declaration=declaration, domain=settings.domain, calling=adapter.calling)
+
+
+class _TorchSettings:
+    """The adapter's own keys of a torch spec's JSON (module docstring), checked; `options` keeps the
+    constructor keywords."""
+
+    def __init__(self, options, dtype, route, manifold, batched, state_map, domain):
+        self.options, self.dtype, self.route, self.manifold = options, dtype, route, manifold
+        self.batched, self.state_map, self.domain = batched, state_map, domain
+
+    @classmethod
+    def pop_from(cls, options: dict, spec: str) -> "_TorchSettings":
+        dtype = options.pop("dtype", "float64")
+        if dtype not in TORCH_DTYPES:
+            raise AdapterError(f"{spec}: dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
+        route = options.pop("route", "any")
+        if route not in ROUTES:
+            raise AdapterError(f"{spec}: route must be one of {', '.join(ROUTES)}, got {route!r}")
+        batched = options.pop("batched", None)  # None: batched, or frame by frame where a batched trial fails
+        if batched is not None and not isinstance(batched, bool):
+            raise AdapterError(f"{spec}: batched must be true or false, got {batched!r}")
+        state_map = _state_map(options.pop("state", None), spec, batched is not False)
+        domain = _declared_domain(options.pop("domain", []), spec)
+        manifold = options.pop("manifold", None)
+        return cls(options, dtype, route, manifold, batched, state_map, domain)
+
+
+def _declared_domain(declared, spec: str) -> tuple[str, ...]:
+    """The cases a spec declares outside the implementation's domain (propositions.properties.DOMAIN_CASES)."""
+    from propositions.properties import DOMAIN_CASES
+
+    if not isinstance(declared, list) or any(case not in DOMAIN_CASES for case in declared):
+        raise AdapterError(f"{spec}: domain must be a list of cases outside the domain, each one of {', '.join(map(repr, DOMAIN_CASES))}; "
+                           f"got {declared!r}")
+    return tuple(declared)
+
+
+def _manifold(manifold_name, spec: str):
+    """The geoopt manifold instance a spec names ("module:Class"), or None."""
+    if manifold_name is None:
+        return None
+    manifold_module, _, manifold_class = str(manifold_name).partition(":")
+    manifold_type = _attribute(_import(manifold_module, spec), manifold_class or "?", spec)
+    try:
+        return manifold_type()
+    except Exception as error:
+        raise AdapterError(f"{spec}: manifold {manifold_name} cannot be made: {_one_line(error)}") from None
 
 
 STATE_KEYS = ("m", "v", "t", "m_tangent_at")
@@ -471,74 +524,61 @@ def _state_map(declared, spec: str, batched: bool) -> dict | None:
     return dict(declared)
 
 
-class _TorchStepper:
-    """A torch.optim.Optimizer as a pure step: each call builds the parameter and the optimizer, loads
-    the state snapshot the previous call returned, sets .grad and calls step(); the new snapshot
-    (a deep copy of state_dict()) is the returned OpaqueState. A state can so be reused (P5 takes two
-    steps from one state), and the optimizer sees only parameters, gradients and step()."""
+class _TorchBuilder:
+    """Builds the optimizer and its parameters: the class, its keywords, the storage dtype, a geoopt
+    manifold where one is named, and the hyper-parameters the class rejects (`ignored`, found by the
+    first construction)."""
 
-    def __init__(self, spec, optimizer_class, options, dtype, manifold, batched, state_map=None):
-        self.spec = spec
-        self.state_map = state_map
-        self.count_kind = None  # how the optimizer stores t: learned on the trial step
-        self.optimizer_class = optimizer_class
-        self.options = options
-        self.dtype = dtype
+    def __init__(self, spec, optimizer_class, options, dtype, manifold):
+        self.spec, self.optimizer_class, self.options = spec, optimizer_class, options
+        self.dtype, self.manifold = dtype, manifold
         self.dtype_name = str(dtype).replace("torch.", "")
         # the moments in the compute dtype (float64 for float64 frames, else float32), as torch_impl keeps them
         self.moment_dtype_name = "float64" if self.dtype_name == "float64" else "float32"
-        self.manifold = manifold
-        self.batched = batched
         self.ignored: tuple[str, ...] = ()
 
-    def _parameters(self, W):
+    def parameter(self, data):
+        if self.manifold is not None:
+            import geoopt
+
+            return geoopt.ManifoldParameter(data, manifold=self.manifold)
         import torch
 
-        frames = [W] if self.batched else [W[index] for index in np.ndindex(*W.shape[:-2])]
-        parameters = []
-        for frame in frames:
-            data = torch.tensor(np.array(frame, dtype=np.float64), dtype=self.dtype)
-            if self.manifold is not None:
-                import geoopt
+        return torch.nn.Parameter(data)
 
-                parameters.append(geoopt.ManifoldParameter(data, manifold=self.manifold))
-            else:
-                parameters.append(torch.nn.Parameter(data))
-        return parameters
+    def parameters(self, frames) -> list:
+        import torch
 
-    def _hyperparameters(self, config) -> dict:
+        return [self.parameter(torch.tensor(np.array(frame, dtype=np.float64), dtype=self.dtype)) for frame in frames]
+
+    def hyperparameters(self, config) -> dict:
         values = {"lr": config.lr, "betas": tuple(config.betas), "eps": config.eps,
                   "weight_decay": config.weight_decay, "trust_radius": config.trust_radius}
         return {key: value for key, value in values.items() if key not in self.ignored}
 
-    def _optimizer(self, parameters, config):
-        return self.optimizer_class(parameters, **self._hyperparameters(config), **self.options)
+    def optimizer(self, parameters, config):
+        return self.optimizer_class(parameters, **self.hyperparameters(config), **self.options)
+
+    def set_hyperparameters(self, optimizer, config) -> None:
+        """The config's hyper-parameters in every param group: load_state_dict restores the groups'
+        settings saved with the state, and a step must run at the settings it is asked for."""
+        for group in optimizer.param_groups:
+            group.update(self.hyperparameters(config))
 
     def factory(self):
         """The builder the bookkeeping claim drives the optimizer with (its own layouts of parameters,
         groups and instances), at the trial's hyper-parameters."""
         from propositions.bookkeeping import TorchFactory
 
-        def parameter(data):
-            if self.manifold is not None:
-                import geoopt
+        return TorchFactory(lambda params: self.optimizer(params, TRIAL_CONFIG), self.parameter, self.dtype)
 
-                return geoopt.ManifoldParameter(data, manifold=self.manifold)
-            import torch
-
-            return torch.nn.Parameter(data)
-
-        return TorchFactory(lambda params: self._optimizer(params, TRIAL_CONFIG), parameter, self.dtype)
-
-    def trial(self) -> None:
-        """Find the hyper-parameters the class takes (a keyword it rejects is dropped and recorded)
-        and take one step, so that unusable input is reported before any claim runs."""
-        W, G = _trial_frames((2,) if self.batched else ())
+    def find_ignored(self, W) -> None:
+        """Construct once; a keyword the class rejects (a TypeError naming it) is dropped and recorded."""
         ignored = []
         for _ in range(len(CONFIG_FIELDS) + 1):
             try:
-                self._optimizer(self._parameters(W), TRIAL_CONFIG)
-                break
+                self.optimizer(self.parameters([W]), TRIAL_CONFIG)
+                return
             except TypeError as error:
                 rejected = [key for key in CONFIG_FIELDS if key not in ignored and f"'{key}'" in str(error)]
                 if not rejected:
@@ -547,16 +587,65 @@ class _TorchStepper:
                 self.ignored = tuple(ignored)
             except Exception as error:
                 raise AdapterError(f"{self.spec}: the optimizer cannot be made: {_one_line(error)}") from None
-        try:
-            W_new, state = self.step(W, G, self.init(W), TRIAL_CONFIG)
-        except ImplementationError:
-            return  # it runs; misbehaving output is for the claims to report
-        except AdapterError:
-            raise
-        except Exception as error:
-            raise AdapterError(f"{self.spec}: a trial step failed: {_one_line(error)}") from None
-        if self.state_map is not None:
-            self._check_declared_state(W, W_new, state)
+
+
+class _DeclaredState:
+    """m, v, t of a torch optimizer whose spec declares where they are (module docstring): written into
+    the declared keys before a step, read after it, and checked on the trial step."""
+
+    def __init__(self, spec, state_map, builder):
+        self.spec, self.keys, self.builder = spec, state_map, builder
+        self.count_kind = None  # how the optimizer stores t: learned on the trial step
+
+    def write(self, optimizer, parameter, state) -> None:
+        """m, v, t into the declared keys, in the types the optimizer keeps them (seen on the trial)."""
+        import torch
+
+        moment_dtype = getattr(torch, self.builder.moment_dtype_name)
+        if self.count_kind is None or self.count_kind == "int":
+            value = int(state.t)
+        else:
+            layout, dtype = self.count_kind
+            value = torch.full(parameter.shape[:-2] if layout == "per_frame" else (), float(state.t), dtype=dtype)
+        optimizer.state[parameter] = {
+            self.keys["m"]: torch.tensor(np.asarray(state.m, dtype=np.float64), dtype=moment_dtype),
+            self.keys["v"]: torch.tensor(np.asarray(state.v, dtype=np.float64), dtype=moment_dtype),
+            self.keys["t"]: value,
+        }
+
+    def _count(self, count, parameter) -> int:
+        import torch
+
+        if not torch.is_tensor(count):
+            self.count_kind = "int"
+            return int(count)
+        counts = count.detach().to(torch.float64).reshape(-1).numpy()
+        lead = tuple(parameter.shape[:-2])
+        if lead:  # one frame cannot tell one count per frame from one per parameter
+            self.count_kind = ("per_frame" if tuple(count.shape) == lead else "scalar", count.dtype)
+        elif self.count_kind is None:
+            self.count_kind = ("scalar", count.dtype)
+        if counts.size and not np.all(counts == counts[0]):
+            raise ImplementationError(f"{self.spec}: the frames of one parameter have different step counts {sorted(set(counts.tolist()))}")
+        return int(counts[0]) if counts.size else 0
+
+    def read(self, optimizer, parameter, W_new):
+        """The StiefelAdamState the declared keys hold after a step (m transported where declared)."""
+        import torch
+
+        held = optimizer.state[parameter]
+        missing = [self.keys[name] for name in ("m", "v", "t") if self.keys[name] not in held]
+        if missing:
+            raise AdapterError(f"{self.spec}: the declared state key(s) {missing} are not in optimizer.state (it holds {sorted(held)})")
+        t = self._count(held[self.keys["t"]], parameter)
+        m = held[self.keys["m"]].detach().to(torch.float64).numpy().copy()
+        v = held[self.keys["v"]].detach().to(torch.float64).numpy().copy()
+        if self.keys["m_tangent_at"] == "previous" and m.shape == W_new.shape:
+            # stage 8's transport P_{W+}(m) = m - W+ sym(W+^T m), written out: reference_impl's
+            # project_tangent would refuse a float32 frame at float64's manifold tolerance
+            normal = np.swapaxes(W_new, -1, -2) @ m
+            m = m - W_new @ (0.5 * (normal + np.swapaxes(normal, -1, -2)))
+        return ri.StiefelAdamState(m=m, v=v, t=t)
 
     def _tangency_tolerance(self, W_new, m):
         """Largest ||W^T m + m^T W|| per frame for an m tangent at W = W_new up to rounding.
@@ -567,20 +656,18 @@ class _TorchStepper:
         (kit/bounds.py) at X = ||m||: in float64 where the adapter transports m ("previous"), in the
         moment's storage where the optimizer left it tangent ("current", the storage rounding as
         X_err); W^T carries it twice. Evaluating W^T m here adds gamma_d sqrt(r) ||m|| twice."""
-        import torch
-
         from propositions.kit.bounds import gamma, projection
 
         d, r = W_new.shape[-2:]
         drift = ri.frobenius(np.swapaxes(W_new, -1, -2) @ W_new - np.eye(r))
         norm = ri.frobenius(m)
-        transported = self.state_map["m_tangent_at"] == "previous"
-        u = 2.0**-53 if transported or self.dtype == torch.float64 else step_analysis.UNIT_ROUNDOFFS[self.moment_dtype_name]
+        transported = self.keys["m_tangent_at"] == "previous"
+        u = 2.0**-53 if transported or self.builder.dtype_name == "float64" else step_analysis.UNIT_ROUNDOFFS[self.builder.moment_dtype_name]
         rounding = projection(d=d, r=r, u_c=u, X=norm, X_err=0.0 if transported else u * norm, W_err=0.0)
         spectral = np.sqrt(1.0 + drift)
         return 2.0 * spectral * (drift * spectral * norm + rounding) + 2.0 * gamma(d) * np.sqrt(r) * norm
 
-    def _check_declared_state(self, W, W_new, state) -> None:
+    def check(self, W, W_new, state) -> None:
         """The declared m, v, t after one step from a fresh state: t = 1, v one scalar per frame
         and positive (G is random), m of W's shape and tangent at W_new (after the transport)."""
         problems = []
@@ -598,43 +685,103 @@ class _TorchStepper:
         if problems:
             raise AdapterError(f"{self.spec}: the declared state does not fit the optimizer: " + "; ".join(problems))
 
+
+class _single_thread:
+    """One intra-op thread while a step runs, as certify runs BLAS (certify.execution.limit_blas_threads):
+    the frames here are small, and a thread pool on a shared machine costs more than it gives."""
+
+    def __enter__(self):
+        import torch
+
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.threads)
+        return False
+
+
+class _TorchStepper:
+    """A torch.optim.Optimizer as a pure step: each call builds the parameters and the optimizer
+    (_TorchBuilder), loads the state snapshot the previous call returned (or writes the declared
+    state, _DeclaredState), sets .grad and calls step(); the new snapshot (a deep copy of
+    state_dict()) is the returned OpaqueState. A state can so be reused (P5 takes two steps from one
+    state), and the optimizer sees only parameters, gradients and step(). The trial decides how the
+    frames are passed: one parameter of shape (..., d, r), or where the optimizer takes only (d, r)
+    parameters (a batched trial step raises), one parameter per frame."""
+
+    def __init__(self, spec, builder: _TorchBuilder, batched, state_map=None, checked=True):
+        self.spec, self.builder, self.checked = spec, builder, checked
+        self.batched = batched is not False
+        self.fallback = batched is None and state_map is None
+        self.declared = _DeclaredState(spec, state_map, builder) if state_map is not None else None
+        self.calling = "batched: one parameter of shape (..., d, r)" if self.batched else "one parameter per (d, r) frame (declared)"
+
+    def trial(self) -> None:
+        """Find the keywords the class takes and take one step, so that unusable input is reported
+        before any claim runs; a batched step that raises is tried again frame by frame."""
+        W, G = _trial_frames((2,))
+        self.builder.find_ignored(W[0])
+        try:
+            self._trial_step(W, G)
+        except AdapterError as error:
+            if not (self.fallback and self.batched):
+                raise
+            self.batched = False
+            self._trial_step(W, G)
+            self.calling = f"one parameter per (d, r) frame (a batched step failed: {str(error).split('failed: ', 1)[-1]})"
+
+    def _trial_step(self, W, G) -> None:
+        try:
+            W_new, state = self.step(W, G, self.init(W), TRIAL_CONFIG)
+        except ImplementationError:
+            return  # it runs; misbehaving output is for the claims to report
+        except AdapterError:
+            raise
+        except Exception as error:
+            raise AdapterError(f"{self.spec}: a trial step failed: {_one_line(error)}") from None
+        if self.declared is not None:
+            self.declared.check(W, W_new, state)
+
     def init(self, W):
         check_frame("W", W)
-        if self.state_map is not None:
+        if self.declared is not None:
             return ri.init(np.asarray(W, dtype=np.float64))
         return OpaqueState(None, np.shape(W)[:-2])
+
+    def _frames(self, X):
+        return [X] if self.batched else [X[index] for index in np.ndindex(*X.shape[:-2])]
 
     def step(self, W, G, state, config):
         import torch
 
-        W = np.asarray(W)
-        G = np.asarray(G)
-        if self.state_map is not None:
+        W, G = np.asarray(W), np.asarray(G)
+        if self.declared is not None:
             return self._step_declared(W, G, state, config)
         if not isinstance(state, OpaqueState):
             raise StateNotObservable("a state built by the checker was handed to a torch optimizer (black box)")
         if state.lead != W.shape[:-2]:
             raise StateNotObservable(f"a state of leading axes {state.lead} was used with frames of leading axes {W.shape[:-2]}")
-        # one intra-op thread, as certify runs BLAS (certify.execution.limit_blas_threads): the frames here are
-        # small, and a thread pool on a shared machine costs more than it gives
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            parameters = self._parameters(W)
-            optimizer = self._optimizer(parameters, config)
+        with _single_thread():
+            parameters = self.builder.parameters(self._frames(W))
+            optimizer = self.builder.optimizer(parameters, config)
             if state.payload is not None:
                 optimizer.load_state_dict(copy.deepcopy(state.payload))
-            gradients = [G] if self.batched else [G[index] for index in np.ndindex(*G.shape[:-2])]
-            for parameter, gradient in zip(parameters, gradients):
-                parameter.grad = torch.tensor(np.array(gradient, dtype=np.float64), dtype=self.dtype)
+                self.builder.set_hyperparameters(optimizer, config)
+            for parameter, gradient in zip(parameters, self._frames(G)):
+                parameter.grad = torch.tensor(np.array(gradient, dtype=np.float64), dtype=self.builder.dtype)
             optimizer.step()
-        finally:
-            torch.set_num_threads(threads)
         with torch.no_grad():
             values = [p.detach().to(torch.float64).cpu().numpy() for p in parameters]
         W_new = values[0].copy() if self.batched else (np.stack(values).reshape(W.shape) if values else np.array(W, copy=True))
-        W_new = _check_output(self.spec, W, W_new, self.dtype_name)
-        return W_new, OpaqueState(copy.deepcopy(optimizer.state_dict()), W.shape[:-2])
+        return self._output(W, W_new), OpaqueState(copy.deepcopy(optimizer.state_dict()), W.shape[:-2])
+
+    def _output(self, W, W_new):
+        if self.checked:
+            return _check_output(self.spec, W, W_new, self.builder.dtype_name)
+        return np.asarray(W_new, dtype=np.float64)
 
     def _step_declared(self, W, G, state, config):
         """One step with the state written into, and read from, the declared keys."""
@@ -642,69 +789,15 @@ class _TorchStepper:
 
         if not isinstance(state, StiefelAdamState):
             raise ValueError(f"state must be a StiefelAdamState (from init), got {type(state).__name__}")
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            (parameter,) = self._parameters(W)
-            optimizer = self._optimizer([parameter], config)
+        with _single_thread():
+            (parameter,) = self.builder.parameters([W])
+            optimizer = self.builder.optimizer([parameter], config)
             if state.t > 0:
-                self._write_state(optimizer, parameter, state)
-            parameter.grad = torch.tensor(np.array(G, dtype=np.float64), dtype=self.dtype)
+                self.declared.write(optimizer, parameter, state)
+            parameter.grad = torch.tensor(np.array(G, dtype=np.float64), dtype=self.builder.dtype)
             optimizer.step()
-        finally:
-            torch.set_num_threads(threads)
-        W_new = _check_output(self.spec, W, parameter.detach().to(torch.float64).numpy().copy(), self.dtype_name)
-        return W_new, self._read_state(optimizer, parameter, W_new)
-
-    def _write_state(self, optimizer, parameter, state) -> None:
-        """m, v, t into the declared keys, in the types the optimizer keeps them (seen on the trial)."""
-        import torch
-
-        keys, kind = self.state_map, self.count_kind
-        moment_dtype = getattr(torch, self.moment_dtype_name)
-        count = float(state.t)
-        if kind is None or kind == "int":
-            value = int(state.t)
-        else:
-            layout, dtype = kind
-            value = torch.full(parameter.shape[:-2] if layout == "per_frame" else (), count, dtype=dtype)
-        optimizer.state[parameter] = {
-            keys["m"]: torch.tensor(np.asarray(state.m, dtype=np.float64), dtype=moment_dtype),
-            keys["v"]: torch.tensor(np.asarray(state.v, dtype=np.float64), dtype=moment_dtype),
-            keys["t"]: value,
-        }
-
-    def _read_state(self, optimizer, parameter, W_new):
-        """The StiefelAdamState the declared keys hold after a step (m transported where declared)."""
-        import torch
-
-        held = optimizer.state[parameter]
-        keys = self.state_map
-        missing = [keys[name] for name in ("m", "v", "t") if keys[name] not in held]
-        if missing:
-            raise AdapterError(f"{self.spec}: the declared state key(s) {missing} are not in optimizer.state (it holds {sorted(held)})")
-        count = held[keys["t"]]
-        if torch.is_tensor(count):
-            counts = count.detach().to(torch.float64).reshape(-1).numpy()
-            lead = tuple(parameter.shape[:-2])
-            if lead:  # one frame cannot tell one count per frame from one per parameter
-                self.count_kind = ("per_frame" if tuple(count.shape) == lead else "scalar", count.dtype)
-            elif self.count_kind is None:
-                self.count_kind = ("scalar", count.dtype)
-            if counts.size and not np.all(counts == counts[0]):
-                raise ImplementationError(f"{self.spec}: the frames of one parameter have different step counts {sorted(set(counts.tolist()))}")
-            t = int(counts[0]) if counts.size else 0
-        else:
-            self.count_kind = "int"
-            t = int(count)
-        m = held[keys["m"]].detach().to(torch.float64).numpy().copy()
-        v = held[keys["v"]].detach().to(torch.float64).numpy().copy()
-        if self.state_map["m_tangent_at"] == "previous" and m.shape == W_new.shape:
-            # stage 8's transport P_{W+}(m) = m - W+ sym(W+^T m), written out: reference_impl's
-            # project_tangent would refuse a float32 frame at float64's manifold tolerance
-            normal = np.swapaxes(W_new, -1, -2) @ m
-            m = m - W_new @ (0.5 * (normal + np.swapaxes(normal, -1, -2)))
-        return ri.StiefelAdamState(m=m, v=v, t=t)
+        W_new = self._output(W, parameter.detach().to(torch.float64).numpy().copy())
+        return W_new, self.declared.read(optimizer, parameter, W_new)
 
 
 __all__ = ["AdapterError", "ImplementationError", "SHORTCUTS", "canonical_spec", "describe", "known_names", "resolve"]

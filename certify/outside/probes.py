@@ -23,6 +23,13 @@ seeded draws), through init/step only:
   v^ = 0        G = 0 from a fresh state with eps = 0: StiefelAdam's xi is 0 where v^ = 0 (never 0/0),
                 so W_1 = polar(W), within the polar factor's rounding of W.
 
+Every kind of implementation is probed (float64, float32 and bfloat16 storage, NumPy steps and torch
+optimizers) at its own unit roundoff u = u_c + u_s (propositions/kit/precision.py): the figures above
+are float64's (u = 2^-53). Below float64 the tiny step is sqrt(u) instead of 1e-7, which balances its
+two errors (O(step) from the retraction, u / step from rounding), and the direction, length and fit
+tolerances grow by the same factor sqrt(u) / 1e-7 (about 3500 for float32); the zero-gradient
+allowance takes u in place of float64's.
+
 These are diagnostics for the compare report, not certificates: the verdicts are the claims'.
 """
 
@@ -36,6 +43,7 @@ from scipy.optimize import minimize_scalar
 import reference_impl as ri
 from propositions._common import rng_for
 from propositions.kit.bounds import polar_error_bound
+from propositions.kit import precision as precisions
 from propositions.kit.directions import inverse_polar_retraction
 
 PROBE_SHAPES = ((5, 2), (8, 3), (16, 4))
@@ -61,7 +69,13 @@ def _draw(seed, d, r, label):
 
 
 def _first_step(variant, W, G, config):
-    return np.asarray(variant.step(W, G, variant.init(W), config)[0])
+    return np.asarray(variant.step(W, G, variant.init(W), config)[0], dtype=np.float64)
+
+
+def _scale(variant) -> float:
+    """How much coarser than float64's the probes' tiny step and tolerances are (module docstring)."""
+    u = precisions.of(variant).u
+    return max(1.0, math.sqrt(u) / TINY_STEP)
 
 
 def _config(d, r, step_length, trust_radius=math.inf):
@@ -114,6 +128,8 @@ class _Probes:
 
     def __init__(self, variant, seed: int):
         self.variant, self.seed = variant, seed
+        self.scale = _scale(variant)
+        self.tiny = TINY_STEP * self.scale
         self.directions: dict = {}
         self.lengths: list | None = None
 
@@ -121,7 +137,7 @@ class _Probes:
         cos_embedded, cos_canonical, lengths = [], [], []
         for d, r in PROBE_SHAPES:
             W, G = _draw(self.seed, d, r, "direction")
-            W1 = _first_step(self.variant, W, G, _config(d, r, TINY_STEP))
+            W1 = _first_step(self.variant, W, G, _config(d, r, self.tiny))
             xi = inverse_polar_retraction(W, W1).xi
             self.directions[(d, r)] = (W, G, xi / _frobenius(xi)[:, None, None])
             embedded = -ri.project_tangent(W, G, validate=False)
@@ -129,16 +145,16 @@ class _Probes:
             norm_xi = _frobenius(xi)
             cos_embedded.append(_inner(xi, embedded) / (norm_xi * _frobenius(embedded)))
             cos_canonical.append(_inner(xi, canonical) / (norm_xi * _frobenius(canonical)))
-            lengths.append(norm_xi / TINY_STEP)
+            lengths.append(norm_xi / self.tiny)
         return np.concatenate(cos_embedded), np.concatenate(cos_canonical), lengths
 
     def direction(self) -> dict:
         cos_e, cos_c, self.lengths = self._direction_and_length()
         worst = float(np.min(cos_e))
-        differs = 1.0 - worst > DIRECTION_TOLERANCE
+        differs = not 1.0 - worst <= DIRECTION_TOLERANCE * self.scale
         finding = ""
         if differs:
-            if 1.0 - float(np.min(cos_c)) <= DIRECTION_TOLERANCE:
+            if 1.0 - float(np.min(cos_c)) <= DIRECTION_TOLERANCE * self.scale:
                 finding = "the step follows the canonical-metric gradient G - W G^T W, not P_W(G)"
             else:
                 finding = "the first step is along neither -P_W(G) nor the canonical gradient -(G - W G^T W)"
@@ -151,10 +167,10 @@ class _Probes:
         ratios = np.concatenate(self.lengths)
         sum_form = np.concatenate([length * math.sqrt(d * r) for length, (d, r) in zip(self.lengths, PROBE_SHAPES)])
         low, high = float(np.min(ratios)), float(np.max(ratios))
-        differs = max(abs(low - 1), abs(high - 1)) > LENGTH_TOLERANCE
+        differs = not max(abs(low - 1), abs(high - 1)) <= LENGTH_TOLERANCE * self.scale
         finding = ""
         if differs:
-            if float(np.max(np.abs(sum_form - 1))) <= LENGTH_TOLERANCE:
+            if float(np.max(np.abs(sum_form - 1))) <= LENGTH_TOLERANCE * self.scale:
                 finding = "v is the sum of squares ||g||^2, not the mean square ||g||^2 / (d r): the first step has length lr, not lr sqrt(d r)"
             else:
                 finding = f"the first step's length is not lr sqrt(d r) (ratio in [{low:.4g}, {high:.4g}])"
@@ -182,7 +198,7 @@ class _Probes:
                 fits[name] = max(fits[name], max(_fit(retraction_map, W[i], u[i], W1[i]) for i in range(W.shape[0])))
         best = min(fits, key=fits.get)
         text = "; ".join(f"{name} {value:.2g}" for name, value in fits.items())
-        if fits[best] > FIT_TOLERANCE:
+        if not fits[best] <= FIT_TOLERANCE * self.scale:
             return {"measured": f"relative misfit: {text}", "differs": True,
                     "finding": "the retraction is none of polar, QR, Cayley along the step's own direction"}
         return {"measured": f"relative misfit: {text}", "differs": best != "polar",
@@ -190,18 +206,22 @@ class _Probes:
 
     def zero_gradient(self) -> dict:
         worst = 0.0
+        u_ratio = precisions.of(self.variant).u / 2.0**-53
         for d, r in PROBE_SHAPES:
             W, _ = _draw(self.seed, d, r, "zero")
             try:
                 W1 = _first_step(self.variant, W, np.zeros_like(W), _config(d, r, 0.3))
             except ValueError as error:
                 if "non-finite" in str(error):
-                    return {"measured": "W_1 is NaN", "differs": True, "finding": "no guard where v^ = 0: the step divides 0 by 0"}
-                raise
+                    W1 = np.full_like(W, np.nan)
+                else:
+                    raise
+            if not np.all(np.isfinite(W1)):
+                return {"measured": "W_1 is NaN", "differs": True, "finding": "no guard where v^ = 0: the step divides 0 by 0"}
             # xi = 0: W_1 = polar(W), within the polar factor's rounding at cond(W) <= (1 + phi) /
-            # (1 - phi) of W, plus W's own distance phi to St(d, r)
-            phi = ri.manifold_tolerance(d, r)
-            allowed = float(polar_error_bound(d, r, (1 + phi) / (1 - phi))) + phi
+            # (1 - phi) of W, plus W's own distance phi to St(d, r); both at the implementation's u
+            phi = ri.manifold_tolerance(d, r) * u_ratio
+            allowed = float(polar_error_bound(d, r, (1 + phi) / (1 - phi))) * u_ratio + phi
             worst = max(worst, float(np.max(_frobenius(W1 - W))) / allowed)
         return {"measured": f"max ||W_1 - W|| / rounding allowance = {worst:.3g}", "differs": worst > 1.0,
                 "finding": "the step moves W with a zero gradient" if worst > 1.0 else ""}

@@ -91,6 +91,8 @@ class AdaptedVariant(Variant):
     ignored: tuple[str, ...] = ()
     torch_factory: object = None  # a torch optimizer's builder (propositions.bookkeeping.TorchFactory)
     declaration: object = None  # its stage-by-stage precision, where its package declares one (kit/precision.Precision.declared)
+    domain: tuple[str, ...] = ()  # cases its spec declares outside its domain (propositions.properties.DOMAIN_CASES)
+    calling: str = "batched: frames of shape (..., d, r)"  # how the adapter passes frames (found by its trial)
 
 
 def state_observable(optimizer) -> bool:

@@ -1,0 +1,160 @@
+"""`certify compare --properties IMPL...` and `certify run ID --properties`: which Stiefel optimizer has
+which property (docs/adapters.md#property-verdicts).
+
+For each implementation (resolved with its outputs unchecked, so that its feasibility and domain are
+measured, not refused), propositions.properties.ask_all runs the domain trials and asks each claim's
+property as a black box; the properties' controls run once per command (they do not depend on the
+implementation) and a property whose check missed a control is untested in that run. Whether the
+implementation is StiefelAdam's step is a separate line, from the first-step probes
+(certify/outside/probes.py). Each implementation's record goes to OUT/properties/<label>.json and the
+matrix into OUT/REPORT.md between the markers PROPERTIES_BEGIN and PROPERTIES_END, the rest of the
+file kept.
+
+A cell reads `holds`, `fails: CHECK (margin M)`, `vacuous: REASON` or `untested: REASON`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from certify.outside import adapters, probes
+from certify.outside.compare import label
+from propositions import properties
+from propositions._common import to_jsonable
+from propositions.kit import precision as precisions
+
+PROPERTIES_BEGIN = "<!-- certify properties: begin -->"
+PROPERTIES_END = "<!-- certify properties: end -->"
+HEADERS = {"P1": "P1 steepest descent", "P2": "P2 scale free", "P3": "P3 scalar preconditioner", "P4-left": "P4 left O(d)",
+           "P4-right": "P4 right O(r)", "P4-signed": "P4 signed permutations", "P5": "P5 blind to coupled decay"}
+
+
+def properties_of(claim_ids) -> tuple[str, ...]:
+    """The property ids of PROPERTY_IDS that claims `claim_ids` (P1..P5) state (P4: its three groups)."""
+    wanted = set(claim_ids)
+    return tuple(p for p in properties.PROPERTY_IDS if p.split("-")[0] in wanted)
+
+
+def resolve(spec: str):
+    """The unchecked Variant of a spec (a reference_impl variant as it is); AdapterError when unusable."""
+    from reference_impl import VARIANTS
+
+    return VARIANTS[spec] if spec in VARIANTS else adapters.resolve(spec, checked=False)
+
+
+def stiefel_adam_line(variant, seed: int) -> dict:
+    """Whether the first step is StiefelAdam's, from the probes: {"same": bool, "text", "probes"}."""
+    found = probes.probe(variant, seed=seed)
+    differing = [f"{p['property']}: {p['finding']}" for p in found if p["differs"]]
+    text = "yes: every first-step probe agrees" if not differing else "no: " + "; ".join(differing)
+    return {"same": not differing, "text": text, "probes": found}
+
+
+def ask(spec: str, variant, seed: int, only, control_records: list) -> dict:
+    """One implementation's record: its description, domain, feasibility, verdicts and probes."""
+    started = time.perf_counter()
+    found = properties.ask_all(variant, seed, only=only)
+    found["properties"] = properties.apply_controls(found["properties"], control_records)
+    described = adapters.describe(variant) if hasattr(variant, "spec") else {"name": spec, "description": variant.description}
+    return {"implementation": spec, "described": described, "precision": precisions.of(variant).describe(), **found,
+            "stiefel_adam_step": stiefel_adam_line(variant, seed), "seconds": time.perf_counter() - started}
+
+
+def run(variants: dict, *, seed: int, claim_ids, out_dir: Path, progress=print) -> tuple[dict, list, float]:
+    """Ask every implementation of `variants` ({spec: unchecked Variant}); write OUT/properties/<label>.json.
+    Returns ({spec: record}, the control records, wall seconds)."""
+    started = time.perf_counter()
+    only = properties_of(claim_ids)
+    control_records = properties.controls(seed, only)
+    missed = [c for c in control_records if not c["detected"]]
+    progress(f"controls: {len(control_records) - len(missed)} of {len(control_records)} told apart"
+             + (f"; missed: {', '.join(c['property'] + ' ' + c['control'] for c in missed)}" if missed else ""))
+    directory = out_dir / "properties"
+    directory.mkdir(parents=True, exist_ok=True)
+    records = {}
+    for spec, variant in variants.items():
+        record = ask(spec, variant, seed, only, control_records)
+        records[spec] = record
+        (directory / f"{label(spec)}.json").write_text(json.dumps(to_jsonable({**record, "seed": seed, "controls": control_records}),
+                                                                  indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        progress(f"{spec}: " + "; ".join(f"{v['property']} {cell(v)}" for v in record["properties"]) + f" ({record['seconds']:.1f} s)")
+    return records, control_records, time.perf_counter() - started
+
+
+def cell(found: dict) -> str:
+    """The matrix cell of one verdict record (module docstring)."""
+    if found["verdict"] == "fails":
+        return f"fails: {found['check']} (margin {found['margin']:.3g})"
+    if found["verdict"] in ("vacuous", "untested"):
+        return f"{found['verdict']}: {found['reason']}"
+    return found["verdict"]
+
+
+def matrix_rows(records: dict) -> list[list[str]]:
+    rows = []
+    for spec, record in records.items():
+        rows.append([spec] + [cell(v) for v in record["properties"]] + [record["stiefel_adam_step"]["text"].split(":")[0]])
+    return rows
+
+
+def _escape(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(records: dict, control_records: list, *, seed: int, wall_seconds: float, command: str) -> str:
+    first = next(iter(records.values()), {"properties": []})
+    header = ["implementation"] + [HEADERS[v["property"]] for v in first["properties"]] + ["StiefelAdam's step"]
+    lines = [PROPERTIES_BEGIN, "## Which Stiefel optimizers have which property", "",
+             f"`{command}`: seed {seed}, {wall_seconds:.1f} s in all. Each claim's property asked of the implementation as a "
+             "black box (docs/adapters.md#property-verdicts): *holds*, *fails* (the check and its margin, residual / bound), "
+             "*vacuous* (it holds because the implementation ignores the setting) or *untested* (why). The last column is "
+             "not a property: whether the first step is StiefelAdam's (the probes below).", "",
+             "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in matrix_rows(records)]
+    lines += ["", "Controls (each property's check on a broken step, which it must tell by at least 10 times its bound): "
+              + "; ".join(f"{c['property']} {c['control']}: {c['verdict']}" + (f" (margin {c['margin']:.3g})" if c["margin"] is not None else "")
+                          + ("" if c["detected"] else " **missed**") for c in control_records) + ".", ""]
+    for spec, record in records.items():
+        lines += implementation_section(spec, record)
+    lines.append(PROPERTIES_END)
+    return "\n".join(lines) + "\n"
+
+
+def implementation_section(spec: str, record: dict) -> list[str]:
+    """The details of one implementation below the matrix."""
+    described = record["described"]
+    lines = [f"### {spec}", "", f"{described.get('description', spec)}; {described.get('calling', 'batched')}; "
+             f"feasibility phi = max ||W^T W - I||_F = {record['phi']:.3g} over {record['calls']} step calls, "
+             f"{record['seconds']:.1f} s.", ""]
+    lines.append("Domain trials: " + "; ".join(f"{row['case']}: {row['failed']} of {row['frames']} frames failed"
+                                               + (f" ({_escape(row['reason'])})" if row["reason"] else "") for row in record["domain"]) + ".")
+    for excluded in record["excluded"]:
+        lines.append(f"- left out, {excluded['case']}: {excluded['frames']} frame(s): {_escape(excluded['reason'])}")
+    for found in record["properties"]:
+        figures = "; ".join(f"{key} {_escape(json.dumps(to_jsonable(value)))}" for key, value in found["measured"].items())
+        checks = "; ".join(f"{c['name']} max ratio {c.get('max_ratio', float('nan')):.3g} over {c['samples']}"
+                           + (f" ({c['unresolved']} more not resolved at this precision)" if c.get("unresolved") else "")
+                           + (f", bit-identical {c['bit_identical']}" if "bit_identical" in c else "") for c in found["checks"])
+        lines.append(f"- {found['property']} ({_escape(found['statement'])}): **{found['verdict']}**"
+                     + (f": {_escape(found['reason'])}" if found["reason"] else "") + (f". {checks}" if checks else "")
+                     + (f". {figures}" if figures else ""))
+    lines += ["", f"StiefelAdam's step: {_escape(record['stiefel_adam_step']['text'])}.", ""]
+    return lines
+
+
+def write(out_dir: Path, text: str) -> Path:
+    """Put the matrix into out_dir/REPORT.md: replace the text between the markers, or append it."""
+    path = out_dir / "REPORT.md"
+    existing = path.read_text(encoding="utf-8") if path.exists() else "# Certificates\n\n"
+    if PROPERTIES_BEGIN in existing and PROPERTIES_END in existing:
+        before, rest = existing.split(PROPERTIES_BEGIN, 1)
+        updated = before + text.rstrip("\n") + rest.split(PROPERTIES_END, 1)[1]
+    else:
+        updated = existing.rstrip("\n") + "\n\n" + text
+    path.write_text(updated, encoding="utf-8")
+    return path
+
+
+__all__ = ["HEADERS", "PROPERTIES_BEGIN", "PROPERTIES_END", "cell", "markdown", "matrix_rows", "properties_of", "resolve", "run", "write"]

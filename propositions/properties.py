@@ -1,0 +1,598 @@
+"""The property each claim states, asked of any optimizer of frames as a black box.
+
+P1..P5 certify StiefelAdam. Each also states a property that another Stiefel optimizer may or may
+not have; these functions ask it of an implementation known only through init and step (a
+reference_impl.Variant, an adapted NumPy step or torch optimizer), with a verdict:
+
+  holds      every comparison within its bound;
+  fails      a comparison beyond its bound: the check and its margin (residual / bound);
+  vacuous    the property holds only because the implementation ignores the setting it is about;
+  untested   it could not be asked: the reason (the implementation is undefined there, or its own
+             feasibility or precision leaves the comparison no resolving power).
+
+The properties and how each is asked (propositions/kit/blackbox.py holds the measurements and the
+bounds, and says which assumptions a black box needs):
+
+  P1  steepest descent in the embedded metric: the first step from a fresh state goes along
+      -P_W(G) / ||P_W(G)||. Its first-order direction D (Richardson, kit/blackbox) must be a positive
+      multiple of -P_W(G): residual ||D - ||D|| n||, n = -P_W(G) / ||P_W(G)||, bound twice D's error
+      (D = D* + e gives ||D - ||D|| n|| <= ||e|| + | ||D|| - ||D*|| | <= 2 ||e||). Its length is
+      reported: lr sqrt(d r) for a mean-square second moment at eps = 0, lr ||P_W(G)|| for SGD.
+  P2  independence of gradient scale at eps = 0: trajectories under G and c G. For c a power of two
+      the inputs are exactly c G and every homogeneous operation rounds the same way, so the runs are
+      bit-identical where the implementation's arithmetic is homogeneous (recorded); every c is held
+      to the sensitivity bound with the rounding of c G (u) as the input difference. How far the runs
+      part at eps > 0, and the range of c = 2^k over which they agree, are reported.
+  P3  one scalar preconditioner per frame: a step xi = -a(G) L(G) with L linear (any metric) and a a
+      scalar has first-order directions D(G) with D(G_a) + D(G_b) - D(G_c) ... more exactly
+      L(G_a + G_b - G_c) = L(G_a) + L(G_b) - L(G_c), so D(G_a + G_b - G_c) lies in the span of D(G_a),
+      D(G_b), D(G_c); from a warm state the direction is affine in G (momentum), m0 + L G, and the same
+      combination cancels m0. An entrywise or per-column preconditioner leaves the span. Residual:
+      distance of D(G_a + G_b - G_c) to that span; bound 2 (e_x + sum |alpha_i| e_i) (the fitted
+      coefficients alpha stand in for the exact ones). Gradients with rows and columns on different
+      scales, so that a preconditioner that is not scalar shows. Asked at the first step and at the
+      second from a warm state; the spread (relative span residual) reported.
+  P4  O(d)-equivariance on the left, O(r) on the right, signed permutations: trajectories of
+      (Q W_0, Q G_t) against Q times those of (W_0, G_t), each group its own verdict; Q Haar with both
+      determinants, a signed permutation exact in every dtype (so bitwise where the implementation
+      keeps the order of its sums; recorded). Bound: the sensitivity bound with the rounding of Q G
+      (gamma_d) and of Q W (carried forward).
+  P5  coupled weight decay leaves the step unchanged (P_W(W) = 0 on St): runs with lambda and with
+      0 within the absolute sensitivity bound of the decay term's remainder lambda ||W (W^T W - I)||
+      and the rounding of G + lambda W. Vacuous when the implementation ignores weight_decay: a class
+      that takes no such keyword, or a step left bit for bit unchanged by weight_decay = 2^30 while
+      the same term 2^30 W added to the gradient changes it (a coupled decay would have changed it,
+      through the rounding of G + lambda W alone).
+
+Each property runs its controls (reference_impl's broken variants, and a StiefelAdam that ignores
+weight_decay for P5's probe): a property whose check does not reject its control by
+DETECTION_FACTOR is untested for that run. Whether the implementation is StiefelAdam's step is not
+asked here (certify/outside/probes.py, and the claims themselves).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+import reference_impl as ri
+from propositions._common import DETECTION_FACTOR, rng_for
+from propositions.kit import blackbox
+from propositions.kit import precision as precisions
+from propositions.kit.blackbox import Runner, frobenius, gamma
+
+SHAPES = ((5, 2), (8, 3), (4, 4), (16, 4))
+FRAMES = 6
+STEPS = 3
+U64 = 2.0**-53
+# a comparison whose bound exceeds this fraction of what it compares cannot tell a property from its
+# failure (a control fails by at least DETECTION_FACTOR times its bound)
+RESOLUTION = 1.0 / DETECTION_FACTOR
+DECAY_PROBE = 2.0**30
+PROPERTY_IDS = ("P1", "P2", "P3", "P4-left", "P4-right", "P4-signed", "P5")
+PROPERTY_TEXT = {
+    "P1": "the first step from a fresh state is the embedded-metric steepest-descent direction -P_W(G)/||P_W(G)||",
+    "P2": "trajectories under G -> c G are identical at eps = 0",
+    "P3": "one scalar preconditioner per frame: the step is a scalar times a linear (momentum: affine) map of the gradient",
+    "P4-left": "left O(d)-equivariance: step(Q W, Q G) = Q step(W, G)",
+    "P4-right": "right O(r)-equivariance: step(W R, G R) = step(W, G) R",
+    "P4-signed": "equivariance under signed permutations on both sides",
+    "P5": "coupled weight decay leaves the step unchanged (P_W(W) = 0 on St(d, r))",
+}
+
+
+@dataclass
+class Comparison:
+    """Residuals against bounds of one check, over frames and steps (float64 arrays)."""
+
+    name: str
+    description: str
+    residual: list = field(default_factory=list)
+    bound: list = field(default_factory=list)
+    scale: list = field(default_factory=list)
+    bitwise: list = field(default_factory=list)
+
+    def add(self, residual, bound, scale, ok, bitwise=None) -> None:
+        """Frames where ok (broadcast to residual's shape) and the bound is a number (a NaN bound: no
+        bound could be measured for that frame, kit/blackbox.sensitivity) are compared."""
+        ok = np.broadcast_to(ok, np.shape(residual)) & ~np.isnan(np.broadcast_to(bound, np.shape(residual)))
+        self.residual.append(np.asarray(residual, dtype=np.float64)[ok].ravel())
+        self.bound.append(np.broadcast_to(bound, np.shape(residual))[ok].ravel())
+        self.scale.append(np.broadcast_to(scale, np.shape(residual))[ok].ravel())
+        if bitwise is not None:
+            self.bitwise.append(np.broadcast_to(bitwise, np.shape(residual))[ok].ravel())
+
+    def summary(self) -> dict:
+        """max_ratio, residual and bound at the worst ratio over the comparisons that can resolve the
+        property (bound at most RESOLUTION of what they compare); `unresolved` counts the others,
+        which decide nothing unless their residual exceeds even their bound (a failure at any bound)."""
+        residual = np.concatenate(self.residual) if self.residual else np.zeros(0)
+        bound = np.concatenate(self.bound) if self.bound else np.zeros(0)
+        scale = np.concatenate(self.scale) if self.scale else np.zeros(0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(bound > 0, residual / bound, np.where(residual > 0, np.inf, 0.0))
+            resolved = np.where(scale > 0, bound / scale, np.inf) <= RESOLUTION
+        counted = resolved | (ratio > 1)
+        out = {"name": self.name, "description": self.description, "samples": int(np.sum(counted)),
+               "unresolved": int(np.sum(~counted))}
+        if np.any(counted):
+            worst = int(np.flatnonzero(counted)[np.argmax(ratio[counted])])
+            out.update(max_ratio=float(ratio[worst]), residual=float(residual[worst]), bound=float(bound[worst]),
+                       max_residual=float(np.max(residual[counted])))
+        if np.any(~counted):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out["worst_resolution"] = float(np.max(np.where(scale > 0, bound / scale, np.inf)[~counted]))
+        if self.bitwise:
+            bits = np.concatenate(self.bitwise)
+            out["bit_identical"] = f"{int(np.sum(bits))} of {bits.size}"
+        return out
+
+
+def verdict(property_id: str, checks: list[dict], *, measured: dict | None = None, untested: str | None = None,
+            vacuous: str | None = None) -> dict:
+    """The verdict of one property from its checks (module docstring)."""
+    record = {"property": property_id, "statement": PROPERTY_TEXT[property_id], "checks": checks,
+              "measured": dict(measured or {}), "check": None, "margin": None, "reason": ""}
+    if untested is None and (not checks or not all(c["samples"] for c in checks)):
+        blunt = [c for c in checks if not c["samples"] and c.get("unresolved")]
+        if blunt:
+            untested = (f"{blunt[0]['name']}: its bound is {blunt[0]['worst_resolution']:.2g} of what it compares (more than "
+                        f"{RESOLUTION:g}): at this implementation's precision and feasibility the comparison cannot tell")
+        else:
+            untested = "no frame could be compared (see the excluded cases)"
+    failing = [c for c in checks if c["samples"] and c["max_ratio"] > 1]
+    if failing:
+        worst = max(failing, key=lambda c: c["max_ratio"])
+        record.update(verdict="fails", check=worst["name"], margin=worst["max_ratio"],
+                      reason=f"{worst['name']}: residual {worst['residual']:.3g} > bound {worst['bound']:.3g}")
+    elif untested is not None:
+        record.update(verdict="untested", reason=untested)
+    elif vacuous is not None:
+        record.update(verdict="vacuous", reason=vacuous)
+    else:
+        record.update(verdict="holds")
+    return record
+
+
+def config_for(eps: float, **changes) -> ri.StiefelAdamConfig:
+    values = dict(lr=0.02, betas=(0.9, 0.999), eps=eps, trust_radius=0.5, weight_decay=0.0)
+    values.update(changes)
+    return ri.StiefelAdamConfig(**values)
+
+
+def draw(seed: int, label: str, d: int, r: int, steps: int = 1):
+    """FRAMES Haar frames (FRAMES, d, r) and `steps` standard normal gradients (steps, FRAMES, d, r)."""
+    rng = rng_for(seed, "properties", label, d, r)
+    W = ri.random_point(d, r, rng, (FRAMES,))
+    return W, rng.standard_normal((steps,) + W.shape), rng
+
+
+def tangent_dimension_ok(d: int, r: int) -> bool:
+    return d * r - r * (r + 1) // 2 >= 4
+
+
+# --------------------------------------------------------------------------------------------
+# P1
+# --------------------------------------------------------------------------------------------
+
+
+def steepest_descent(runner: Runner, seed: int, eps: float) -> dict:
+    check = blackbox_check("first_step_direction", "||D - ||D|| n||, n = -P_W(G)/||P_W(G)||, against twice D's error")
+    lengths = {"lr sqrt(d r)": [], "lr": [], "lr ||P_W(G)||": []}
+    for d, r in SHAPES:
+        W, G, _ = draw(seed, "P1", d, r)
+        config = config_for(eps, trust_radius=math.inf)
+        lr0 = blackbox.calibrated_lr(runner, W, G[0], config, case="P1")
+        direction = blackbox.first_order_direction(runner, W, G[0], config, lr0, case="P1")
+        g = ri.project_tangent(W, G[0], validate=False)
+        n = -g / frobenius(g)[:, None, None]
+        length = frobenius(direction.D)
+        residual = frobenius(direction.D - length[:, None, None] * n)
+        check.add(residual, 2.0 * direction.error, length, direction.ok)
+        ok = direction.ok
+        lengths["lr sqrt(d r)"].append(length[ok] / (lr0 * math.sqrt(d * r)))
+        lengths["lr"].append(length[ok] / lr0)
+        lengths["lr ||P_W(G)||"].append(length[ok] / (lr0 * frobenius(g)[ok]))
+    measured = {"eps": eps, **length_text(lengths)}
+    return verdict("P1", [check.summary()], measured=measured)
+
+
+def blackbox_check(name: str, description: str) -> Comparison:
+    return Comparison(name, description)
+
+
+def length_text(lengths: dict) -> dict:
+    """The first step's length in the unit in which it is most nearly constant over frames and shapes:
+    lr sqrt(d r) (a mean-square second moment at eps = 0), lr (a sum of squares), lr ||P_W(G)|| (SGD)."""
+    spreads = {}
+    for unit, values in lengths.items():
+        values = np.concatenate(values) if values else np.zeros(0)
+        if values.size and np.min(values) > 0:
+            spreads[unit] = (float(np.max(values) / np.min(values)) - 1.0, float(np.min(values)), float(np.max(values)))
+    if not spreads:
+        return {"length": "not measured"}
+    unit = min(spreads, key=lambda key: spreads[key][0])
+    _, low, high = spreads[unit]
+    return {"length": f"||xi|| = {unit} x [{low:.6g}, {high:.6g}]"}
+
+
+# --------------------------------------------------------------------------------------------
+# P2
+# --------------------------------------------------------------------------------------------
+
+POWER_SCALES = (2.0**-20, 0.5, 2.0, 2.0**20)
+OTHER_SCALES = (3.0, 0.1)
+SCAN_EXPONENTS = (50, 100, 200, 400, 600, 900)
+PARTING_SCALES = (2.0**-10, 2.0**-20, 2.0**-30)
+
+
+def scale_independence(runner: Runner, seed: int, eps_zero: bool) -> dict:
+    if not eps_zero:
+        return verdict("P2", [], untested="the implementation is undefined at eps = 0 (its domain), where the property is stated")
+    check = Comparison("scaled_trajectories", "||W_t(c G) - W_t(G)|| against the sensitivity bound (c = 2^k: exact inputs; else rounding u)")
+    config = config_for(0.0)
+    scan = parting = None
+    for d, r in SHAPES:
+        W, G, _ = draw(seed, "P2", d, r, STEPS)
+        base = runner.run(W, G, config, case="P2")
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P2", d, r), case="P2")
+        moved = frobenius(base.frames[1:] - W)
+        for c in POWER_SCALES + OTHER_SCALES:
+            scaled = runner.run(W, c * G, config, case="P2")
+            exact = math.log2(c).is_integer()
+            # fl(c G) = c G (1 + delta), |delta| <= u; the scaled run responds to it as the first to G delta
+            # (its Jacobian is the first one's over c): a difference of at most u ||G_t||
+            error = 0.0 if exact else U64 * frobenius(G)
+            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, scaled.phi), gradient_error=error)
+            residual = frobenius(scaled.frames[1:] - base.frames[1:])
+            check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None)
+        if scan is None:
+            scan = scale_domain(runner, W, G, config, base, S, d, r)
+            parting = eps_parting(runner, W, G, d, r)
+    return verdict("P2", [check.summary()], measured={"scale_domain": scan, "eps_parting": parting})
+
+
+def scale_domain(runner: Runner, W, G, config, base, S, d, r) -> str:
+    """The range of c = 2^k over which the runs agree within the bound (|k| from SCAN_EXPONENTS)."""
+    reach = {}
+    for sign in (-1, 1):
+        reach[sign] = "all scanned"
+        for k in SCAN_EXPONENTS:
+            scaled = runner.run(W, 2.0 ** (sign * k) * G, config, case="P2 scan of c")
+            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, scaled.phi))
+            compared = base.ok & np.all(np.isfinite(S), axis=0)  # a frame without a measured bound is not scanned
+            with np.errstate(invalid="ignore"):
+                agree = scaled.ok & np.all(frobenius(scaled.frames[1:] - base.frames[1:]) <= bound, axis=0)
+            if not np.all(agree[compared]):
+                what = "left out (raised or not finite)" if not np.all(scaled.ok[compared]) else "parted"
+                reach[sign] = f"up to 2^{sign * previous_exponent(k)}, {what} at 2^{sign * k}"
+                break
+    return f"c = 2^k, k < 0: {reach[-1]}; k > 0: {reach[1]} (scanned |k| in {', '.join(map(str, SCAN_EXPONENTS))})"
+
+
+def previous_exponent(k: int) -> int:
+    earlier = [x for x in SCAN_EXPONENTS if x < k]
+    return earlier[-1] if earlier else 0
+
+
+def eps_parting(runner: Runner, W, G, d, r) -> list:
+    """How far the runs part at eps = 1e-8: max ||W_T(c G) - W_T(G)|| per c, with eps / (c rms(G))."""
+    config = config_for(1e-8)
+    base = runner.run(W, G, config, case="P2 at eps > 0")
+    rows = []
+    for c in PARTING_SCALES:
+        scaled = runner.run(W, c * G, config, case="P2 at eps > 0")
+        ok = base.ok & scaled.ok
+        apart = frobenius(scaled.last - base.last)[ok]
+        rows.append({"c": c, "eps_over_c_rms_G": 1e-8 / (c * float(np.sqrt(np.mean(G**2)))),
+                     "max_distance": float(np.max(apart)) if apart.size else None})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# P3
+# --------------------------------------------------------------------------------------------
+
+
+def anisotropic(rng, shape) -> np.ndarray:
+    """Gradients whose rows and columns live on different scales (two decades each)."""
+    d, r = shape[-2:]
+    rows = 10.0 ** rng.uniform(-1, 1, size=shape[:-2] + (d, 1))
+    columns = 10.0 ** np.linspace(-1, 1, r).reshape((1,) * (len(shape) - 1) + (r,))
+    return rows * rng.standard_normal(shape) * columns
+
+
+def span_residual(D, others, errors, error_x):
+    """Distance of D (frames, d, r) to span(others) per frame, and its bound 2 (e_x + sum |alpha_i| e_i)."""
+    frames = D.shape[0]
+    basis = np.stack([o.reshape(frames, -1) for o in others], axis=-1)  # (frames, dr, 3)
+    target = D.reshape(frames, -1)
+    residual, bound = np.full(frames, np.nan), np.full(frames, np.inf)
+    for index in range(frames):
+        if not (np.all(np.isfinite(basis[index])) and np.all(np.isfinite(target[index]))):
+            continue
+        alpha, *_ = np.linalg.lstsq(basis[index], target[index], rcond=None)
+        residual[index] = float(np.linalg.norm(target[index] - basis[index] @ alpha))
+        bound[index] = 2.0 * (error_x[index] + float(np.sum(np.abs(alpha) * np.array([e[index] for e in errors]))))
+    return residual, bound
+
+
+def scalar_preconditioner(runner: Runner, seed: int, eps: float) -> dict:
+    checks = {phase: Comparison(f"span_{phase}", f"distance of D(G_a + G_b - G_c) to span(D(G_a), D(G_b), D(G_c)), {phase}")
+              for phase in ("first_step", "warm_step")}
+    ratios = []
+    for d, r in SHAPES:
+        if not tangent_dimension_ok(d, r):
+            continue
+        W, _, rng = draw(seed, "P3", d, r)
+        Ga, Gb, Gc = (anisotropic(rng, W.shape) for _ in range(3))
+        config = config_for(eps, trust_radius=math.inf)
+        warm = runner.run(W, anisotropic(rng, W.shape)[None], config, case="P3 warm step")
+        for phase, start, state in (("first_step", W, None), ("warm_step", warm.last, warm.state)):
+            if phase == "warm_step" and not np.any(warm.ok):
+                continue
+            lr0 = blackbox.calibrated_lr(runner, start, Ga, config, state, case="P3")
+            found = [blackbox.first_order_direction(runner, start, G, config, lr0, state, case="P3") for G in (Ga, Gb, Gc, Ga + Gb - Gc)]
+            residual, bound = span_residual(found[3].D, [f.D for f in found[:3]], [f.error for f in found[:3]], found[3].error)
+            ok = np.all([f.ok for f in found], axis=0) & np.isfinite(residual)
+            checks[phase].add(np.nan_to_num(residual), bound, frobenius(np.nan_to_num(found[3].D)), ok)
+            if phase == "first_step":
+                ratios.append(entry_ratios(start, Ga, found[0]))
+    ratios = [x for x in ratios if x is not None]
+    measured = {"relative_span_residual": {phase: span_spread(check) for phase, check in checks.items()},
+                "first_step_ratio_to_P_W(G)": (f"[{min(x[0] for x in ratios):.6g}, {max(x[1] for x in ratios):.6g}] "
+                                               "(entries with |P_W(G)| >= 0.1 max)") if ratios else "not measured"}
+    return verdict("P3", [c.summary() for c in checks.values()], measured=measured)
+
+
+def span_spread(check: Comparison) -> float | None:
+    """The largest residual relative to the direction compared (the spread of the preconditioner)."""
+    if not check.residual:
+        return None
+    residual, scale = np.concatenate(check.residual), np.concatenate(check.scale)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        relative = np.where(scale > 0, residual / scale, np.inf)
+    return float(np.max(relative)) if relative.size else None
+
+
+def entry_ratios(W, G, direction):
+    """min and max over entries of D / (-P_W(G)) divided by their median, where |P_W(G)| >= 0.1 max."""
+    g = -ri.project_tangent(W, G, validate=False)
+    lows, highs = [], []
+    for index in np.flatnonzero(direction.ok):
+        large = np.abs(g[index]) >= 0.1 * np.max(np.abs(g[index]))
+        ratio = direction.D[index][large] / g[index][large]
+        middle = np.median(ratio)
+        if middle != 0:
+            lows.append(float(np.min(ratio / middle)))
+            highs.append(float(np.max(ratio / middle)))
+    return (min(lows), max(highs)) if lows else None
+
+
+# --------------------------------------------------------------------------------------------
+# P4
+# --------------------------------------------------------------------------------------------
+
+
+def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
+    config = config_for(eps, lr=0.05, trust_radius=0.3, weight_decay=0.1)
+    checks = {
+        "P4-left": Comparison("left_trajectories", "||W_t(Q W_0, Q G) - Q W_t(W_0, G)|| against the sensitivity bound"),
+        "P4-right": Comparison("right_trajectories", "||W_t(W_0 R, G R) - W_t(W_0, G) R|| against the sensitivity bound"),
+        "P4-signed": Comparison("signed_permutation_trajectories", "||W_t(P W_0 S, P G S) - P W_t S|| (exact inputs)"),
+    }
+    for d, r in SHAPES:
+        W, G, rng = draw(seed, "P4", d, r, STEPS)
+        base = runner.run(W, G, config, case="P4")
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P4", d, r), case="P4")
+        moved = frobenius(base.frames[1:] - W)
+        left, right = blackbox.orthogonal(d, rng, FRAMES), blackbox.orthogonal(r, rng, FRAMES)
+        P, Sg = blackbox.signed_permutation(d, rng, FRAMES), blackbox.signed_permutation(r, rng, FRAMES)
+        # each action, the length of its inner products (the rounding of A X is within gamma_n || |A||X| ||
+        # entry by entry), and its absolute matrices (None: a signed permutation, exact)
+        actions = {
+            "P4-left": (lambda X: left @ X, d, lambda X: np.abs(left) @ np.abs(X)),
+            "P4-right": (lambda X: X @ right, r, lambda X: np.abs(X) @ np.abs(right)),
+            "P4-signed": (lambda X: P @ X @ Sg, 0, None),
+        }
+        for name, (act, n, magnitude) in actions.items():
+            moved_run = runner.run(act(W), act(G), config, case="P4")
+            rounding = gamma(n, U64) if magnitude is not None else 0.0
+            gradient_error = rounding * frobenius(magnitude(G)) if magnitude is not None else 0.0
+            frame_error = rounding * (frobenius(magnitude(W)) + frobenius(magnitude(base.frames[1:]))) if magnitude is not None else 0.0
+            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, moved_run.phi), gradient_error=gradient_error,
+                                              frame_error=frame_error)
+            residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
+            checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0)
+    return [verdict(name, [check.summary()]) for name, check in checks.items()]
+
+
+# --------------------------------------------------------------------------------------------
+# P5
+# --------------------------------------------------------------------------------------------
+
+DECAYS = (1e-3, 1.0, 1e3, 1e6)
+DECAY_STEPS = 2
+
+
+def decay_blindness(runner: Runner, seed: int, eps: float, ignored=()) -> dict:
+    check = Comparison("decay_trajectories", "||W_t(lambda) - W_t(0)|| against the absolute sensitivity bound of the decay's remainder")
+    for d, r in SHAPES:
+        W, G, _ = draw(seed, "P5", d, r, DECAY_STEPS)
+        config = config_for(eps)
+        base = runner.run(W, G, config, case="P5")
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P5", d, r), case="P5")
+        moved = frobenius(base.frames[1:] - W)
+        for decay in DECAYS:
+            decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")
+            phi = np.maximum(base.phi, decayed.phi)
+            bound = blackbox.comparison_bound(runner, S, G, d, r, phi, gradient_error=decay_remainder(runner, W, G, decay, phi, d))
+            check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok)
+    reason, untested = weight_decay_reaches_step(runner, seed, eps, ignored)
+    return verdict("P5", [check.summary()], vacuous=reason, untested=untested)
+
+
+def decay_remainder(runner: Runner, W, G, decay, phi, d) -> np.ndarray:
+    """Per step, a bound on the norm by which the gradient the run with decay projects differs from
+    the one without (T, frames): the projected decay term lambda W (W^T W - I) (||W||_2 <= 1 + defect,
+    the defect of its input frame at most the larger of W_0's and the runs' phi) and the rounding of
+    G + lambda W, u (||G|| + lambda sqrt(r)) (its own projection's rounding is the backward error
+    comparison_bound adds, here on the larger input: gamma_{2d}(u) lambda sqrt(r))."""
+    r = W.shape[-1]
+    defect = np.maximum(blackbox.gram_defect(W), phi)
+    return (decay * defect * (1 + defect) + runner.u * (frobenius(G) + decay * math.sqrt(r))
+            + 2.0 * gamma(2 * d, runner.u) * decay * math.sqrt(r))
+
+
+def weight_decay_reaches_step(runner: Runner, seed: int, eps: float, ignored) -> tuple[str | None, str | None]:
+    """(the vacuity reason, or None; the reason the probe could not tell, or None): module docstring."""
+    if "weight_decay" in ignored:
+        return "the implementation takes no weight_decay: the step cannot depend on it", None
+    W, G, _ = draw(seed, "P5 probe", 8, 3)
+    config = config_for(eps)
+    base = runner.run(W, G, config, case="P5 probe")
+    with_keyword = runner.run(W, G, replace(config, weight_decay=DECAY_PROBE), case="P5 probe")
+    with_term = runner.run(W, G + DECAY_PROBE * W[None], config, case="P5 probe")
+    ok = base.ok & with_keyword.ok & with_term.ok
+    if not np.any(ok):
+        return None, "the decay probe could not run (see the excluded cases)"
+    keyword_moves = bool(np.any(base.last[ok] != with_keyword.last[ok]))
+    term_moves = bool(np.any(base.last[ok] != with_term.last[ok]))
+    if keyword_moves:
+        return None, None
+    if term_moves:
+        return (f"weight_decay does not reach the step: weight_decay = 2^30 leaves it bit for bit unchanged, while the decay "
+                f"term 2^30 W added to the gradient moves it by {float(np.max(frobenius(with_term.last - base.last)[ok])):.3g}"), None
+    return None, "neither weight_decay = 2^30 nor the term 2^30 W in the gradient changes the step: whether weight_decay is applied cannot be seen"
+
+
+# --------------------------------------------------------------------------------------------
+# Domain, controls, all properties
+# --------------------------------------------------------------------------------------------
+
+DOMAIN_CASES = ("eps = 0", "St(1, 1)", "St(1, 1) at eps = 0", "G = 0 at eps = 0")
+
+
+def domain(runner: Runner, seed: int, declared=()) -> tuple[list[dict], bool]:
+    """Trial steps where implementations are often undefined: [{case, frames, failed, reason}], and
+    whether eps = 0 is in the domain. A case the implementation declares outside it is not tried."""
+    rows = []
+    rng = rng_for(seed, "properties", "domain")
+    W = ri.random_point(5, 2, rng, (FRAMES,))
+    G = rng.standard_normal(W.shape)
+    one = np.where(rng.uniform(size=(FRAMES, 1, 1)) < 0.5, -1.0, 1.0)
+    trials = {
+        "eps = 0": (W, G, config_for(0.0)),
+        "St(1, 1)": (one, rng.standard_normal(one.shape), config_for(1e-8)),
+        "St(1, 1) at eps = 0": (one, rng.standard_normal(one.shape), config_for(0.0)),
+        "G = 0 at eps = 0": (W, np.zeros_like(G), config_for(0.0)),
+    }
+    for case, (frames, gradient, config) in trials.items():
+        if case in declared:
+            rows.append({"case": case, "frames": 0, "failed": 0, "reason": "declared outside the domain: not tried"})
+            continue
+        before = dict(runner.excluded)
+        run = runner.run(frames, gradient[None], config, case=f"domain: {case}")
+        reasons = [reason for (c, reason), n in runner.excluded.items() if c == f"domain: {case}" and n != before.get((c, reason), 0)]
+        rows.append({"case": case, "frames": FRAMES, "failed": int(np.sum(~run.ok)), "reason": "; ".join(reasons)})
+    eps_row = rows[0]
+    eps_zero = "eps = 0" not in declared and eps_row["failed"] < eps_row["frames"]
+    return rows, eps_zero
+
+
+def ask(variant, seed: int, *, eps_zero: bool, ignored=(), only=PROPERTY_IDS, runner: Runner | None = None) -> list[dict]:
+    """The properties `only` (of PROPERTY_IDS, or claim ids: P4 is its three groups) of one variant, as
+    verdict records (without controls)."""
+    only = tuple(p for p in PROPERTY_IDS if p in only or p.split("-")[0] in only)
+    runner = runner or runner_for(variant)
+    eps = 0.0 if eps_zero else 1e-8
+    asked = {
+        "P1": lambda: [steepest_descent(runner, seed, eps)],
+        "P2": lambda: [scale_independence(runner, seed, eps_zero)],
+        "P3": lambda: [scalar_preconditioner(runner, seed, eps)],
+        "P4": lambda: [v for v in equivariance(runner, seed, eps) if v["property"] in only],
+        "P5": lambda: [decay_blindness(runner, seed, eps, ignored)],
+    }
+    wanted = list(dict.fromkeys(name.split("-")[0] for name in only))
+    return [record for claim in wanted for record in asked[claim]()]
+
+
+def runner_for(variant) -> Runner:
+    return Runner(variant, precisions.of(variant).u)
+
+
+def ask_all(variant, seed: int, *, only=PROPERTY_IDS) -> dict:
+    """Domain trials, then the properties `only` of one variant: {"domain", "eps_zero", "phi",
+    "properties", "excluded", "calls"}; every case the implementation could not run is counted in
+    "excluded" with its reason, none raises here."""
+    runner = runner_for(variant)
+    rows, eps_zero = domain(runner, seed, tuple(getattr(variant, "domain", ()) or ()))
+    found = ask(variant, seed, eps_zero=eps_zero, ignored=tuple(getattr(variant, "ignored", ()) or ()), only=only, runner=runner)
+    for record in found:
+        if record["verdict"] == "untested" and "cannot tell" in record["reason"]:
+            record["reason"] += f" (its frames are off St(d, r) by up to phi = {runner.phi:.2g})"
+    excluded = [{"case": case, "reason": reason, "frames": count} for (case, reason), count in runner.excluded.items()
+                if not case.startswith("domain: ")]
+    return {"domain": rows, "eps_zero": eps_zero, "phi": runner.phi, "properties": found, "excluded": excluded, "calls": runner.calls}
+
+
+# The broken variants each property must reject (reference_impl.VARIANTS), and what it must say.
+CONTROLS = (
+    ("P1", "canonical_metric_gradient", "fails"),
+    ("P2", "fixed_step_sgd", "fails"),
+    ("P3", "elementwise_second_moment", "fails"),
+    ("P4-left", "elementwise_second_moment", "fails"),
+    ("P4-right", "qr_retraction", "fails"),
+    ("P4-signed", "qr_retraction", "fails"),
+    ("P5", "unprojected_decay", "fails"),
+    ("P5", "ignores_weight_decay", "vacuous"),
+    ("P5", "stiefel_adam", "holds"),
+)
+
+
+def _ignores_weight_decay_step(W, G, state, config):
+    return ri.step(W, G, state, replace(config, weight_decay=0.0))
+
+
+IGNORES_WEIGHT_DECAY = ri.Variant("ignores_weight_decay", "StiefelAdam that drops weight_decay (P5's vacuity control)", ("P5",),
+                                  ri.init, _ignores_weight_decay_step)
+
+
+def controls(seed: int, only=PROPERTY_IDS) -> list[dict]:
+    """Each property of `only` on its controls (CONTROLS): [{property, control, expected, verdict, margin,
+    detected}]; a "fails" control is detected when its margin reaches DETECTION_FACTOR."""
+    only = tuple(p for p in PROPERTY_IDS if p in only or p.split("-")[0] in only)
+    records = []
+    for property_id, name, expected in CONTROLS:
+        if property_id not in only:
+            continue
+        variant = IGNORES_WEIGHT_DECAY if name == IGNORES_WEIGHT_DECAY.name else ri.VARIANTS[name]
+        (found,) = ask(variant, seed, eps_zero=True, only=(property_id,))
+        margin = found["margin"]
+        detected = found["verdict"] == expected and (expected != "fails" or margin >= DETECTION_FACTOR)
+        records.append({"property": property_id, "control": name, "expected": expected, "verdict": found["verdict"],
+                        "margin": margin, "detected": bool(detected)})
+    return records
+
+
+def apply_controls(found: list[dict], control_records: list[dict]) -> list[dict]:
+    """A property whose check missed one of its controls is untested in this run (module docstring)."""
+    missed = {}
+    for record in control_records:
+        if not record["detected"]:
+            missed.setdefault(record["property"], record)
+    out = []
+    for record in found:
+        miss = missed.get(record["property"])
+        if miss is not None:
+            record = {**record, "verdict": "untested", "check": None, "margin": None,
+                      "reason": f"the check did not tell its control {miss['control']} (expected {miss['expected']}, got "
+                                f"{miss['verdict']}" + (f", margin {miss['margin']:.3g}" if miss["margin"] is not None else "") + ")"}
+        out.append(record)
+    return out
+
+
+__all__ = ["CONTROLS", "DOMAIN_CASES", "PROPERTY_IDS", "PROPERTY_TEXT", "apply_controls", "ask", "ask_all", "controls", "decay_blindness", "domain", "equivariance", "runner_for",
+           "scalar_preconditioner", "scale_independence", "steepest_descent", "verdict"]

@@ -1,0 +1,149 @@
+"""Stiefel optimizers written for the property tests, each with and without known properties.
+
+Loaded as numpy:property_fakes:NAME (a NumPy step with reference_impl.step's signature) or
+torch:property_fakes:CLASS. What each one's mathematics says of the properties of
+propositions/properties.py (P1 embedded steepest descent, P2 scale free at eps = 0, P3 one scalar
+preconditioner per frame, P4 left O(d) / right O(r) / signed permutations, P5 blind to coupled decay):
+
+  polar_sgd         W+ = polar(W - lr P_W(G + lambda W)): P1 holds (its first step is -lr P_W(G));
+                    P2 fails (degree one in G); P3 holds (no preconditioner); P4 holds on every side
+                    (the projection and the polar factor are equivariant); P5 holds (P_W(W) = 0).
+  entrywise_adam    Adam with an entrywise second moment on P_W(G), polar retraction: P1 fails (its
+                    first step is -lr sign(g)); P2 holds (scale free); P3 fails; P4 left and right
+                    fail (an entrywise division is no rotation's), signed permutations hold (they
+                    only permute and flip entries); P5 holds.
+  ignores_decay     StiefelAdam that drops weight_decay: everything holds, P5 vacuously.
+  qr_adam           StiefelAdam with the sign-fixed QR retraction: P4 right and signed permutations
+                    fail (QR orthogonalises the columns in order), left holds; the rest holds (a
+                    retraction agrees with W + xi to first order, and QR is scale free).
+  no_eps_zero       StiefelAdam that refuses eps = 0 (raises): P2 untested (eps = 0 is outside its
+                    domain); the others hold at eps = 1e-8.
+  no_st11           StiefelAdam that raises on St(1, 1): the domain trial counts it; all hold.
+  off_manifold      StiefelAdam whose frames leave St(d, r) by about 5e-9 along the normal space
+                    (as an iterative polar factor stopped early does): all hold, tested at phi.
+  TwoDimensionalStiefelAdam   torch_impl.StiefelAdam that takes only (d, r) parameters: all hold,
+                    run one parameter per frame.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import reference_impl as ri
+from reference_impl.manifold import polar_factor, project_tangent
+
+
+def _transpose(A):
+    return np.swapaxes(A, -1, -2)
+
+
+def init(W):
+    return ri.init(W)
+
+
+def polar_sgd(W, G, state, config):
+    g = project_tangent(W, G + config.weight_decay * W, validate=False)
+    return polar_factor(W - config.lr * g), state
+
+
+class EntrywiseAdam:
+    """init/step with a state of its own (m, v entrywise, t): a black box."""
+
+    @staticmethod
+    def init(W):
+        return {"m": np.zeros_like(W), "v": np.zeros_like(W), "t": 0}
+
+    @staticmethod
+    def step(W, G, state, config):
+        beta1, beta2 = config.betas
+        g = project_tangent(W, G + config.weight_decay * W, validate=False)
+        m = beta1 * state["m"] + (1 - beta1) * g
+        v = beta2 * state["v"] + (1 - beta2) * g * g
+        t = state["t"] + 1
+        m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            xi = np.where(v_hat > 0, -config.lr * m_hat / (np.sqrt(v_hat) + config.eps), 0.0)
+        W_new = polar_factor(W + xi)
+        return W_new, {"m": project_tangent(W_new, m, validate=False), "v": v, "t": t}
+
+
+entrywise_adam = EntrywiseAdam()
+
+
+def ignores_decay(W, G, state, config):
+    return ri.step(W, G, state, ri.StiefelAdamConfig(config.lr, config.betas, config.eps, config.trust_radius, 0.0))
+
+
+def _sign_fixed_qr(A):
+    Q, R = np.linalg.qr(A)
+    signs = np.where(np.diagonal(R, axis1=-2, axis2=-1) < 0, -1.0, 1.0)
+    return Q * signs[..., None, :]
+
+
+def qr_adam(W, G, state, config):
+    """StiefelAdam's moments and direction (reference_impl), retracted by qf(W + xi)."""
+    from reference_impl.adam import StiefelAdamState, moments_and_direction
+
+    g = project_tangent(W, G + config.weight_decay * W, validate=False)
+    m, v, t, xi = moments_and_direction(g, state, config)
+    W_new = _sign_fixed_qr(W + xi)
+    return W_new, StiefelAdamState(m=project_tangent(W_new, m, validate=False), v=v, t=t)
+
+
+def no_eps_zero(W, G, state, config):
+    if config.eps == 0:
+        raise ValueError("eps must be positive")
+    return ri.step(W, G, state, config)
+
+
+def no_st11(W, G, state, config):
+    if np.shape(W)[-2:] == (1, 1):
+        raise ValueError("frames of St(1, 1) are not supported")
+    return ri.step(W, G, state, config)
+
+
+OFF_MANIFOLD = 5e-9
+
+
+def off_manifold(W, G, state, config):
+    """The reference step, its frame then moved along the normal space, W+ (I + delta S) with S =
+    sym(W+^T G) / ||sym(W+^T G)||: ||W^T W - I|| = 2 delta to first order, equivariant on both sides
+    and scale free (S is normalised), as a polar iteration stopped early leaves it."""
+    W_new, state_new = ri.step(np.asarray(W), G, state, config) if _near(W) else _stepped_anyway(W, G, state, config)
+    S = _transpose(W_new) @ G
+    S = 0.5 * (S + _transpose(S))
+    norm = np.sqrt(np.sum(S * S, axis=(-2, -1), keepdims=True))
+    S = np.where(norm > 0, S / np.where(norm > 0, norm, 1.0), 0.0)
+    return W_new + (OFF_MANIFOLD / 2) * W_new @ S, state_new
+
+
+def _near(W) -> bool:
+    r = np.shape(W)[-1]
+    defect = np.sqrt(np.sum((_transpose(W) @ W - np.eye(r)) ** 2, axis=(-2, -1)))
+    return bool(np.all(defect <= ri.manifold_tolerance(*np.shape(W)[-2:])))
+
+
+def _stepped_anyway(W, G, state, config):
+    """Its own previous frame is off St by about 5e-9, beyond the reference's input tolerance: the
+    step of its nearest frame (the polar factor), as a step that retracts from W + xi would take."""
+    return ri.step(polar_factor(np.asarray(W)), G, state, config)
+
+
+try:
+    import torch
+
+    from torch_impl import StiefelAdam
+
+    class TwoDimensionalStiefelAdam(StiefelAdam):
+        """torch_impl.StiefelAdam for (d, r) parameters only (a code that flattens its leading axes)."""
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for parameter in group["params"]:
+                    if parameter.ndim != 2:
+                        raise ValueError(f"parameters must be (d, r) matrices, got shape {tuple(parameter.shape)}")
+            return super().step(closure)
+
+except ImportError:  # without torch, the NumPy optimizers above still load
+    pass

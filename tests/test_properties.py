@@ -1,0 +1,178 @@
+"""Property verdicts (propositions/properties.py, certify/outside/properties.py) on optimizers written
+for them (tests/property_fakes.py): each verdict must be the one its mathematics gives, the domain
+and feasibility must be measured, not crash the certifier, and a check that is broken must show.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import reference_impl as ri
+from certify.outside import properties as outside
+from propositions import properties
+from propositions.kit import blackbox
+from certify_fakes import run_main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # property_fakes, loaded by name as a user's module would be
+
+H, F, V, U = "holds", "fails", "vacuous", "untested"
+ALL_HOLD = dict.fromkeys(properties.PROPERTY_IDS, H)
+
+# what each optimizer's mathematics says (tests/property_fakes.py's docstring)
+EXPECTED = {
+    "numpy:property_fakes:init,polar_sgd": {**ALL_HOLD, "P2": F},
+    "numpy:property_fakes:entrywise_adam": {**ALL_HOLD, "P1": F, "P3": F, "P4-left": F, "P4-right": F},
+    "numpy:property_fakes:ignores_decay": {**ALL_HOLD, "P5": V},
+    "numpy:property_fakes:qr_adam": {**ALL_HOLD, "P4-right": F, "P4-signed": F},
+    "numpy:property_fakes:no_eps_zero": {**ALL_HOLD, "P2": U},
+    "numpy:property_fakes:no_st11": ALL_HOLD,
+    "numpy:property_fakes:off_manifold": ALL_HOLD,
+    "stiefel_adam": ALL_HOLD,
+    "fixed_step_sgd": {**ALL_HOLD, "P2": F},
+    "canonical_metric_gradient": {**ALL_HOLD, "P1": F},
+}
+
+
+@pytest.fixture(scope="module")
+def asked():
+    return {spec: properties.ask_all(outside.resolve(spec), 0) for spec in EXPECTED}
+
+
+@pytest.mark.parametrize("spec", list(EXPECTED))
+def test_verdicts_agree_with_the_optimizers_mathematics(spec, asked):
+    found = {v["property"]: v["verdict"] for v in asked[spec]["properties"]}
+    assert found == EXPECTED[spec], {v["property"]: (v["verdict"], v["reason"]) for v in asked[spec]["properties"]}
+    for verdict in asked[spec]["properties"]:
+        if verdict["verdict"] == F:  # a failure is far beyond its bound, not at its edge
+            assert verdict["margin"] >= 1e3, verdict
+        if verdict["verdict"] == H:  # every check compared every frame, with a bound below a tenth of what it compares
+            assert all(c["samples"] > 0 and c["max_ratio"] <= 1 and c["unresolved"] == 0 for c in verdict["checks"])
+
+
+def test_the_domain_is_found_by_trials_and_reported_with_counts(asked):
+    rows = {row["case"]: row for row in asked["numpy:property_fakes:no_eps_zero"]["domain"]}
+    assert rows["eps = 0"]["failed"] == rows["eps = 0"]["frames"] == properties.FRAMES
+    assert "eps must be positive" in rows["eps = 0"]["reason"]
+    assert not asked["numpy:property_fakes:no_eps_zero"]["eps_zero"]
+    p2 = next(v for v in asked["numpy:property_fakes:no_eps_zero"]["properties"] if v["property"] == "P2")
+    assert "undefined at eps = 0" in p2["reason"]
+    rows = {row["case"]: row for row in asked["numpy:property_fakes:no_st11"]["domain"]}
+    assert rows["St(1, 1)"]["failed"] == properties.FRAMES and "St(1, 1) are not supported" in rows["St(1, 1)"]["reason"]
+    assert rows["eps = 0"]["failed"] == 0
+
+
+def test_a_declared_domain_is_not_tried():
+    variant = outside.resolve("numpy:property_fakes:no_eps_zero:no_eps_zero")
+    found = properties.ask_all(variant, 0, only=("P2",))
+    row = next(r for r in found["domain"] if r["case"] == "eps = 0")
+    assert row["frames"] == 0 and "declared" in row["reason"]
+    assert found["properties"][0]["verdict"] == U
+
+
+def test_an_implementation_off_st_is_tested_at_its_own_feasibility(asked):
+    phi = asked["numpy:property_fakes:off_manifold"]["phi"]
+    assert 1e-9 < phi < 2e-8  # its 5e-9 normal offset, measured (||W^T W - I|| about twice it)
+    assert asked["stiefel_adam"]["phi"] < 1e-13
+
+
+def test_nan_and_raising_frames_are_left_out_with_a_reason():
+    runner = blackbox.Runner(outside.resolve("numpy:adapter_fakes:unguarded"), 2.0**-53)
+    W = ri.random_point(5, 2, np.random.default_rng(1), (3,))
+    run = runner.run(W, np.zeros((1,) + W.shape), ri.StiefelAdamConfig(eps=0.0), case="zero gradient")
+    assert not np.any(run.ok)
+    assert runner.excluded == {("zero gradient", "the step returned a frame that is not finite (NaN or inf)"): 3}
+    raising = blackbox.Runner(outside.resolve("numpy:property_fakes:no_st11"), 2.0**-53)
+    run = raising.run(np.ones((2, 1, 1)), np.ones((1, 2, 1, 1)), ri.StiefelAdamConfig(), case="St(1, 1)")
+    assert not np.any(run.ok) and list(raising.excluded.values()) == [2]
+
+
+def test_every_control_is_told_apart():
+    records = properties.controls(0)
+    assert [r for r in records if not r["detected"]] == []
+    assert {r["property"] for r in records} == set(properties.PROPERTY_IDS)
+
+
+def test_a_blunted_check_misses_its_controls_and_leaves_its_property_untested(monkeypatch):
+    """Break the trajectory comparisons (a bound a million times too large): the controls of P2, P4 and P5
+    are missed, and apply_controls turns their verdicts into untested; P1 and P3 (directions) are not affected."""
+    original = blackbox.comparison_bound
+    monkeypatch.setattr(blackbox, "comparison_bound", lambda *a, **k: 1e6 * original(*a, **k) + 1.0)
+    records = properties.controls(0)
+    missed = {r["property"] for r in records if not r["detected"]}
+    assert missed == {"P2", "P4-left", "P4-right", "P4-signed", "P5"}, records
+    found = properties.apply_controls(properties.ask(ri.VARIANTS["stiefel_adam"], 0, eps_zero=True), records)
+    assert {v["property"]: v["verdict"] for v in found} == {**dict.fromkeys(missed, U), "P1": H, "P3": H}
+
+
+def test_a_broken_direction_check_misses_its_control(monkeypatch):
+    """P1's residual compared with the wrong direction's own norm (a check that cannot fail): its control slips."""
+    monkeypatch.setattr(properties, "frobenius", lambda A: np.full(np.shape(A)[:-2], 1e-300))
+    records = [r for r in properties.controls(0, only=("P1",))]
+    assert records and not records[0]["detected"]
+
+
+def test_the_vacuity_probe_needs_a_decay_term_that_would_move_the_step():
+    found = properties.ask_all(properties.IGNORES_WEIGHT_DECAY, 0, only=("P5",))["properties"][0]
+    assert found["verdict"] == V and "2^30" in found["reason"]
+    torch = pytest.importorskip("torch")  # noqa: F841
+    geoopt_like = properties.ask(ri.VARIANTS["stiefel_adam"], 0, eps_zero=True, only=("P5",), ignored=("weight_decay",))[0]
+    assert geoopt_like["verdict"] == V and "takes no weight_decay" in geoopt_like["reason"]
+
+
+def test_float32_is_held_where_its_precision_resolves_the_property():
+    """torch_impl in float32: P2 and P4 decided on every frame; P1 on the frames where the borrowed
+    retraction bound stays below a tenth of the direction (not the largest shape, counted as unresolved);
+    P3 untested (its warm-step span is never resolved); P5 decided at lambda <= 1e3, its lambda = 1e6
+    comparisons unresolved (the rounding of G + 1e6 W in float32 is above the step)."""
+    pytest.importorskip("torch")
+    found = {v["property"]: v for v in properties.ask_all(outside.resolve("torch_impl-float32"), 0)["properties"]}
+    assert {k: v["verdict"] for k, v in found.items()} == {**ALL_HOLD, "P3": U}
+    assert "cannot tell" in found["P3"]["reason"]
+    for name in ("P1", "P5"):
+        check = found[name]["checks"][0]
+        assert check["samples"] > 0 and check["unresolved"] > 0 and check["max_ratio"] <= 1
+    assert all(c["unresolved"] == 0 for name in ("P2", "P4-left", "P4-right", "P4-signed") for c in found[name]["checks"])
+
+
+def test_a_torch_optimizer_for_two_dimensional_frames_runs_frame_by_frame():
+    pytest.importorskip("torch")
+    variant = outside.resolve("torch:property_fakes:TwoDimensionalStiefelAdam")
+    assert "one parameter per (d, r) frame" in variant.calling and "(2, 5, 2)" in variant.calling
+    found = properties.ask_all(variant, 0, only=("P1", "P4"))
+    assert {v["property"]: v["verdict"] for v in found["properties"]} == {"P1": H, "P4-left": H, "P4-right": H, "P4-signed": H}
+
+
+def test_compare_properties_writes_the_matrix_and_a_record_per_implementation(capsys, tmp_path):
+    (tmp_path / "REPORT.md").write_text("# Certificates\n\nthe report of certify all\n", encoding="utf-8")
+    code, out, _ = run_main(capsys, "compare", "--properties", "stiefel_adam", "--implementation", "property_fakes:init,polar_sgd",
+                            "--implementation", "property_fakes:ignores_decay", "--out", str(tmp_path))
+    assert code == 1  # polar SGD fails P2, ignores_decay is vacuous on P5
+    text = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
+    assert text.startswith("# Certificates\n\nthe report of certify all") and outside.PROPERTIES_BEGIN in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["stiefel_adam"].count("| holds") == len(properties.PROPERTY_IDS) and rows["stiefel_adam"].endswith("| yes |")
+    assert "fails: scaled_trajectories (margin" in rows["numpy:property_fakes:init,polar_sgd"]
+    assert "vacuous: weight_decay does not reach the step" in rows["numpy:property_fakes:ignores_decay"]
+    record = json.loads((tmp_path / "properties" / "numpy_property_fakes_init_polar_sgd.json").read_text())
+    assert record["seed"] == 0 and record["stiefel_adam_step"]["same"] is False
+    assert [c for c in record["controls"] if not c["detected"]] == []
+    run_main(capsys, "compare", "--properties", "stiefel_adam", "--out", str(tmp_path))
+    assert (tmp_path / "REPORT.md").read_text(encoding="utf-8").count(outside.PROPERTIES_BEGIN) == 1
+
+
+def test_run_properties_asks_the_claims_named(capsys, tmp_path):
+    code, out, _ = run_main(capsys, "run", "P5", "p4", "--properties", "--implementation", "property_fakes:ignores_decay",
+                            "--out", str(tmp_path))
+    assert code == 1
+    record = json.loads(next((tmp_path / "properties").glob("*.json")).read_text())
+    assert [v["property"] for v in record["properties"]] == ["P4-left", "P4-right", "P4-signed", "P5"]
+    assert record["properties"][-1]["verdict"] == V
+    code, _, err = run_main(capsys, "run", "P6", "--properties", "--out", str(tmp_path))
+    assert code == 2 and "states no property" in err
+    code, _, err = run_main(capsys, "compare", "--properties", "numpy:no_such_module_here:step", "--out", str(tmp_path))
+    assert code == 2 and "does not import" in err
