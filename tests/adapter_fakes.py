@@ -144,3 +144,20 @@ class Opaque:
 
 opaque = Opaque()
 
+
+
+def nan_at_eps_zero(W, G, state, config):
+    """The reference step, but 0/0 everywhere at eps = 0 (an implementation undefined there)."""
+    W_new, state_new = ri.step(W, G, state, config)
+    if config.eps == 0:
+        return np.full_like(W_new, np.nan), state_new
+    return W_new, state_new
+
+
+def uncapped_nan(W, G, state, config):
+    """No trust region, and a NaN frame for a long step: a NaN must not read as 'no move'."""
+    W_new, state_new = ri.step(W, G, state, ri.StiefelAdamConfig(lr=config.lr, betas=config.betas, eps=config.eps,
+                                                                 trust_radius=float("inf"), weight_decay=config.weight_decay))
+    if config.lr * np.sqrt(W.shape[-2] * W.shape[-1]) > 10:
+        return np.full_like(W_new, np.nan), state_new
+    return W_new, state_new

@@ -21,6 +21,11 @@ preconditioner per frame, P4 left O(d) / right O(r) / signed permutations, P5 bl
   no_st11           StiefelAdam that raises on St(1, 1): the domain trial counts it; all hold.
   off_manifold      StiefelAdam whose frames leave St(d, r) by about 5e-9 along the normal space
                     (as an iterative polar factor stopped early does): all hold, tested at phi.
+  loose_sgd         polar_sgd with X (X^T X)^(-1/2) by three coupled Newton-Schulz iterations and no
+                    cap (as iterative Stiefel SGDs retract): exact to rounding for the short steps of
+                    the first-order directions, far off St for P2's c = 2^20 steps; properties as
+                    polar_sgd's (the iteration is a polynomial in X^T X: equivariant), P3 decided at
+                    its own feasibility, not at the one P2's extreme inputs leave.
   TwoDimensionalStiefelAdam   torch_impl.StiefelAdam that takes only (d, r) parameters: all hold,
                     run one parameter per frame.
 """
@@ -44,6 +49,22 @@ def init(W):
 def polar_sgd(W, G, state, config):
     g = project_tangent(W, G + config.weight_decay * W, validate=False)
     return polar_factor(W - config.lr * g), state
+
+
+def _newton_schulz_polar(A, iterations=3):
+    """A (A^T A)^(-1/2) by coupled Newton-Schulz on A^T A / ||A^T A||_2 (Higham's iteration)."""
+    M = _transpose(A) @ A
+    scale = np.linalg.norm(M, ord=2, axis=(-2, -1))[..., None, None]
+    Y, Z = M / scale, np.broadcast_to(np.eye(A.shape[-1]), M.shape).copy()
+    for _ in range(iterations):
+        T = 0.5 * (3.0 * np.eye(A.shape[-1]) - Z @ Y)
+        Y, Z = Y @ T, T @ Z
+    return A @ Z / np.sqrt(scale)
+
+
+def loose_sgd(W, G, state, config):
+    g = project_tangent(W, G + config.weight_decay * W, validate=False)
+    return _newton_schulz_polar(W - config.lr * g), state
 
 
 class EntrywiseAdam:

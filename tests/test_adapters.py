@@ -215,6 +215,34 @@ def test_zero_gradient_probe_sees_a_step_without_the_v_hat_guard():
     assert not found["first-step direction"]["differs"]
 
 
+def test_probes_of_a_step_undefined_at_eps_zero_run_at_a_small_eps_and_say_so():
+    from certify.outside import probes
+
+    found = {p["property"]: p for p in probes.probe(adapters.resolve("numpy:adapter_fakes:nan_at_eps_zero"))}
+    for name in ("first-step direction", "first-step length", "trust region", "retraction"):
+        assert not found[name]["differs"], found[name]
+        assert "at eps = 1e-08: its step is not finite at eps = 0" in found[name]["measured"]
+    assert found["G = 0, eps = 0"]["differs"] and "0 by 0" in found["G = 0, eps = 0"]["finding"]
+
+
+def test_a_nan_frame_is_a_finding_never_read_as_no_move_and_the_probe_s_own_errors_are_not_the_step_s():
+    from certify.outside import probes
+
+    checked = {p["property"]: p for p in probes.probe(adapters.resolve("numpy:adapter_fakes:uncapped_nan"))}
+    assert checked["trust region"]["differs"] and "the step's output is refused" in checked["trust region"]["finding"]
+    # the property verdicts hand the probes the implementation's outputs unchecked
+    found = {p["property"]: p for p in probes.probe(adapters.resolve("numpy:adapter_fakes:uncapped_nan", checked=False))}
+    assert found["trust region"]["differs"] and "not finite" in found["trust region"]["finding"]
+    assert not found["first-step direction"]["differs"]
+
+    class Broken(probes._Probes):
+        def retraction(self):
+            raise RuntimeError("a bug of the probe")
+
+    record = probes._guarded("retraction", "polar", Broken(adapters.resolve("reference_impl"), 0).retraction)
+    assert not record["differs"] and record["measured"].startswith("not measured: the probe itself failed (RuntimeError")
+
+
 def test_a_torch_step_from_a_loaded_state_runs_at_the_hyperparameters_it_is_asked_for():
     """load_state_dict restores the param groups saved with the state; the adapter sets the step's own
     lr (and the rest) again, so a second step from one state at lr and lr / 10 moves the frame ten times

@@ -26,6 +26,7 @@ ALL_HOLD = dict.fromkeys(properties.PROPERTY_IDS, H)
 # what each optimizer's mathematics says (tests/property_fakes.py's docstring)
 EXPECTED = {
     "numpy:property_fakes:init,polar_sgd": {**ALL_HOLD, "P2": F},
+    "numpy:property_fakes:init,loose_sgd": {**ALL_HOLD, "P2": F},
     "numpy:property_fakes:entrywise_adam": {**ALL_HOLD, "P1": F, "P3": F, "P4-left": F, "P4-right": F},
     "numpy:property_fakes:ignores_decay": {**ALL_HOLD, "P5": V},
     "numpy:property_fakes:qr_adam": {**ALL_HOLD, "P4-right": F, "P4-signed": F},

@@ -30,6 +30,12 @@ two errors (O(step) from the retraction, u / step from rounding), and the direct
 tolerances grow by the same factor sqrt(u) / 1e-7 (about 3500 for float32); the zero-gradient
 allowance takes u in place of float64's.
 
+Where the implementation is undefined at eps = 0 (declared in its spec, or its first step there is not
+finite), the probes other than the last run at eps = 1e-8 and say so: with unit-scale gradients that
+moves the first step's length by about 1e-8 relative and its direction not at all. A frame that is
+not finite is a finding (never read as "no move"); a step that raises, or whose output the adapter
+refuses, is the measurement; an error of a probe's own code is reported as "not measured".
+
 These are diagnostics for the compare report, not certificates: the verdicts are the claims'.
 """
 
@@ -68,8 +74,27 @@ def _draw(seed, d, r, label):
     return W, rng.standard_normal(W.shape)
 
 
+class StepProblem(Exception):
+    """The implementation's own step failed on a probe's input: it raised, or the adapter refused its
+    output (a frame that is not finite or is off St(d, r)). Its message is the probe's measurement;
+    any other error is the probe's own, and is reported as "not measured"."""
+
+
 def _first_step(variant, W, G, config):
-    return np.asarray(variant.step(W, G, variant.init(W), config)[0], dtype=np.float64)
+    from certify.outside.adapters import ImplementationError
+
+    try:
+        W1 = variant.step(W, G, variant.init(W), config)[0]
+    except ImplementationError as error:
+        raise StepProblem(f"the step's output is refused: {_one_line(error)}") from None
+    except Exception as error:  # the implementation's own error is the measurement
+        raise StepProblem(f"the step raised {type(error).__name__}: {_one_line(error)}") from None
+    return np.asarray(W1, dtype=np.float64)
+
+
+def _one_line(error) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _scale(variant) -> float:
@@ -78,8 +103,14 @@ def _scale(variant) -> float:
     return max(1.0, math.sqrt(u) / TINY_STEP)
 
 
-def _config(d, r, step_length, trust_radius=math.inf):
-    return ri.StiefelAdamConfig(lr=step_length / math.sqrt(d * r), betas=(0.9, 0.999), eps=0.0, trust_radius=trust_radius)
+def _config(d, r, step_length, trust_radius=math.inf, eps=0.0):
+    return ri.StiefelAdamConfig(lr=step_length / math.sqrt(d * r), betas=(0.9, 0.999), eps=eps, trust_radius=trust_radius)
+
+
+# the probes' eps where the implementation is undefined at eps = 0 (declared, or its step there is not
+# finite): with gradients of unit scale sqrt(v^) is about 1, so the first step's length moves by
+# about 1e-8 relative, below the length tolerance, and its direction not at all (eps scales it)
+FALLBACK_EPS = 1e-8
 
 
 def _qr(A):
@@ -103,7 +134,9 @@ RETRACTIONS = {
 
 
 def _fit(retraction, W, u, W1) -> float:
-    """min over a of ||W1 - R_W(a u)|| / ||W1 - W||, for one frame."""
+    """min over a of ||W1 - R_W(a u)|| / ||W1 - W||, for one frame (infinite where W1 or u is not finite)."""
+    if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(u))):
+        return math.inf
     scale = float(np.linalg.norm(W1 - W))
     if scale == 0:
         return 0.0
@@ -113,13 +146,19 @@ def _fit(retraction, W, u, W1) -> float:
 
 
 def _guarded(name: str, expected: str, body) -> dict:
-    """One probe's record; a step that raises is itself the measurement (its one-line reason)."""
+    """One probe's record; a step that raises or whose output is refused is itself the measurement
+    (its one-line reason); an error of the probe's own is "not measured", never blamed on the step."""
     try:
         return {"property": name, "expected": expected, **body()}
-    except Exception as error:  # the implementation's own error is the measurement
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return {"property": name, "expected": expected, "measured": f"the step raised: {message}",
-                "differs": True, "finding": f"the step raised ({message})"}
+    except StepProblem as problem:
+        return {"property": name, "expected": expected, "measured": str(problem), "differs": True, "finding": str(problem)}
+    except Exception as error:
+        return {"property": name, "expected": expected, "differs": False, "finding": "",
+                "measured": f"not measured: the probe itself failed ({type(error).__name__}: {_one_line(error)})"}
+
+
+def _not_finite(*arrays) -> bool:
+    return not all(np.all(np.isfinite(a)) for a in arrays)
 
 
 class _Probes:
@@ -132,12 +171,31 @@ class _Probes:
         self.tiny = TINY_STEP * self.scale
         self.directions: dict = {}
         self.lengths: list | None = None
+        self.eps = self._eps()
+        self.at = "" if self.eps == 0 else f" (at eps = {self.eps:g}: {self.eps_reason})"
+
+    def _eps(self) -> float:
+        """0, or FALLBACK_EPS where the implementation declares eps = 0 outside its domain or its
+        first step at eps = 0 is not finite there (the probes then say so)."""
+        if "eps = 0" in tuple(getattr(self.variant, "domain", ()) or ()):
+            self.eps_reason = "eps = 0 is declared outside its domain"
+            return FALLBACK_EPS
+        d, r = PROBE_SHAPES[0]
+        W, G = _draw(self.seed, d, r, "direction")
+        try:
+            finite = not _not_finite(_first_step(self.variant, W, G, _config(d, r, self.tiny)))
+        except StepProblem:
+            finite = False
+        self.eps_reason = "its step is not finite at eps = 0"
+        return 0.0 if finite else FALLBACK_EPS
 
     def _direction_and_length(self):
         cos_embedded, cos_canonical, lengths = [], [], []
         for d, r in PROBE_SHAPES:
             W, G = _draw(self.seed, d, r, "direction")
-            W1 = _first_step(self.variant, W, G, _config(d, r, self.tiny))
+            W1 = _first_step(self.variant, W, G, _config(d, r, self.tiny, eps=self.eps))
+            if _not_finite(W1):
+                raise StepProblem(f"the step returned a frame that is not finite at eps = {self.eps:g}")
             xi = inverse_polar_retraction(W, W1).xi
             self.directions[(d, r)] = (W, G, xi / _frobenius(xi)[:, None, None])
             embedded = -ri.project_tangent(W, G, validate=False)
@@ -158,7 +216,7 @@ class _Probes:
                 finding = "the step follows the canonical-metric gradient G - W G^T W, not P_W(G)"
             else:
                 finding = "the first step is along neither -P_W(G) nor the canonical gradient -(G - W G^T W)"
-        return {"measured": f"min cos(xi, -P_W(G)) = {worst:.9f}; min cos(xi, -(G - W G^T W)) = {float(np.min(cos_c)):.9f}",
+        return {"measured": f"min cos(xi, -P_W(G)) = {worst:.9f}; min cos(xi, -(G - W G^T W)) = {float(np.min(cos_c)):.9f}{self.at}",
                 "differs": differs, "finding": finding}
 
     def step_length(self) -> dict:
@@ -174,17 +232,19 @@ class _Probes:
                 finding = "v is the sum of squares ||g||^2, not the mean square ||g||^2 / (d r): the first step has length lr, not lr sqrt(d r)"
             else:
                 finding = f"the first step's length is not lr sqrt(d r) (ratio in [{low:.4g}, {high:.4g}])"
-        return {"measured": f"||xi|| / (lr sqrt(d r)) in [{low:.9g}, {high:.9g}]", "differs": differs, "finding": finding}
+        return {"measured": f"||xi|| / (lr sqrt(d r)) in [{low:.9g}, {high:.9g}]{self.at}", "differs": differs, "finding": finding}
 
     def trust_region(self) -> dict:
         delta = 0.1
         worst = 0.0
         for d, r in PROBE_SHAPES:
             W, G = _draw(self.seed, d, r, "trust")
-            W1 = _first_step(self.variant, W, G, _config(d, r, 100.0, delta))
+            W1 = _first_step(self.variant, W, G, _config(d, r, 100.0, delta, eps=self.eps))
+            if _not_finite(W1):  # max() would pass a NaN over as if it were no move
+                raise StepProblem(f"the step returned a frame that is not finite (Delta = {delta}, lr sqrt(d r) = 100)")
             worst = max(worst, float(np.max(_frobenius(W1 - W))) / delta)
         differs = worst > 2.0 * (1 + 1e-12)
-        return {"measured": f"max ||W_1 - W|| / Delta = {worst:.4g} (Delta = {delta}, lr sqrt(d r) = 100)", "differs": differs,
+        return {"measured": f"max ||W_1 - W|| / Delta = {worst:.4g} (Delta = {delta}, lr sqrt(d r) = 100){self.at}", "differs": differs,
                 "finding": "no trust region: the step is not capped at Delta" if differs else ""}
 
     def retraction(self) -> dict:
@@ -193,7 +253,9 @@ class _Probes:
         fits = {name: 0.0 for name in RETRACTIONS}
         for d, r in PROBE_SHAPES:
             W, G, u = self.directions[(d, r)]
-            W1 = _first_step(self.variant, W, G, _config(d, r, 0.3))
+            W1 = _first_step(self.variant, W, G, _config(d, r, 0.3, eps=self.eps))
+            if _not_finite(W1):
+                raise StepProblem("the step returned a frame that is not finite (a step of length 0.3)")
             for name, retraction_map in RETRACTIONS.items():
                 fits[name] = max(fits[name], max(_fit(retraction_map, W[i], u[i], W1[i]) for i in range(W.shape[0])))
         best = min(fits, key=fits.get)
@@ -201,21 +263,22 @@ class _Probes:
         if not fits[best] <= FIT_TOLERANCE * self.scale:
             return {"measured": f"relative misfit: {text}", "differs": True,
                     "finding": "the retraction is none of polar, QR, Cayley along the step's own direction"}
-        return {"measured": f"relative misfit: {text}", "differs": best != "polar",
+        return {"measured": f"relative misfit: {text}{self.at}", "differs": best != "polar",
                 "finding": f"{best} retraction, not the polar one" if best != "polar" else ""}
 
     def zero_gradient(self) -> dict:
+        if "G = 0 at eps = 0" in tuple(getattr(self.variant, "domain", ()) or ()) or "eps = 0" in tuple(getattr(self.variant, "domain", ()) or ()):
+            return {"measured": "not tried: G = 0 at eps = 0 is declared outside the implementation's domain", "differs": False, "finding": ""}
         worst = 0.0
         u_ratio = precisions.of(self.variant).u / 2.0**-53
         for d, r in PROBE_SHAPES:
             W, _ = _draw(self.seed, d, r, "zero")
             try:
                 W1 = _first_step(self.variant, W, np.zeros_like(W), _config(d, r, 0.3))
-            except ValueError as error:
-                if "non-finite" in str(error):
-                    W1 = np.full_like(W, np.nan)
-                else:
+            except StepProblem as problem:
+                if "not finite" not in str(problem) and "non-finite" not in str(problem):
                     raise
+                W1 = np.full_like(W, np.nan)
             if not np.all(np.isfinite(W1)):
                 return {"measured": "W_1 is NaN", "differs": True, "finding": "no guard where v^ = 0: the step divides 0 by 0"}
             # xi = 0: W_1 = polar(W), within the polar factor's rounding at cond(W) <= (1 + phi) /

@@ -118,9 +118,16 @@ class Runner:
 
     variant: object
     u: float
-    phi: float = 0.0
+    phi: float = 0.0  # the largest defect of any frame returned in this runner's life (reported)
     excluded: dict = field(default_factory=dict)  # (case, reason) -> frames left out
     calls: int = 0
+    local_phi: float = 0.0  # the same since the last `begin`: the feasibility a property is tested at
+
+    def begin(self) -> None:
+        """Start a property: its step sizes and its reason for an untested verdict use the feasibility
+        of the frames returned from now on, not that of another property's extreme inputs (P2's c =
+        2^20 may push an implementation off St that stays on it at P3's steps)."""
+        self.local_phi = 0.0
 
     def _exclude(self, case: str, reason: str, frames: int) -> None:
         """Count frames left out; reasons that differ only in their figures count together, under the
@@ -189,6 +196,7 @@ class Runner:
         phi = np.where(finite, phi, np.inf)
         if np.any(finite):
             self.phi = max(self.phi, float(np.max(phi[finite])))
+            self.local_phi = max(self.local_phi, float(np.max(phi[finite])))
         return Run(np.where(finite[None, ..., None, None], frames, np.nan), state, finite, phi)
 
     def _empty(self, W0, gradients, lead) -> Run:
@@ -201,10 +209,12 @@ class Runner:
 
         return np.asarray(phi) + float(polar_error_bound(d, r, OUTPUT_CONDITION, u_c=self.u))
 
-    def step_size(self, d: int, r: int) -> float:
+    def step_size(self, d: int, r: int, phi: float | None = None) -> float:
         """The step length s of the first-order directions on (d, r) frames: 4 e^(1/3), e the output
-        error at the runner's phi (module docstring), capped at 0.25."""
-        return min(0.25, 4.0 * float(self.output_error(self.phi, d, r)) ** (1.0 / 3.0))
+        error at feasibility phi (default: that of the current property's frames, local_phi; module
+        docstring), capped at 0.25."""
+        phi = self.local_phi if phi is None else phi
+        return min(0.25, 4.0 * float(self.output_error(phi, d, r)) ** (1.0 / 3.0))
 
 
 @dataclass
@@ -222,9 +232,15 @@ def calibrated_lr(runner: Runner, W, G, config, state=None, case: str = "") -> f
     """The lr at which one step moves the frames by about runner.step_size() (the median over frames
     of a trial step at lr = s / sqrt(d r), scaled), so that the directions' two errors balance."""
     d, r = W.shape[-2:]
-    s = runner.step_size(d, r)
+    # the feasibility that decides s is that of these frames at this step: the start's own defect,
+    # then the outputs of a trial step (an implementation that leaves St only for long steps, or only
+    # in another property's runs, is not held to that here)
+    start = float(np.max(gram_defect(W))) if np.size(W) else 0.0
+    s = runner.step_size(d, r, phi=start)
     trial = s / math.sqrt(d * r)
     run = runner.run(W, G[None], replace(config, lr=trial), state, case)
+    if np.any(run.ok):
+        s = runner.step_size(d, r, phi=max(start, float(np.max(run.phi[run.ok]))))
     moved = frobenius(run.last - W)[run.ok]
     length = float(np.median(moved)) if moved.size else 0.0
     return trial * s / length if length > 0 and math.isfinite(length) else trial

@@ -345,12 +345,20 @@ class NumericalCheck:
     @property
     def median_ratio(self) -> float:
         """Median of residual/bound over the pooled samples (nan before any sample)."""
-        return float(np.median(self._ratio_pool)) if self._ratio_pool else math.nan
+        return self._quantile(np.asarray(self._ratio_pool), 0.5) if self._ratio_pool else math.nan
 
     @property
     def loose(self) -> bool:
         """The median residual/bound is below TIGHTNESS_THRESHOLD (the bound is three decades loose)."""
         return self.samples > 0 and self.median_ratio < TIGHTNESS_THRESHOLD
+
+    @staticmethod
+    def _quantile(values: np.ndarray, q: float) -> float:
+        """np.quantile, where two infinite neighbours (inf - inf in the interpolation) give inf, the
+        quantile they bracket, not NaN and a RuntimeWarning in the certificate's notes."""
+        with np.errstate(invalid="ignore"):
+            found = float(np.quantile(values, q))
+        return math.inf if math.isnan(found) and np.any(np.isposinf(values)) and not np.any(np.isnan(values)) else found
 
     def to_dict(self) -> dict:
         pool = np.asarray(self._quantile_pool) if self._quantile_pool else np.zeros(1)
@@ -364,14 +372,14 @@ class NumericalCheck:
             "residual": {
                 "max": self._max_residual,
                 "mean": self._sum_residual / max(self.samples, 1),
-                "median": float(np.median(pool)),
-                "p99": float(np.quantile(pool, 0.99)),
+                "median": self._quantile(pool, 0.5),
+                "p99": self._quantile(pool, 0.99),
             },
             "bound": {"min": self._min_bound if self.samples else None, "max": self._max_bound},
             "max_ratio": self.max_ratio,
             "ratio": {
-                "median": float(np.median(ratios)),
-                "p01": float(np.quantile(ratios, 0.01)),
+                "median": self._quantile(ratios, 0.5),
+                "p01": self._quantile(ratios, 0.01),
                 "max": self.max_ratio,
                 "pooled": int(ratios.size if self._ratio_pool else 0),
             },
