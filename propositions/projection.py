@@ -20,8 +20,9 @@ How it is checked
     * symbolically: the expansion of ||A - Y||^2 at an orthonormal Y (explicit entries), and the
       nearest unit vector to a column a (d = 2, r = 1) is a / ||a||;
     * in float64 over the claim's shape plan, with A a frame plus a perturbation of relative size
-      10^U(-12, 0) (a frame that drifted, or one far off) or a Gaussian matrix, times a power of two
-      in 2^U(-300, 300): X on St(d, r) (`on_manifold`), skew(X^T A) = 0 (`polar_symmetry`, first-order
+      10^U(-12, 0) (a frame that drifted, or one far off), a Gaussian matrix, or a graded matrix
+      (singular values from 1 down to 10^-U(0, 8): a route through A^T A has no digit left there),
+      times a power of two in 2^U(-300, 300): X on St(d, r) (`on_manifold`), skew(X^T A) = 0 (`polar_symmetry`, first-order
       optimality), the eigenvalues of sym(X^T A) against the singular values of A (`polar_factor`:
       the symmetric factor is positive definite, second-order optimality), project(X) against X
       (`idempotent`), project(Q A R) against Q project(A) R for Haar Q, R of both determinants
@@ -53,7 +54,10 @@ u = UNIT_ROUNDOFF
 CLAIM_ID = "projection"
 RELATIVE_PERTURBATION_LOG10 = (-12.0, 0.0)
 SCALE_LOG2 = (-300, 300)
-GAUSSIAN_SHARE = 0.25  # of each chunk: A Gaussian, the rest a frame plus a perturbation
+GAUSSIAN_SHARE = 0.25  # of each chunk: A Gaussian, the rest a frame plus a perturbation or a graded matrix
+GRADED_SHARE = 0.25  # of each chunk: A = W diag(s) V with singular values s from 1 down to 10^-k
+CONDITION_LOG10 = (0.0, 8.0)  # k: conditioning up to 10^8, where a route through A^T A (cond^2 = 1e16,
+# about 1 / u) has no digit left while the SVD route's bounds, which carry cond, stay informative
 
 
 def _qr_projection(A: np.ndarray) -> np.ndarray:
@@ -171,13 +175,19 @@ def scale_bound(d: int, r: int, cond):
 
 def _matrices(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarray:
     """count matrices (count, d, r): a Haar frame plus a perturbation of relative size 10^U(-12, 0), or
-    (a GAUSSIAN_SHARE of them) a Gaussian matrix; each times 2^k, k uniform in SCALE_LOG2."""
+    (a GAUSSIAN_SHARE of them) a Gaussian matrix, or (a GRADED_SHARE) a Haar frame times singular
+    values graded geometrically from 1 to 10^-k, k ~ U(CONDITION_LOG10), times a Haar O(r) matrix
+    (Gaussian and perturbed matrices are well conditioned but for rare draws); each times 2^k, k
+    uniform in SCALE_LOG2."""
     W = ref.random_point(d, r, rng, (count,))
     E = rng.standard_normal((count, d, r))
     size = 10.0 ** rng.uniform(*RELATIVE_PERTURBATION_LOG10, size=count)
     perturbed = W + E * (size * math.sqrt(r) / np.linalg.norm(E, axis=(-2, -1)))[:, None, None]
-    gaussian = rng.random(count) < GAUSSIAN_SHARE
-    A = np.where(gaussian[:, None, None], E, perturbed)
+    kind = rng.random(count)
+    singular = 10.0 ** -(rng.uniform(*CONDITION_LOG10, size=count)[:, None] * np.linspace(0.0, 1.0, r))
+    graded = (W * singular[:, None, :]) @ ref.random_orthogonal(r, rng, (count,))
+    A = np.where((kind < GAUSSIAN_SHARE)[:, None, None], E,
+                 np.where((kind < GAUSSIAN_SHARE + GRADED_SHARE)[:, None, None], graded, perturbed))
     exponent = rng.integers(SCALE_LOG2[0], SCALE_LOG2[1] + 1, size=count)
     return A * np.ldexp(1.0, exponent)[:, None, None]
 
