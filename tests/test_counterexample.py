@@ -136,7 +136,7 @@ def test_shrinking_reaches_the_smallest_shape_the_mistake_needs():
 @pytest.mark.parametrize("spec, quantity, stage", [
     ("numpy:broken_impls:eps_inside_sqrt", "W", "direction"),
     ("numpy:broken_impls:untransported", "m", "transport"),
-    ("numpy:broken_impls:bias_from_step_2:black_box", "W", "moments or bias correction"),
+    ("numpy:broken_impls:bias_from_step_2:black_box", "W", "moments, bias correction or transport"),
     ("numpy:reference_impl.controls:fixed_step_sgd_step", "W", "moments"),  # no moments at all: the direction is right
 ])
 def test_the_other_stages_are_named(spec, quantity, stage):

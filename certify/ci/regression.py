@@ -64,6 +64,28 @@ def cases_of(certificate: dict, source: str) -> list[dict]:
             for found in counterexamples_of(certificate) if found.get("found")]
 
 
+def _why_none(path: str, certificate: dict) -> str:
+    """Why a certificate records no counterexample to replay, in a clause."""
+    from certify.ci.counterexample import counterexamples_of
+
+    if certificate.get("verdict") != "pass" and not _outside(certificate):
+        return f"{path} (a certificate of the reference or one of its variants: only an outside implementation's records one)"
+    if certificate.get("verdict") == "pass":
+        return f"{path} (it passes)"
+    recorded = [found for found in counterexamples_of(certificate)]
+    if recorded:
+        return f"{path} (its search found none: {recorded[0].get('reason', 'no smaller case fails')})"
+    failing = [c["name"] for c in certificate.get("numerical", {}).get("checks", []) if not c.get("passed", True)]
+    return (f"{path} (it fails {', '.join(failing[:3]) or 'no check'}, not a trajectory check of the implementation against "
+            "the model, the only checks a counterexample is searched for)")
+
+
+def _outside(certificate: dict) -> bool:
+    from certify import claims
+
+    return claims.is_adapter_spec(certificate.get("provenance", {}).get("optimizer", ""))
+
+
 def render(certificates: list[tuple[str, dict]]) -> str:
     """The text of the pytest file for (path, certificate) pairs of one implementation."""
     cases, specs = [], []
@@ -71,8 +93,7 @@ def render(certificates: list[tuple[str, dict]]) -> str:
         cases += cases_of(certificate, Path(path).stem)
         specs.append(certificate["provenance"]["optimizer"])
     if not cases:
-        raise RegressionError("no minimal counterexample in " + ", ".join(p for p, _ in certificates)
-                              + " (only a failing certificate of an outside implementation records one)")
+        raise RegressionError("no minimal counterexample in " + "; ".join(_why_none(p, c) for p, c in certificates))
     if len(set(specs)) > 1:
         raise RegressionError(f"the certificates ran different implementations ({', '.join(sorted(set(specs)))}): one file per implementation")
     return TEMPLATE.format(sources=", ".join(Path(p).name for p, _ in certificates), spec=specs[0], variable=ENVIRONMENT_VARIABLE,

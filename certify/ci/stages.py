@@ -34,13 +34,15 @@ the observed W+ (certify/outside/probes.py, whose tolerances and their derivatio
     implementation's own for a white box, the model's run for a black box, whose hidden moments differ
     by rounding only). A white box's m, v and t were compared above, so a length that differs with
     eps = 0 is the bias correction and one that differs only with eps is the direction; for a black
-    box a differing tiny step from a history state is named "moments or bias correction";
+    box, whose hidden m may also be wrong by its transport, a differing tiny step from a history state
+    is named "moments or transport" (its direction) or "moments, bias correction or transport" (its
+    length), and a first step's length with the step's betas "moments or bias correction";
   * a step of length 0.3 without cap along the tiny step's own direction u must be polar(W + a u) for
     some a (retraction);
   * the failing step itself from the held state, replayed with eps = 0 and no cap, then with its eps
     and no cap, then as it was, against the model within the trajectory check's own one-step bound
     (the retraction having fitted polar): the first to leave the model is the bias correction (for
-    a black box: the moments or the bias correction), the direction (eps) or the cap.
+    a black box: the moments, the bias correction or the transport), the direction (eps) or the cap.
 
 At the implementation's precision. Every probe and comparison holds the implementation to the
 analysis of its own dtype (kit/precision.py), as the claims do: the stored state and the full steps
@@ -52,11 +54,17 @@ space and 0 across it, norm 1, plus O(||xi||) <= 0.1 here), so a probe of length
 2 rho / s relative. In float64 the probes keep the lengths and tolerances of certify/outside/probes.py
 (s = 1e-7: rounding 1e-9 relative, a retraction that is not polar bending by O(s) = 1e-7, tolerances
 1e-6). In float32 and bfloat16 that s is below the storage's resolution (u_s = 6e-8, 4e-3): the
-probe takes s = sqrt(KAPPA rho), where rounding (KAPPA rho / s) and bending (s) are equal, and counts
-a difference only beyond 10 (KAPPA rho / s + s), ten times what rounding and bending can give, the
-margin the float64 tolerances keep. A float32 stage error of order one (a wrong beta, a missing
-1 / (d r), eps inside the root) then differs as its float64 twin does; the retraction's fit is held to
-10 (2 rho_tiny / s + rho_1 / ||W_1 - W||) in the same way.
+probe reads xi to e = KAPPA rho / s + BENDING s relative, both terms bounds: the first the rounding
+bound carried through the inverse retraction, the second what a retraction other than polar (QR,
+Cayley, the exponential: each W + xi + O(||xi||^2) with a second-order term of norm at most ||xi||^2)
+adds, at most 2 ||xi||^2 from polar's. The probe takes s = sqrt(KAPPA rho / BENDING), where the two
+are equal; a length differs beyond e, a direction beyond 1 - sqrt(1 - e^2) (an error of relative
+size e turns xi by asin(e) at most). A float32 stage error of order one (a wrong beta, a missing
+1 / (d r), the canonical gradient) then differs as its float64 twin does. The retraction is not fitted
+along a tiny step's direction there (its reading e is coarser than QR's bending at 0.3): two steps of
+lengths MODERATE_STEP and 2 MODERATE_STEP, recovered by the inverse polar retraction, must be
+proportional (xi scales with lr exactly), to within each one's rounding bound times the inverse's
+own a posteriori sensitivity; a retraction other than polar bends the second by its second-order term.
 """
 
 from __future__ import annotations
@@ -77,7 +85,6 @@ from propositions.kit.trajectories import MODEL_ROUTE, compare_step, one_step_bo
 from reference_impl.adam import moments_and_direction
 
 KAPPA = 2.0  # the inverse polar retraction's gain on an error of W_1 near xi = 0 (module docstring)
-MARGIN = 10.0  # a difference is ten times what rounding and bending can give (the float64 tolerances' margin)
 
 
 @dataclass(frozen=True)
@@ -97,15 +104,18 @@ class ProbeScale:
         rounding(TINY_STEP) and one of length s has rounding(s) (a callable: the bound depends on the step)."""
         if precision.is_float64:
             return cls(TINY_STEP, DIRECTION_TOLERANCE, LENGTH_TOLERANCE, KAPPA * rounding(TINY_STEP) / TINY_STEP)
-        step = max(TINY_STEP, min(MAX_PROBE_STEP, math.sqrt(KAPPA * rounding(TINY_STEP))))
+        step = max(TINY_STEP, min(MAX_PROBE_STEP, math.sqrt(KAPPA * rounding(TINY_STEP) / BENDING)))
         reading = KAPPA * rounding(step) / step
-        tolerance = MARGIN * (reading + step)
-        return cls(step, max(DIRECTION_TOLERANCE, tolerance), max(LENGTH_TOLERANCE, tolerance), reading)
+        error = reading + BENDING * step  # relative error of the xi read, a bound (module docstring)
+        direction = 1.0 - math.sqrt(1.0 - error**2) if error < 1 else 1.0  # an error e turns xi by asin(e) at most
+        return cls(step, max(DIRECTION_TOLERANCE, direction), max(LENGTH_TOLERANCE, error), reading)
 
 
+BENDING = 2.0  # a retraction W + xi + O(||xi||^2) differs from polar by at most 2 ||xi||^2 (module docstring)
 MAX_PROBE_STEP = 0.1  # the O(||xi||) terms above stay below 0.1 (KAPPA's derivation)
 STAGE_NUMBERS = {"projection": "stages 1-2", "moments": "stages 3-4", "bias correction": "stage 5", "direction": "stage 6",
-                 "cap": "stage 7", "retraction": "stage 8", "transport": "stage 8", "moments or bias correction": "stages 3-5"}
+                 "cap": "stage 7", "retraction": "stage 8", "transport": "stage 8", "moments or bias correction": "stages 3-5",
+                 "moments or transport": "stages 3-4 or 8", "moments, bias correction or transport": "stages 3-5 or 8"}
 MODERATE_STEP = 0.3
 
 
@@ -199,7 +209,7 @@ def _config(config, **change):
     return ri.StiefelAdamConfig(**{**values, **change})
 
 
-def fresh_findings(variant, W, G, config, seed) -> list[dict]:
+def fresh_findings(variant, W, G, config, seed, white: bool = True) -> list[dict]:
     """Tiny steps from a fresh state at the failing step's W (module docstring), each of the length
     and held to the tolerances of ProbeScale at the implementation's precision."""
     d, r = W.shape[-2:]
@@ -208,7 +218,11 @@ def fresh_findings(variant, W, G, config, seed) -> list[dict]:
     expected = -ri.project_tangent(W, G + config.weight_decay * W, validate=False)
     fresh = (np.zeros_like(W), np.zeros(W.shape[:-2]), 0)
     findings = []
-    for stage, betas in (("projection", config.betas), ("moments", (0.0, 0.0)), ("bias correction", config.betas)):
+    # with the step's betas at t = 1, a beta taken for the other in stage 3 or 4 changes the length as a
+    # wrong 1 - beta^t does: a white box's stored m and v decided stages 3-4 before this probe, a
+    # black box's cannot, and the probe then names both
+    third = "bias correction" if white else "moments or bias correction"
+    for stage, betas in (("projection", config.betas), ("moments", (0.0, 0.0)), (third, config.betas)):
         def probe_config(length, betas=betas):
             return _config(config, lr=length / math.sqrt(d * r), betas=betas, eps=0.0, trust_radius=math.inf)
 
@@ -252,10 +266,10 @@ def history_findings(variant, W, G, state, reference_state, config, white: bool,
         xi = _recovered(W, variant.step(W, G, state, probe)[0])
         worst = float(np.min(_cos(xi, expected)))
         ratio = _frobenius(xi) / _frobenius(expected)
-        findings.append(_finding("direction" if white else "moments", f"direction of a tiny step from the held state (eps = {eps:g}): -m^",
+        findings.append(_finding("direction" if white else "moments or transport", f"direction of a tiny step from the held state (eps = {eps:g}): -m^",
                                  f"min cos = {worst:.12f}{_tolerance_text(precision, scale, 'direction')}",
                                  not 1 - worst <= scale.direction))
-        stage = ("bias correction" if eps == 0 else "direction") if white else "moments or bias correction"
+        stage = ("bias correction" if eps == 0 else "direction") if white else "moments, bias correction or transport"
         findings.append(_finding(stage, f"length of a tiny step from the held state (eps = {eps:g}): lr ||m^|| / (sqrt(v^) + eps)",
                                  f"ratio in [{float(np.min(ratio)):.9g}, {float(np.max(ratio)):.9g}]{_tolerance_text(precision, scale, 'length')}",
                                  not float(np.max(np.abs(ratio - 1))) <= scale.length))
@@ -264,31 +278,61 @@ def history_findings(variant, W, G, state, reference_state, config, white: bool,
 
 def retraction_finding(variant, W, G, state, reference_state, config, carried=(0.0, 0.0)) -> tuple[dict, float]:
     """A step of length MODERATE_STEP without cap, fitted by polar(W + a u) along its tiny direction u
-    (at the implementation's precision: the fit tolerance of the module docstring). Returns the
+    (float64), or two steps of lengths MODERATE_STEP and twice it held to be proportional once
+    recovered by the inverse polar retraction (a coarser precision; module docstring). Returns the
     finding and the slack it leaves: 0 in float64, where a fit within 1e-5 excludes every retraction
     that differs from polar at second order (certify/outside/probes.py); at a coarser precision the
-    distance by which a retraction within the fit's tolerance could differ from polar on a step of
-    length MODERATE_STEP (tolerance x ||W_1 - W||), which full_step_findings scales to its step."""
+    distance by which a retraction within the test's tolerance could differ from polar on a step of
+    length MODERATE_STEP, which full_step_findings scales to its step."""
     precision = precisions.of(variant)
     unit = _config(config, lr=1.0, trust_radius=math.inf)
     length = float(np.min(_frobenius(_reference_xi(W, G, reference_state, unit))))
-    rho = _rounding(precision, W, G, reference_state, lambda s: _config(unit, lr=s / length), carried)
-    scale = ProbeScale.at(precision, rho)
-    tiny = _recovered(W, variant.step(W, G, state, _config(unit, lr=scale.step / length))[0])
+    if not precision.is_float64:
+        # from a fresh state, where xi = -lr g / (sqrt(v^) + eps) is tangent (the projection was probed
+        # before): a held m that is not tangent (a transport mistake) would bend the inverse's reading
+        # of a correct polar retraction and be blamed on it
+        fresh = (np.zeros_like(W), np.zeros(W.shape[:-2]), 0)
+        first = _config(unit, eps=0.0)
+        length = float(np.min(_frobenius(_reference_xi(W, G, fresh, first))))
+        return _proportional_steps(variant, W, G, variant.init(W), fresh, first, length, precision, (0.0, 0.0))
+    tiny = _recovered(W, variant.step(W, G, state, _config(unit, lr=TINY_STEP / length))[0])
     direction = tiny / _frobenius(tiny)[..., None, None]
     W1 = np.asarray(variant.step(W, G, state, _config(unit, lr=MODERATE_STEP / length))[0], dtype=np.float64)
     frames = [(W, direction, W1)] if W.ndim == 2 else list(zip(W.reshape(-1, *W.shape[-2:]), direction.reshape(-1, *W.shape[-2:]),
                                                                    W1.reshape(-1, *W.shape[-2:])))
     misfit = max(_fit(RETRACTIONS["polar"], w, u, w1) for w, u, w1 in frames)
-    tolerance, text, slack = FIT_TOLERANCE, "", 0.0
-    if not precision.is_float64:
-        moved = float(np.max(_frobenius(W1 - W)))
-        tolerance = max(FIT_TOLERANCE, MARGIN * (scale.reading + rho(MODERATE_STEP) / moved)) if moved > 0 else math.inf
-        slack = tolerance * moved
-        text = f" (tolerance {tolerance:.3g} at {precision.storage})"
     finding = _finding("retraction", f"a step of length {MODERATE_STEP} without cap: polar(W + a u) along its own direction",
-                       f"relative misfit {misfit:.3g}{text}", not misfit <= tolerance)
-    return finding, slack
+                       f"relative misfit {misfit:.3g}", not misfit <= FIT_TOLERANCE)
+    return finding, 0.0
+
+
+def _proportional_steps(variant, W, G, state, reference_state, unit, length, precision, carried) -> tuple[dict, float]:
+    """The retraction below float64: xi_1, xi_2 recovered from steps at lr and 2 lr (lengths a and 2a,
+    a = MODERATE_STEP) must satisfy xi_2 = 2 xi_1 (the step's xi is linear in lr); each is read to
+    e_k = its inverse's error bound + its sensitivity times the step's rounding bound rho(a_k), so
+    ||xi_2 / 2 - xi_1|| <= e_1 + e_2 / 2 for polar. Another retraction reads xi_k = a_k u + a_k^2 q +
+    O(a^3) and leaves a^2 q, its second-order term at length a: beyond the tolerance it differs, and
+    within it a retraction may differ from polar by that much at length a (the slack returned)."""
+    rho = _rounding(precision, W, G, reference_state, lambda s: _config(unit, lr=s / length), carried)
+    recovered, errors = [], []
+    for multiple in (1.0, 2.0):
+        W1 = np.asarray(variant.step(W, G, state, _config(unit, lr=multiple * MODERATE_STEP / length))[0], dtype=np.float64)
+        inverse = inverse_polar_retraction(W, W1)
+        recovered.append(inverse.xi)
+        errors.append(inverse.error_bound + inverse.sensitivity * rho(multiple * MODERATE_STEP))
+    with np.errstate(invalid="ignore", over="ignore"):
+        misfit = _frobenius(recovered[1] / 2 - recovered[0])
+        allowed = errors[0] + errors[1] / 2
+    decided = np.isfinite(allowed) & np.isfinite(misfit)
+    if not np.any(decided):
+        return _finding("retraction", "steps of lengths a and 2a recovered by the inverse polar retraction: xi_2 = 2 xi_1",
+                        "not decided: no frame's steps are within the inverse retraction's domain", False), math.inf
+    worst = int(np.argmax(np.where(decided, misfit / allowed, -np.inf).ravel()))
+    found, bound = float(np.ravel(misfit)[worst]), float(np.ravel(allowed)[worst])
+    finding = _finding("retraction", f"steps of lengths {MODERATE_STEP} and {2 * MODERATE_STEP} without cap, recovered by the "
+                       "inverse polar retraction: xi_2 = 2 xi_1",
+                       f"||xi_2 / 2 - xi_1|| = {found:.3g} vs bound {bound:.3g} at {precision.storage}", not found <= bound)
+    return finding, float(np.max(np.where(decided, allowed, 0.0)))
 
 
 def _step_residual(variant, at: dict, config, white: bool) -> tuple[float, float]:
@@ -313,7 +357,7 @@ def full_step_findings(variant, at: dict, config, white: bool, slack: float = 0.
     bound before a stage is named."""
     length = float(np.max(_frobenius(np.asarray(at["W_new"], dtype=np.float64) - np.asarray(at["W"], dtype=np.float64)))) if "W_new" in at else MODERATE_STEP
     allowed = slack * (length / MODERATE_STEP) ** 2
-    ladder = (("bias correction" if white else "moments or bias correction", dict(eps=0.0, trust_radius=math.inf), "eps = 0, no cap"),
+    ladder = (("bias correction" if white else "moments, bias correction or transport", dict(eps=0.0, trust_radius=math.inf), "eps = 0, no cap"),
               ("direction", dict(trust_radius=math.inf), f"eps = {config.eps:g}, no cap"),
               ("cap", {}, f"eps = {config.eps:g}, Delta = {config.trust_radius:g}"))
     findings = []
@@ -345,7 +389,7 @@ def _probes(variant, case, at: dict) -> list:
         stored, transport = state_findings(W, G, state, at["W_new"], at["state_new"], config, precisions.of(variant))
     if W.shape[-2] * W.shape[-1] == 1:  # St(1, 1) = {-1, 1}: no tangent direction to probe
         return stored + ([transport] if transport is not None else [])
-    fresh = _guarded(lambda: fresh_findings(variant, W, G, config, case.seed))
+    fresh = _guarded(lambda: fresh_findings(variant, W, G, config, case.seed, white))
     # the fresh direction decides stages 1-2 before the stored moments, which a wrong g also moves
     ordered = fresh[:1] + stored + fresh[1:]
     if reference[2] > 0:
@@ -374,7 +418,7 @@ def locate(variant, case, outcome) -> dict:
     first = next((f for f in evidence if f["differs"] and f["stage"]), None)
     if first is None:
         precision = precisions.of(variant)
-        where = "" if precision.is_float64 else f" beyond what {precision.storage} rounding allows each probe"
+        where = "" if precision.is_float64 else f" beyond what the analysis of {precision.storage} rounding allows each probe"
         return {"stage": None, "stage_number": None, "evidence": evidence,
                 "finding": f"no stage probe differs{where} at this step: the step differs only in combination"}
     return {"stage": first["stage"], "stage_number": STAGE_NUMBERS[first["stage"]], "evidence": evidence,

@@ -148,10 +148,22 @@ def _cases(draw, claim, black_box, max_d, max_steps, settings, max_exponent):
     d = draw(st.integers(1, max_d))
     r = draw(st.integers(1, d))
     wide = setting.gradients == "wide"
+    if wide:
+        exponent = draw(st.integers(-max_exponent, max_exponent))
+    elif setting.eps > 0 and setting.gradients == "gaussian":
+        # where eps is set, the gradient's scale decides whether it matters (x = eps / sqrt(v^)): scales
+        # down to 10^-EPS_DECADES make x reach 1e-2 at eps = 1e-8, where a misplaced eps shows at any
+        # precision (at unit scale x = 1e-8 is below float32's resolution)
+        exponent = draw(st.integers(-min(EPS_DECADES, max_exponent), 0))
+    else:
+        exponent = 0
     return Case(claim, "W", d, r, draw(st.integers(0, 3)),
                 draw(st.integers(1, max_steps)), "fresh" if black_box else setting.start, "gaussian" if wide else setting.gradients,
-                draw(st.integers(-max_exponent, max_exponent)) if wide else 0, setting.step_length, tuple(setting.betas),
+                exponent, setting.step_length, tuple(setting.betas),
                 setting.eps, setting.trust_radius, setting.weight_decay, draw(seeds()))
+
+
+EPS_DECADES = 6
 
 
 __all__ = ["cases", "configs", "frame_shapes", "gradient_scales", "gradients", "orthogonal_matrices", "points_and_tangents",

@@ -493,16 +493,15 @@ def _run_black_box(checks: _Checks, variant, setting: TrajectorySetting, d: int,
     first order in u over the MIN_STEPS to profile.steps steps run here.
     """
     shape = (d, r)
-    if setting.start != "fresh":
-        for name in ("W", "m", "v", "bookkeeping"):
-            observability.record(f"trajectory_model_{name}[{checks.label}] setting {setting.name}",
-                                 "a warm start hands the optimizer a state built by the checker; a black box takes only its own")
-        return
+    # a warm setting would hand the optimizer a state built by the checker, and a black box takes only
+    # its own: it runs the setting from its own fresh state (its moments warm up over the run), so
+    # that the setting's hyper-parameters (a trust radius, a step length) are not left untried
     for name in ("m", "v", "bookkeeping"):
         observability.record(f"trajectory_model_{name}[{checks.label}]",
                              "m, v and t are the optimizer's hidden state (W is compared, with the model keeping its own m, v, t)")
     rng, config, W, scales, frames, extra = _start_batch(checks, setting, d, r, lead, key)
     extra["state"] = "not observable: the model keeps its own m, v, t"
+    extra["start"] = "fresh"
     residuals, bounds, posed_flags = [], [], []
     error = None
     try:
