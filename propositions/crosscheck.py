@@ -684,11 +684,11 @@ def _long_run_task(seed, steps, device, run_dtype, variant) -> Evidence:
 
 
 def long_run_part(ctx: Context) -> Evidence:
-    """Feasibility over profile.long_run_steps steps in float64, float32, bfloat16 (and the run's dtype),
+    """Feasibility over profile.kernel_steps steps in float64, float32, bfloat16 (and the run's dtype),
     each checkpoint against the one-step bound at its own step (kernel_drift.long_run)."""
     from torch_impl import functional
 
-    dtype, steps = ctx.option("dtype"), ctx.profile.long_run_steps
+    dtype, steps = ctx.option("dtype"), ctx.profile.kernel_steps
     run_dtypes = list(dict.fromkeys([*kernel_drift.LONG_RUN_DTYPES, dtype]))
     # one task per dtype (independent runs, each serial in its steps), merged in this order
     runs = Evidence.merged(map_tasks(_long_run_task, [(ctx.seed, steps, ctx.option("device"), run_dtype, ctx.optimizer)

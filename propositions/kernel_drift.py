@@ -14,7 +14,7 @@ Two checks hold the kernel to it:
   its own A (the drift enters through A's spectrum, from which the iteration's residual is taken). A retraction that
   trusts W^T W = I, (W + xi)(I + xi^T xi)^(-1/2), returns a frame with about the drift it got: 4e-3
   against a bound of about 3e-6 in float32.
-* long_run_feasibility: profile.long_run_steps steps (LONG_RUN_CONFIG, small steps so that a drift
+* long_run_feasibility: profile.kernel_steps steps (LONG_RUN_CONFIG, small steps so that a drift
   which is not corrected random-walks instead of being damped by the xi^T xi of large steps) in
   float64, float32 and bfloat16; at each checkpoint t the drift of W_t against the one-step bound
   at the exact A of step t (its frame W_{t-1}, gradient and state as the kernel held them), so the

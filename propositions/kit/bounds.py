@@ -54,18 +54,22 @@ class Stage:
         self._evaluate = sympy.lambdify([self.symbols[p] for p in params], self.expr, modules=_MODULES)
         self.__doc__ = doc
         self.__name__ = name
+        self._text = None
 
     def __call__(self, **values):
-        missing = [p for p in self.params if p not in values]
-        extra = sorted(set(values) - set(self.params))
-        if missing or extra:
+        if len(values) != len(self.params) or not all(p in values for p in self.params):
+            missing = [p for p in self.params if p not in values]
+            extra = sorted(set(values) - set(self.params))
             raise TypeError(f"stage {self.name} takes {', '.join(self.params)}; missing {missing}, unexpected {extra}")
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return self._evaluate(*(values[p] for p in self.params))
+            return self._evaluate(*[values[p] for p in self.params])
 
     def text(self) -> str:
-        """'name: SYMBOL = {formula}': the formula exactly as the code evaluates it (sympy.sstr)."""
-        return f"{self.name}: {self.symbol} = {{{sympy.sstr(self.expr)}}}"
+        """'name: SYMBOL = {formula}': the formula exactly as the code evaluates it (sympy.sstr; printed
+        once, the expression being immutable: certificates cite it hundreds of times)."""
+        if self._text is None:
+            self._text = f"{self.name}: {self.symbol} = {{{sympy.sstr(self.expr)}}}"
+        return self._text
 
     def latex(self) -> str:
         return f"{self.symbol} = {sympy.latex(self.expr)}"

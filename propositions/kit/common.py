@@ -78,7 +78,10 @@ class Profile:
     control_frames: frames (summed over the shapes of the control's plan) that each control, a
     deliberately broken variant, runs through the checks that must catch it. A control needs a
     clear miss, not statistics, so it runs on far fewer frames than the claim; every claim takes
-    this one number (default 64, the quick profile's, for profiles built by hand).
+    this one number (default 64, the quick profile's, for profiles built by hand);
+    kernel_long_run_steps: steps of the kernel's long runs (the cross-check, one per dtype, each
+    checkpoint against the one-step bound at its own input, so the length adds no bound; the drift
+    settles within the first steps in every dtype), long_run_steps where None.
     """
 
     name: str
@@ -88,12 +91,17 @@ class Profile:
     mp_dps: int
     mp_samples: int
     control_frames: int = 64
+    kernel_long_run_steps: int | None = None
+
+    @property
+    def kernel_steps(self) -> int:
+        return self.long_run_steps if self.kernel_long_run_steps is None else self.kernel_long_run_steps
 
 
 PROFILES: dict[str, Profile] = {
     "quick": Profile("quick", frames=1_000, steps=4, long_run_steps=1_000, mp_dps=40, mp_samples=3, control_frames=64),
     "default": Profile("default", frames=10_000, steps=8, long_run_steps=10_000, mp_dps=50, mp_samples=8,
-                       control_frames=256),
+                       control_frames=256, kernel_long_run_steps=2_000),
     "thorough": Profile("thorough", frames=1_000_000, steps=16, long_run_steps=100_000, mp_dps=60, mp_samples=32,
                         control_frames=4_096),
 }

@@ -22,6 +22,7 @@ drift of the kernel's frames are derived below from the hyper-parameters and the
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -212,6 +213,7 @@ def newton_schulz_scale(trust_radius: float) -> float:
     return ((math.sqrt(1.0 - a) - trust_radius) ** 2 + (math.sqrt(1.0 + a) + trust_radius) ** 2) / 2.0
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of three numbers, asked at every step of a run
 def newton_schulz_iterations(trust_radius: float, u_c: float, drift: float = 0.0) -> int:
     """Quintic Newton-Schulz iterations X <- X (15/8 - 5/4 X^T X + 3/8 (X^T X)^2) that bring every
     eigenvalue of X^T X within u_c of 1, started at X_0 = A / sqrt(c), c = newton_schulz_scale(Delta),
@@ -323,6 +325,7 @@ def evaluated_defect(defect, d: int, r: int):
     return defect * (1 + 2 * U64) + (d * U64 / (1 - d * U64)) * r * (1 + defect)
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of five numbers (a fixed-point search), asked at every step of a run
 def frame_drift_bound(d: int, r: int, u_s: float, u_c: float, trust_radius: float) -> float:
     """Bound on ||W^T W - I||_F (evaluated in float64) of a frame computed by the Gram route with
     Newton-Schulz in u_c and stored in u_s, whatever frame it was computed from (the correction
