@@ -1046,11 +1046,19 @@ def replay(recorded: dict, subject: Subject | None = None) -> ReplayOutcome:
 # --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16)
+def _plan(seed: int, dtype_name: str, settings) -> tuple[tuple, tuple]:
+    """grammar.draw_plan, drawn once per process for a seed, dtype and plan: every control walks the
+    plan of its dtype (drawing one, with the feature steering, takes about 0.1 s)."""
+    runs, missing = grammar.draw_plan(seed, dtype_name, settings, rng_for)
+    return tuple(runs), tuple(missing)
+
+
 def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
     """Every run of one dtype's plan against the class: checks, coverage, and a shrunk counterexample
     if the class (not a control) fails."""
     subject = _subject(ctx.optimizer)
-    runs, missing = grammar.draw_plan(ctx.seed, dtype_name, grammar.plan_settings(ctx.profile), rng_for)
+    runs, missing = (list(x) for x in _plan(ctx.seed, dtype_name, grammar.plan_settings(ctx.profile)))
     checks = _new_checks(dtype_name)
     coverage: dict = {}
     stepped, undefined, outcomes = 0, 0, []
@@ -1303,7 +1311,7 @@ def control_part(ctx: Context) -> Evidence:
     if spec.part == "public":
         return public_functions_part(ctx)
     subject = _subject(ctx.optimizer)
-    runs, _ = grammar.draw_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile), rng_for)
+    runs = list(_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile))[0])
     checks = _new_checks(spec.dtype)
     for scenario in runs[1:] + runs[:1]:
         outcome = run_scenario(scenario, ctx.seed, subject, ctx.option("device", "cpu"))

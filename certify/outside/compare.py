@@ -164,12 +164,17 @@ def _claim_lines(claim_id: str, certificate: dict) -> list[str]:
 
 def write_matrix(out_dir: Path, text: str) -> Path:
     """Put the matrix into out_dir/REPORT.md: replace the text between the markers, or append it."""
+    return write_section(out_dir, text, MATRIX_BEGIN, MATRIX_END)
+
+
+def write_section(out_dir: Path, text: str, begin: str, end: str) -> Path:
+    """Put `text` (which starts with `begin` and ends with `end`) into out_dir/REPORT.md: replace what
+    lies between the markers, or append it."""
     path = out_dir / "REPORT.md"
     existing = path.read_text(encoding="utf-8") if path.exists() else "# Certificates\n\n"
-    if MATRIX_BEGIN in existing and MATRIX_END in existing:
-        before, rest = existing.split(MATRIX_BEGIN, 1)
-        after = rest.split(MATRIX_END, 1)[1]
-        updated = before + text.rstrip("\n") + after
+    if begin in existing and end in existing:
+        before, rest = existing.split(begin, 1)
+        updated = before + text.rstrip("\n") + rest.split(end, 1)[1]
     else:
         updated = existing.rstrip("\n") + "\n\n" + text
     path.write_text(updated, encoding="utf-8")

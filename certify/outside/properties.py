@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from certify.outside import adapters, probes
-from certify.outside.compare import label
+from certify.outside.compare import label, write_section
 from propositions import properties
 from propositions._common import to_jsonable
 from propositions.kit import precision as precisions
@@ -146,15 +146,7 @@ def implementation_section(spec: str, record: dict) -> list[str]:
 
 def write(out_dir: Path, text: str) -> Path:
     """Put the matrix into out_dir/REPORT.md: replace the text between the markers, or append it."""
-    path = out_dir / "REPORT.md"
-    existing = path.read_text(encoding="utf-8") if path.exists() else "# Certificates\n\n"
-    if PROPERTIES_BEGIN in existing and PROPERTIES_END in existing:
-        before, rest = existing.split(PROPERTIES_BEGIN, 1)
-        updated = before + text.rstrip("\n") + rest.split(PROPERTIES_END, 1)[1]
-    else:
-        updated = existing.rstrip("\n") + "\n\n" + text
-    path.write_text(updated, encoding="utf-8")
-    return path
+    return write_section(out_dir, text, PROPERTIES_BEGIN, PROPERTIES_END)
 
 
 __all__ = ["HEADERS", "PROPERTIES_BEGIN", "PROPERTIES_END", "cell", "markdown", "matrix_rows", "properties_of", "resolve", "run", "write"]
