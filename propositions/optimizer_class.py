@@ -407,13 +407,17 @@ class ScenarioRun:
 
     # the run --------------------------------------------------------------------------------
 
-    def run(self, checks: dict | None, coverage: dict | None) -> None:
-        """Every op of the scenario; with checks, lock-step comparisons after each step."""
+    def run(self, checks: dict | None, coverage: dict | None, stop=None) -> bool:
+        """Every op of the scenario; with checks, lock-step comparisons after each step. stop: a
+        predicate on the checks, asked after each op; the run ends there when it holds. Returns
+        whether every op ran."""
         with np.errstate(over="ignore", invalid="ignore"):  # the model meets the overflowing gradients too
-            self._run(checks, coverage)
+            return self._run(checks, coverage, stop)
 
-    def _run(self, checks, coverage) -> None:
+    def _run(self, checks, coverage, stop=None) -> bool:
         for op, plan in grammar.walk(self.scenario):
+            if stop is not None and stop(checks):
+                return False
             if coverage is not None:
                 for name in plan.features:
                     coverage[name] = coverage.get(name, 0) + 1
@@ -427,6 +431,7 @@ class ScenarioRun:
                 self._project(op, checks)
             else:
                 self._step(op, plan, checks)
+        return True
 
     def _add_group(self, name: str) -> None:
         self.optimizer.add_param_group(self._group_options(name))
@@ -877,15 +882,18 @@ class RunOutcome:
         return [c.name for c in self.checks.values() if c.samples and not c.passed]
 
 
-def run_scenario(scenario: Scenario, seed: int, subject: Subject | None = None, device: str = "cpu") -> RunOutcome:
-    """One scenario against the subject (default the real class): its checks, coverage and frames stepped."""
+def run_scenario(scenario: Scenario, seed: int, subject: Subject | None = None, device: str = "cpu", stop=None) -> RunOutcome:
+    """One scenario against the subject (default the real class): its checks, coverage and frames
+    stepped. stop: a predicate on the checks (ScenarioRun.run); where it ends the run, the resume
+    check and scenario_completes are not asked (a control's verdict is decided there)."""
     subject = subject or real_subject()
     checks = _new_checks(scenario.dtype)
     coverage = {name: 1 for name in grammar.layout_features(scenario)}
     run = None
     try:
         run = ScenarioRun(scenario, seed, subject, device)
-        run.run(checks, coverage)
+        if not run.run(checks, coverage, stop) or (stop is not None and stop(checks)):
+            return RunOutcome(checks, coverage, run.stepped, run.undefined, None)
         _resume_check(scenario, seed, subject, device, checks["resume"])
         checks["completes"].add([0.0], 0.5)
         raised = None
@@ -1313,11 +1321,17 @@ def control_part(ctx: Context) -> Evidence:
     subject = _subject(ctx.optimizer)
     runs = list(_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile))[0])
     checks = _new_checks(spec.dtype)
+
+    def detected(found: dict) -> bool:
+        return any(c.samples and c.max_ratio >= DETECTION_FACTOR for c in found.values())
+
     for scenario in runs[1:] + runs[:1]:
-        outcome = run_scenario(scenario, ctx.seed, subject, ctx.option("device", "cpu"))
+        # the run stops at the first op after which a check misses by DETECTION_FACTOR: the control's
+        # verdict is decided there, and the rest of the run (its resume check above all) adds nothing
+        outcome = run_scenario(scenario, ctx.seed, subject, ctx.option("device", "cpu"), stop=detected)
         for key, check in outcome.checks.items():
             checks[key].merge(check)
-        if any(c.samples and c.max_ratio >= DETECTION_FACTOR for c in checks.values()):
+        if detected(checks):
             break
     return Evidence(checks=[c for c in checks.values() if c.samples])
 
