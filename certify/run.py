@@ -151,14 +151,20 @@ def _forward_progress(executor, progress: Progress):
 
 def _expected_seconds(path: Path, claim_id: str, profile: str) -> float:
     """How long a claim is expected to take: its last certificate's wall time at this profile, else
-    a large number for a claim that needs an optional package (the torch cross-check), else 0."""
-    try:
-        previous = certificate_format.load(path)
-        if previous["provenance"]["profile"] == profile:
-            return float(certificate_format.run_record(previous)["wall_seconds"])
-    except Exception:  # no usable certificate there: fall back on the claim's kind
-        pass
+    the committed reports/ certificate's (the default profile: the claims' times keep their order
+    across profiles, which is all the schedule needs), else a large number for a claim that needs an
+    optional package (the torch cross-check), else 0."""
+    for candidate, same_profile in ((path, True), (COMMITTED_REPORTS / path.name, False)):
+        try:
+            previous = certificate_format.load(candidate)
+            if previous["provenance"]["profile"] == profile or not same_profile:
+                return float(certificate_format.run_record(previous)["wall_seconds"])
+        except Exception:  # no usable certificate there: fall back on the next
+            pass
     return 1e6 if _requirements(claim_id) else 0.0
+
+
+COMMITTED_REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 class _Recorder:
