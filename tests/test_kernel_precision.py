@@ -30,12 +30,7 @@ import broken_kernels  # noqa: E402
 PROFILE = Profile("planted", frames=700, steps=3, long_run_steps=1000, mp_dps=0, mp_samples=0, control_frames=64)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 def test_the_declaration_names_every_stage_and_the_kernels_dtypes():

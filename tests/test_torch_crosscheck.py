@@ -23,13 +23,7 @@ def _modules_after(statement: str) -> set:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return set(out.stdout.split())
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Small tensors: on a loaded two-core machine an OpenMP team costs milliseconds per op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 SMALL = Profile("small", frames=100, steps=3, long_run_steps=200, mp_dps=0, mp_samples=0)

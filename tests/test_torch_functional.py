@@ -15,12 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch_impl import StiefelAdam, feasibility, functional  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 class _CountProducts(TorchDispatchMode):

@@ -27,13 +27,7 @@ from propositions.crosscheck import (  # noqa: E402
     step_error_bound,
 )
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Small tensors: on a loaded two-core machine an OpenMP team costs milliseconds per op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 # (batch, d, r): (1, 1), r = d, r = 1, two batch axes, a larger frame
