@@ -170,3 +170,25 @@ def test_a_drifted_frame_run_checks_the_projection_and_the_counters():
     assert outcome.failing() == [] and outcome.raised is None
     for name in ("stiefel_project", "clip_grad_norm_finite", "skipped_count", "checkpoint_round_trip", "euclidean_is_adamw"):
         assert outcome.checks[[k for k, c in outcome.checks.items() if c.name == f"bfloat16/{name}"][0]].samples > 0
+
+
+def test_a_control_that_ignores_its_generator_reads_the_same_whatever_ran_before():
+    """certify verify re-runs a certificate in a fresh process: the control whose stiefel_init_ draws
+    from torch's global generator must give the same residual from any global state (the claim seeds
+    that generator from its seed while it draws), and the caller's global state is left as it was."""
+    import torch
+
+    from propositions.kit.protocol import Context
+
+    control = next(c for c in CLAIM.controls if c.name == "init_ignores_generator")
+    residuals = []
+    for before in (0, 5):
+        torch.manual_seed(before)
+        expected_next = torch.randn(3, generator=torch.Generator().manual_seed(before))
+        torch.manual_seed(before)
+        found = control.run(Context(seed=0, profile=get_profile("quick"), optimizer=control.name))
+        assert torch.equal(torch.randn(3), expected_next)  # the global generator restored
+        check = next(c for c in found.checks if c.name == "stiefel_init_reproducible")
+        assert check.max_ratio >= 10
+        residuals.append(check.worst["residual"])
+    assert residuals[0] == residuals[1]
