@@ -22,7 +22,8 @@ How it is checked
     * in float64 over the claim's shape plan, with A a frame plus a perturbation of relative size
       10^U(-12, 0) (a frame that drifted, or one far off), a Gaussian matrix, or a graded matrix
       (singular values from 1 down to 10^-U(0, 8): a route through A^T A has no digit left there),
-      times a power of two in 2^U(-300, 300): X on St(d, r) (`on_manifold`), skew(X^T A) = 0 (`polar_symmetry`, first-order
+      times a power of two in 2^U(-300, 300) or left at its scale, and chunks of frames drifted
+      alike by 10^U(-12, -2) (a stack of frames projected back): X on St(d, r) (`on_manifold`), skew(X^T A) = 0 (`polar_symmetry`, first-order
       optimality), the eigenvalues of sym(X^T A) against the singular values of A (`polar_factor`:
       the symmetric factor is positive definite, second-order optimality), project(X) against X
       (`idempotent`), project(Q A R) against Q project(A) R for Haar Q, R of both determinants
@@ -56,6 +57,10 @@ RELATIVE_PERTURBATION_LOG10 = (-12.0, 0.0)
 SCALE_LOG2 = (-300, 300)
 GAUSSIAN_SHARE = 0.25  # of each chunk: A Gaussian, the rest a frame plus a perturbation or a graded matrix
 GRADED_SHARE = 0.25  # of each chunk: A = W diag(s) V with singular values s from 1 down to 10^-k
+UNSCALED_SHARE = 0.5  # of each chunk: k = 0, matrices at the scale the optimizer hands over (W + xi), where a
+# shortcut for inputs already near a frame would act (2^k for k in SCALE_LOG2 hardly ever leaves one there)
+NEAR_FRAME_CHUNKS = 0.25  # of the chunks: drifted frames only, unscaled
+DRIFT_LOG10 = (-12.0, -2.0)  # their drift: float64 rounding's up to a bfloat16 frame's
 CONDITION_LOG10 = (0.0, 8.0)  # k: conditioning up to 10^8, where a route through A^T A (cond^2 = 1e16,
 # about 1 / u) has no digit left while the SVD route's bounds, which carry cond, stay informative
 
@@ -178,7 +183,10 @@ def _matrices(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarra
     (a GAUSSIAN_SHARE of them) a Gaussian matrix, or (a GRADED_SHARE) a Haar frame times singular
     values graded geometrically from 1 to 10^-k, k ~ U(CONDITION_LOG10), times a Haar O(r) matrix
     (Gaussian and perturbed matrices are well conditioned but for rare draws); each times 2^k, k
-    uniform in SCALE_LOG2."""
+    uniform in SCALE_LOG2, or (an UNSCALED_SHARE) k = 0. A NEAR_FRAME_CHUNKS share of the chunks
+    holds frames drifted by one relative size 10^U(DRIFT_LOG10) only, at k = 0: a projection that
+    treats a batch of near-frames apart (a shortcut taken when every member is close to St) meets
+    one there."""
     W = ref.random_point(d, r, rng, (count,))
     E = rng.standard_normal((count, d, r))
     size = 10.0 ** rng.uniform(*RELATIVE_PERTURBATION_LOG10, size=count)
@@ -189,6 +197,12 @@ def _matrices(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarra
     A = np.where((kind < GAUSSIAN_SHARE)[:, None, None], E,
                  np.where((kind < GAUSSIAN_SHARE + GRADED_SHARE)[:, None, None], graded, perturbed))
     exponent = rng.integers(SCALE_LOG2[0], SCALE_LOG2[1] + 1, size=count)
+    exponent = np.where(rng.random(count) < UNSCALED_SHARE, 0, exponent)
+    if rng.random() < NEAR_FRAME_CHUNKS:
+        # the whole batch frames drifted alike (one size per chunk, as the frames of one dtype drift),
+        # unscaled, as a user projects a stack of them back
+        drift = 10.0 ** rng.uniform(*DRIFT_LOG10)
+        return W + E * (drift * math.sqrt(r) / np.linalg.norm(E, axis=(-2, -1)))[:, None, None]
     return A * np.ldexp(1.0, exponent)[:, None, None]
 
 
@@ -257,10 +271,10 @@ def chunk_checks(chunk, seed: int, name: str, prefix: str) -> Evidence:
         eigenvalues = _eigenvalues((XtA + np.swapaxes(XtA, -1, -2)) / 2.0)
         checks["factor"].add(np.max(np.abs(eigenvalues - singular), axis=-1), factor_bound(d, r, A_2, A_F, cond),
                              shape=(d, r), key=key, seed=seed)
-        usable = defect < 0.5  # idempotence of a frame: asked of outputs that are frames
+        usable = defect < 0.5  # idempotence of a frame: asked of outputs that are frames (a NaN defect is not)
         again = _applied(project, X, errors)
         checks["idempotent"].add(np.where(usable, np.linalg.norm(again - X, axis=(-2, -1)), np.inf),
-                                 idempotent_bound(d, r, np.minimum(defect, 0.5)), shape=(d, r), key=key, seed=seed)
+                                 idempotent_bound(d, r, np.where(usable, defect, 0.5)), shape=(d, r), key=key, seed=seed)
         Q, R = ref.random_orthogonal(d, rng, (count,)), ref.random_orthogonal(r, rng, (count,))
         moved = _applied(project, Q @ A @ R, errors) - Q @ X @ R
         checks["equivariance"].add(np.linalg.norm(moved, axis=(-2, -1)), equivariance_bound(d, r, A_F, sigma_min, cond),

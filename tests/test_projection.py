@@ -44,7 +44,21 @@ def _unscaled_qr(A):
     return np.linalg.qr(A)[0]
 
 
-@pytest.mark.parametrize("broken", [_eigh_polar, _transposed_factor, _one_newton_step, _unscaled_qr])
+_polar = ref.project_to_manifold
+
+
+def _near_frames_kept(A):
+    """A batch whose every member is already close to St returned as it is (a shortcut)."""
+    close = np.allclose(np.swapaxes(A, -1, -2) @ A, np.eye(A.shape[-1]), atol=1e-6)
+    return A if close else _polar(A)
+
+
+def _float32_polar(A):
+    """The polar factor computed in float32 (overflows at the large scales, loses digits at all)."""
+    return _polar(A.astype(np.float32)).astype(np.float64)
+
+
+@pytest.mark.parametrize("broken", [_eigh_polar, _transposed_factor, _one_newton_step, _unscaled_qr, _near_frames_kept, _float32_polar])
 def test_a_wrong_project_to_manifold_fails(monkeypatch, broken):
     monkeypatch.setattr(ref, "project_to_manifold", broken)
     evidence = projection.projection_checks(2, get_profile("quick"), frames=400)
