@@ -207,6 +207,8 @@ def _finite_points(xs, ys, logx: bool, logy: bool) -> tuple[list[float], list[fl
 
 
 def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
+    from matplotlib.ticker import LogFormatter
+
     figure = Figure(figsize=(6.4, 4.0))
     figure.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.9)
     axes = figure.subplots()
@@ -216,10 +218,13 @@ def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
         xs, ys = _finite_points(series["x"], series["y"], logx, logy)
         axes.plot(xs, ys, marker="o", markersize=3, label=series.get("label"))
         labelled = labelled or bool(series.get("label"))
+    # log axes labelled as plain text (10^-3 drawn by mathtext cost a quarter of the drawing time)
     if logx:
         axes.set_xscale("log")
+        axes.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
     if logy:
         axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
     axes.set_xlabel(str(entry.get("xlabel", "")))
     axes.set_ylabel(str(entry.get("ylabel", "")))
     axes.set_title(str(entry.get("title", name)))
