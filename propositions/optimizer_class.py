@@ -256,26 +256,66 @@ class _Frames:
         self.t = np.zeros(count, dtype=np.int64)
 
     def step(self, indices, G: np.ndarray, config, dtype_name: str) -> list:
-        """Step frames `indices` from the model's inputs; returns (indices, W_ref, m_ref, v_ref, bounds) per count."""
+        """Step frames `indices` from the model's inputs; returns, per count, (indices, W_ref, state_ref,
+        moment, q, rounding, inputs): the reference step and what its bound is evaluated from
+        (_PendingBounds evaluates the bounds of many steps at once)."""
         d, r = self.W.shape[-2:]
         results = []
         indices = np.asarray(indices, dtype=np.int64)
+        rounding = step_analysis.kernel_rounding(dtype_name, config.trust_radius, d, r)
         for t in sorted(set(self.t[indices].tolist())):
             chosen = indices[self.t[indices] == t]
             state = ref.StiefelAdamState(m=self.m[chosen], v=self.v[chosen], t=int(t))
             q = reference_quantities(self.W[chosen], G[chosen], state, config)
             W_ref, state_ref = ref.step(self.W[chosen], G[chosen], state, config)
-            rounding = step_analysis.kernel_rounding(dtype_name, config.trust_radius, d, r)
             transport = transport_roundoff(d, r, rounding.u_c, self.moment_in[chosen])
-            bound = step_error_bound(d, r, config, q, rounding, kernel_inputs(rounding, r, q, transport))
             moment = reference_moment(self.W[chosen], G[chosen], state, config)
-            results.append((chosen, W_ref, state_ref, moment, bound))
+            results.append((chosen, W_ref, state_ref, moment, q, rounding, kernel_inputs(rounding, r, q, transport)))
         return results
 
     def advance(self, chosen, W_ref, state_ref, moment) -> None:
         self.W[chosen], self.m[chosen], self.v[chosen] = W_ref, state_ref.m, state_ref.v
         self.t[chosen] += 1
         self.moment_in[chosen] = moment
+
+
+class _PendingBounds:
+    """The W, m and v samples of the steps since the last settle, with what their bounds are evaluated
+    from. step_error costs the same for one frame as for hundreds (a few hundred small array
+    operations), and a run steps a few frames at a time, so the bounds of all pending steps that share
+    (d, r, settings, rounding) are evaluated in one call when the run settles (at its end; after every
+    op when a stop predicate watches the checks). Elementwise, the same numbers as one call per step."""
+
+    QUANTITIES = ("G", "g", "m_old", "m", "v_old", "v", "t", "xi_unclipped", "xi", "A", "A_2", "sigma_min")
+
+    def __init__(self):
+        self.groups: dict = {}
+
+    def add(self, key: tuple, q: dict, inputs, residuals: dict, extra: dict, frames) -> None:
+        self.groups.setdefault(key, []).append((q, inputs, residuals, extra, frames))
+
+    def settle(self, batch: "_Batch", undefined: list) -> None:
+        """Every pending sample into `batch`, with its bound; frames whose step is not well posed at the
+        kernel's rounding (docs/algorithm.md#pitfalls) get no W or m sample and go to `undefined`."""
+        for (d, r, config, rounding), items in self.groups.items():
+            sizes = [len(frames) for *_, frames in items]
+            spread = lambda x, n: np.broadcast_to(np.asarray(x, dtype=np.float64), (n,))  # noqa: E731
+            q = {name: np.concatenate([spread(item[0][name], n) for item, n in zip(items, sizes)]) for name in self.QUANTITIES}
+            inputs = step_analysis.InputErrors(**{field_name: np.concatenate([spread(getattr(item[1], field_name), n) for item, n in zip(items, sizes)])
+                                                  for field_name in ("W", "G_rel", "m", "v")})
+            bound = step_error_bound(d, r, config, q, rounding, inputs)
+            offset = 0
+            for (_, _, residuals, extra, frames), n in zip(items, sizes):
+                part = slice(offset, offset + n)
+                offset += n
+                posed = np.asarray(bound["well_posed"][part], dtype=bool)
+                if posed.any():
+                    batch.add("W", residuals["W"][posed], bound["W"][part][posed], extra)
+                    batch.add("m", residuals["m"][posed], bound["m"][part][posed], extra)
+                for k in np.asarray(frames)[~posed]:  # no bound where sqrt(v^) + eps is not above its error
+                    undefined.append({**{k_: v_ for k_, v_ in extra.items() if k_ != "frames"}, "frame": int(k)})
+                batch.add("v", residuals["v"], bound["v"][part], extra)
+        self.groups = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,6 +380,7 @@ class ScenarioRun:
         self.optimizer = self._build(self.active)
         self.twin, self.twin_params = self._build_twin()
         self.undefined: list = []
+        self.pending = _PendingBounds()
 
     # construction -------------------------------------------------------------------------
 
@@ -415,9 +456,25 @@ class ScenarioRun:
             return self._run(checks, coverage, stop)
 
     def _run(self, checks, coverage, stop=None) -> bool:
+        try:
+            return self._ops(checks, coverage, stop)
+        finally:
+            self.settle(checks)
+
+    def settle(self, checks) -> None:
+        """The pending steps' samples into the checks (_PendingBounds)."""
+        if checks is None or not self.pending.groups:
+            return
+        batch = _Batch()
+        self.pending.settle(batch, self.undefined)
+        batch.flush(checks, self.seed, self.key)
+
+    def _ops(self, checks, coverage, stop=None) -> bool:
         for op, plan in grammar.walk(self.scenario):
-            if stop is not None and stop(checks):
-                return False
+            if stop is not None:
+                self.settle(checks)
+                if stop(checks):
+                    return False
             if coverage is not None:
                 for name in plan.features:
                     coverage[name] = coverage.get(name, 0) + 1
@@ -727,15 +784,11 @@ class ScenarioRun:
         W_new = _to_numpy(p).reshape(-1, d, r)
         m_new = _to_numpy(self.subject.transported_moment(p.detach().to(state["exp_avg"].dtype), state["exp_avg"])).reshape(-1, d, r)
         v_new = _to_numpy(state["exp_avg_sq"]).reshape(-1)
-        for chosen, W_ref, state_ref, moment, bound in model.step(stepping, G_frames, config, self.dtype_name):
-            posed = np.asarray(bound["well_posed"], dtype=bool)
-            frames_extra = {**extra, "frames": chosen.tolist(), "t": int(state_ref.t)}
-            if posed.any():
-                batch.add("W", ref.frobenius(W_new[chosen] - W_ref)[posed], bound["W"][posed], frames_extra)
-                batch.add("m", ref.frobenius(m_new[chosen] - state_ref.m)[posed], bound["m"][posed], frames_extra)
-            for k in chosen[~posed]:  # no bound where sqrt(v^) + eps is not above its error (docs/algorithm.md#pitfalls)
-                self.undefined.append({**extra, "frame": int(k)})
-            batch.add("v", np.abs(v_new[chosen] - state_ref.v), bound["v"], frames_extra)
+        for chosen, W_ref, state_ref, moment, q, rounding, inputs in model.step(stepping, G_frames, config, self.dtype_name):
+            residuals = {"W": ref.frobenius(W_new[chosen] - W_ref), "m": ref.frobenius(m_new[chosen] - state_ref.m),
+                         "v": np.abs(v_new[chosen] - state_ref.v)}
+            self.pending.add((d, r, config, rounding), q, inputs, residuals,
+                             {**extra, "frames": chosen.tolist(), "t": int(state_ref.t)}, chosen)
             model.advance(chosen, W_ref, state_ref, moment)
             self.stepped += len(chosen)
 
