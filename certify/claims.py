@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import importlib.util
 import shlex
 import math
 import platform
+import sys
 import time
 import traceback
 import warnings
@@ -78,12 +80,16 @@ def default_options(claim_id: str) -> dict:
 
 
 def torch_available() -> bool:
-    """Whether `import torch` works here (imports it: only on the paths that need torch)."""
+    """Whether torch is installed here. Found, not imported: importing it takes longer than a small
+    claim, and the claims that use it import it in their own worker process, where an installation
+    that is found but cannot be imported makes that claim fail with the import's error instead of
+    being skipped as not installed."""
+    if "torch" in sys.modules:
+        return True
     try:
-        import torch  # noqa: F401
-    except Exception:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
         return False
-    return True
 
 
 def cuda_available() -> bool:

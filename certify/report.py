@@ -227,7 +227,8 @@ def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
         axes.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
     axes.set_xlabel(str(entry.get("xlabel", "")))
     axes.set_ylabel(str(entry.get("ylabel", "")))
-    axes.set_title(str(entry.get("title", name)))
+    # the title at a fixed height: matplotlib's automatic placement measures every tick label first
+    axes.set_title(str(entry.get("title", name)), y=1.0, pad=6)
     axes.grid(True, alpha=0.3)
     if labelled:
         axes.legend(fontsize="small")
@@ -306,7 +307,7 @@ def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: s
         axes.set_xlim(-1.0, 1.0)
         axes.text(0.5, 0.5, "every residual is exactly 0", transform=axes.transAxes, ha="center")
     axes.set_ylabel("fraction of samples")
-    axes.set_title(title)
+    axes.set_title(title, y=1.0, pad=6)
     axes.grid(True, alpha=0.3)
     if labelled > 1:
         # below the axes, one line per check, so that the legend never hides a histogram
