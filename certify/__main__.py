@@ -1,5 +1,5 @@
 """`python -m certify` is the console script `certify`."""
 
-from certify.cli import main
+from certify.cli import console
 
-raise SystemExit(main())
+console()

@@ -411,5 +411,28 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def console() -> None:
+    """The console script `certify` and `python -m certify`: main(), then the process ends without
+    the interpreter's teardown, which frees the modules of sympy, scipy and matplotlib object by
+    object (about a second after the summary line of `certify all`). The exit handlers run and the
+    standard streams are flushed first, as at an ordinary exit; with a thread still running (none is
+    expected: the pool and the progress thread are joined) the ordinary exit waits for it."""
+    code = main()
+    import atexit
+    import os
+    import threading
+
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if threading.active_count() > 1 or run_exit_handlers is None:
+        raise SystemExit(code)
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (certify all | head): nothing more can be written
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console()

@@ -495,6 +495,16 @@ def test_console_script_never_prints_a_traceback(tmp_path):
         assert len(completed.stderr.strip().splitlines()) == 1
 
 
+def test_console_script_output_is_complete_through_a_pipe():
+    """console() ends the process without the interpreter's teardown: what main printed is all
+    there, and the exit code is main's."""
+    completed = subprocess.run([sys.executable, "-m", "certify", "list"], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    in_process = subprocess.run([sys.executable, "-c", "import sys; from certify.cli import main; sys.exit(main(['list']))"],
+                                capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
+    assert completed.stdout == in_process.stdout and completed.stdout.strip()
+
+
 def test_rich_table_and_progress_on_a_terminal(registry, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")  # rich then treats stdout as a terminal
     monkeypatch.setenv("COLUMNS", "200")

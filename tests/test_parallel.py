@@ -387,3 +387,26 @@ def _signal_then_wait(inside: str, done: str) -> int:
     _EVENTS[inside].set()
     assert _EVENTS[done].wait(10)
     return 1
+
+
+def _register_exit_marker(path: str) -> int:
+    import atexit
+
+    atexit.register(lambda: open(path, "a").write("handler ran\n"))
+    return os.getpid()
+
+
+def test_pool_workers_run_their_exit_handlers_and_end_with_code_0(tmp_path):
+    """Workers end without the interpreter's teardown (execution._WorkerProcess): the exit handlers
+    that tasks registered still run, and the exit code is 0."""
+    from certify import execution
+
+    pool = execution.Pool(2)
+    markers = [str(tmp_path / f"marker{i}") for i in range(4)]
+    outcomes = pool.run(_register_exit_marker, [((m,), {}) for m in markers], lambda done: None)
+    processes = list(pool._executor()._processes.values())
+    pool.close()
+    assert all(outcome.error is None for outcome in outcomes)
+    assert [p.exitcode for p in processes] == [0] * len(processes)
+    ran = [m for m in markers if os.path.exists(m)]
+    assert len(ran) == len(markers), ran
