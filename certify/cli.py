@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console() -> None:
-    """The console script `certify` and `python -m certify`: main(), then the process ends without
+    """The console script `certify`: main(), then the process ends without
     the interpreter's teardown, which frees the modules of sympy, scipy and matplotlib object by
     object (about a second after the summary line of `certify all`). The exit handlers run and the
     standard streams are flushed first, as at an ordinary exit; with a thread still running (none is
@@ -435,4 +435,4 @@ def console() -> None:
 
 
 if __name__ == "__main__":
-    console()
+    raise SystemExit(main())

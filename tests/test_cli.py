@@ -498,8 +498,11 @@ def test_console_script_never_prints_a_traceback(tmp_path):
 def test_console_script_output_is_complete_through_a_pipe():
     """console() ends the process without the interpreter's teardown: what main printed is all
     there, and the exit code is main's."""
-    completed = subprocess.run([sys.executable, "-m", "certify", "list"], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
+    console = "import sys; from certify.cli import console; sys.argv[1:] = {!r}; console()"
+    completed = subprocess.run([sys.executable, "-c", console.format(["list"])], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
     assert completed.returncode == 0, completed.stderr
+    refused = subprocess.run([sys.executable, "-c", console.format(["run", "P0"])], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
+    assert refused.returncode == 2 and "P0" in refused.stderr
     in_process = subprocess.run([sys.executable, "-c", "import sys; from certify.cli import main; sys.exit(main(['list']))"],
                                 capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
     assert completed.stdout == in_process.stdout and completed.stdout.strip()
