@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 
 from propositions._common import NumericalCheck, get_profile
@@ -101,3 +102,24 @@ def test_the_symbolic_tier_is_derived_once_per_process_and_copied():
     first.steps[0].reduced = False
     assert protocol.derive_symbolic(symbolic).steps[0].reduced  # a copy: the cache is not touched
     assert protocol.derive_symbolic(Symbolic("none: not applicable")).status == "not_applicable"
+
+
+def test_numerical_check_copy_shares_nothing_mutable():
+    """NumericalCheck.__deepcopy__ copies its pools as lists (copy.deepcopy memoised them float by
+    float): every field equal, no list, dict or array shared, and the copy goes on independently."""
+    import copy
+    import dataclasses
+
+    check = NumericalCheck("c", "d", "b")
+    check.add(np.linspace(0.1, 0.9, 500), 1.0, shape=(3, 2), key=("k", 1), seed=0, extra={"where": [1, 2]})
+    twin = copy.deepcopy(check)
+    for spec in dataclasses.fields(check):
+        mine, theirs = getattr(check, spec.name), getattr(twin, spec.name)
+        if isinstance(mine, np.ndarray):
+            assert np.array_equal(mine, theirs) and mine is not theirs, spec.name
+        else:
+            assert mine == theirs, spec.name
+            assert not isinstance(mine, (list, dict, set)) or mine is not theirs, spec.name
+    twin.worst["where"].append(3)
+    twin.add([2.0], 1.0)
+    assert check.worst["where"] == [1, 2] and check.samples == 500 and check.max_ratio < 1

@@ -26,6 +26,7 @@ Conventions that keep every certificate honest and reproducible:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -341,6 +342,20 @@ class NumericalCheck:
             self._max_ratio = other._max_ratio
             self.worst = None if other.worst is None else dict(other.worst)
         return self
+
+    def __deepcopy__(self, memo: dict) -> "NumericalCheck":
+        """A copy that shares nothing mutable with self. The pools hold up to QUANTILE_POOL_SIZE
+        floats each, which copy.deepcopy would memoise one by one (most of the time of merging a
+        claim's chunks): they, the sum terms and the shapes are copied as lists of immutable values."""
+        twin = copy.copy(self)
+        memo[id(self)] = twin
+        twin.shapes = [list(shape) for shape in self.shapes]
+        twin._sum_terms = list(self._sum_terms)
+        twin._ratio_hist = self._ratio_hist.copy()
+        twin._quantile_pool = list(self._quantile_pool)
+        twin._ratio_pool = list(self._ratio_pool)
+        twin.worst = copy.deepcopy(self.worst, memo)
+        return twin
 
     @property
     def max_ratio(self) -> float:
