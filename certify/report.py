@@ -207,7 +207,7 @@ def _finite_points(xs, ys, logx: bool, logy: bool) -> tuple[list[float], list[fl
 
 
 def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
-    from matplotlib.ticker import LogFormatter
+    from matplotlib.ticker import LogFormatter, NullLocator
 
     figure = Figure(figsize=(6.4, 4.0))
     figure.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.9)
@@ -222,9 +222,11 @@ def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
     if logx:
         axes.set_xscale("log")
         axes.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+        axes.xaxis.set_minor_locator(NullLocator())
     if logy:
         axes.set_yscale("log")
         axes.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+        axes.yaxis.set_minor_locator(NullLocator())
     axes.set_xlabel(str(entry.get("xlabel", "")))
     axes.set_ylabel(str(entry.get("ylabel", "")))
     # the title at a fixed height: matplotlib's automatic placement measures every tick label first
@@ -232,7 +234,7 @@ def _draw_line(Figure, entry: dict, name: str, path: Path) -> None:
     axes.grid(True, alpha=0.3)
     if labelled:
         axes.legend(fontsize="small")
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, pil_kwargs={"compress_level": 3})
 
 
 def _zeros(histogram: dict) -> int:
@@ -278,7 +280,7 @@ def _occupied_range(histograms: list[tuple[str | None, dict]]) -> tuple[float, f
 
 
 def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: str, xlabel: str, path: Path) -> None:
-    from matplotlib.ticker import LogFormatter
+    from matplotlib.ticker import LogFormatter, NullLocator
 
     labelled = sum(1 for label, _ in histograms if label)
     # the figure is sized to its legend (one line per check below the axes) instead of measured by
@@ -303,6 +305,7 @@ def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: s
         # plain text: mathtext's parser was a third of the drawing time)
         axes.set_yscale("log")
         axes.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+        axes.yaxis.set_minor_locator(NullLocator())
     else:  # every residual is exactly 0: nothing to draw on a log axis, the legend counts them
         axes.set_xlim(-1.0, 1.0)
         axes.text(0.5, 0.5, "every residual is exactly 0", transform=axes.transAxes, ha="center")
@@ -315,7 +318,7 @@ def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: s
                     borderaxespad=0.0, borderpad=0.0, labelspacing=0.3)
     else:
         axes.legend(fontsize="x-small")
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, pil_kwargs={"compress_level": 3})
 
 
 LEGEND_LINE = 0.14  # inches per legend line at fontsize x-small (7 pt) with labelspacing 0.3
