@@ -92,8 +92,7 @@ CLAIM_IDS = "{the claim ids}"
 
 class _ClaimIdsFormatter(argparse.HelpFormatter):
     """Writes the claim ids into a help text (CLAIM_IDS) when the help is printed: listing them
-    imports every claim module, over a second that no other use of the parser needs (`certify all`
-    starts its worker processes meanwhile)."""
+    imports every claim module, over a second that no other use of the parser needs."""
 
     def _get_help_string(self, action):
         text = super()._get_help_string(action)

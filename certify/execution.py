@@ -89,16 +89,6 @@ class _WorkerContext(multiprocessing.context.SpawnContext):
     Process = _WorkerProcess
 
 
-def _import_quietly(modules: tuple[str, ...]) -> None:
-    import importlib
-
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the task that needs the module reports why it cannot be imported
-            pass
-
-
 def _limit_worker_blas_threads() -> None:
     limit_blas_threads()  # for the life of the worker process
 
@@ -182,16 +172,6 @@ class Pool:
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.terminate()
             pool.shutdown(wait=False, cancel_futures=True)
-
-    def warm_up(self, modules: tuple[str, ...]) -> None:
-        """Start the worker processes now, each importing `modules` while this process goes on
-        (the tasks submitted later queue behind): `certify all` calls it before it loads the claims
-        itself, so that the workers' imports (torch and sympy: about 4 s of CPU each) use the core
-        that this process's own start leaves idle. A module that cannot be imported is left to the
-        task that needs it to report."""
-        pool = self._executor()
-        for _ in range(self.workers):
-            pool.submit(_import_quietly, tuple(modules))
 
     def submit_each(self, fn, calls, on_done, label: str = "") -> None:
         pool = self._executor()

@@ -312,15 +312,7 @@ def _options_for(claim_id: str) -> dict:
         return {}
 
 
-# What every worker of `certify all` imports, whichever claims it runs: started before this process
-# loads the claims (execution.Pool.warm_up).
-WORKER_MODULES = ("numpy", "scipy.linalg", "sympy", "propositions.kit.step_analysis", "torch", "torch._dynamo", "torch_impl")
-
-
 def command_all(args, out: Output, command: str) -> int:
-    executor = parallel.current()
-    if hasattr(executor, "warm_up"):
-        executor.warm_up(WORKER_MODULES)
     notes: list[str] = []
     # claims that need an optional package (torch) run last, so that the environment of the others
     # records such a package only if they used it
