@@ -279,6 +279,15 @@ class _Frames:
         self.moment_in[chosen] = moment
 
 
+def _joined(values: list, sizes: list) -> np.ndarray:
+    """Per-frame values of several steps in one array: a step's scalar (its t, a unit roundoff) is
+    repeated for each of its frames."""
+    if all(np.ndim(value) == 0 for value in values):
+        return np.repeat(np.asarray(values, dtype=np.float64), sizes)
+    return np.concatenate([np.full(n, value, dtype=np.float64) if np.ndim(value) == 0 else np.asarray(value, dtype=np.float64).reshape(n)
+                           for value, n in zip(values, sizes)])
+
+
 class _PendingBounds:
     """The W, m and v samples of the steps since the last settle, with what their bounds are evaluated
     from. step_error costs the same for one frame as for hundreds (a few hundred small array
@@ -299,9 +308,8 @@ class _PendingBounds:
         kernel's rounding (docs/algorithm.md#pitfalls) get no W or m sample and go to `undefined`."""
         for (d, r, config, rounding), items in self.groups.items():
             sizes = [len(frames) for *_, frames in items]
-            spread = lambda x, n: np.broadcast_to(np.asarray(x, dtype=np.float64), (n,))  # noqa: E731
-            q = {name: np.concatenate([spread(item[0][name], n) for item, n in zip(items, sizes)]) for name in self.QUANTITIES}
-            inputs = step_analysis.InputErrors(**{field_name: np.concatenate([spread(getattr(item[1], field_name), n) for item, n in zip(items, sizes)])
+            q = {name: _joined([item[0][name] for item in items], sizes) for name in self.QUANTITIES}
+            inputs = step_analysis.InputErrors(**{field_name: _joined([getattr(item[1], field_name) for item in items], sizes)
                                                   for field_name in ("W", "G_rel", "m", "v")})
             bound = step_error_bound(d, r, config, q, rounding, inputs)
             offset = 0
