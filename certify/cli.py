@@ -404,7 +404,8 @@ def make_executor(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit code (0 pass, 1 fail, 2 usage/input)."""
+    """Entry point of the console script; returns the exit code (0 pass, 1 fail, 2 usage/input, 130
+    interrupted, 141 standard output closed by its reader)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
@@ -418,9 +419,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         error_line("interrupted")
         return 130
+    except BrokenPipeError:
+        # the reader of standard output went away (certify all | head): stop as a pipeline stage
+        # killed by SIGPIPE does, quietly and with its exit code; what is still buffered for the
+        # closed pipe goes nowhere instead of failing once more at exit
+        _discard_standard_output()
+        return 128 + 13
     except Exception as error:  # a bug here must still not end in a traceback
         error_line(f"internal error: {claims.describe_error(error)}")
         return 1
+
+
+def _discard_standard_output() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture): nothing buffered there
+        pass
 
 
 def console() -> None:

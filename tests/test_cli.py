@@ -508,6 +508,17 @@ def test_console_script_output_is_complete_through_a_pipe():
     assert completed.stdout == in_process.stdout and completed.stdout.strip()
 
 
+def test_closed_standard_output_ends_quietly_with_141():
+    """`certify list | head -0`: the reader is gone before the first line; no 'internal error', the
+    exit code of a pipeline stage stopped by SIGPIPE."""
+    console = "import sys; from certify.cli import console; sys.argv[1:] = ['list']; console()"
+    child = subprocess.Popen([sys.executable, "-c", console], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT_ROOT)
+    child.stdout.close()  # no reader: the first write fails with EPIPE
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 141, err
+    assert b"internal error" not in err and b"Traceback" not in err
+
+
 def test_rich_table_and_progress_on_a_terminal(registry, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")  # rich then treats stdout as a terminal
     monkeypatch.setenv("COLUMNS", "200")
