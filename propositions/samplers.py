@@ -73,7 +73,6 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
-from scipy import stats
 
 from reference_impl import VARIANTS, manifold, manifold_tolerance
 from reference_impl.manifold import haar_from_gaussian
@@ -307,12 +306,20 @@ def _neighbours(values: np.ndarray, storage: str) -> tuple[np.ndarray, np.ndarra
     return below, above
 
 
+def _stats():
+    """scipy.stats, imported where a test runs: it takes half a second, which every process that
+    loads the claims (the command's own, to list them) would otherwise pay."""
+    from scipy import stats
+
+    return stats
+
+
 def rounded_cdfs(values: np.ndarray, d: int, storage: str):
     """The law of W_ij^2 when W_ij is stored in `storage` (round to nearest): at a stored value a,
     P(round(W)^2 <= a^2) = F(((a + next(a)) / 2)^2) and P(round(W)^2 < a^2) = F(((a + previous(a)) / 2)^2),
     F the Beta(1/2, (d-1)/2) CDF of the exact W_ij^2 (the rounding is monotone and symmetric in W_ij).
     Returns (F at, F below) for values = stored W_ij (any sign)."""
-    beta = stats.beta(0.5, (d - 1) / 2.0).cdf
+    beta = _stats().beta(0.5, (d - 1) / 2.0).cdf
     a = np.abs(np.asarray(values, dtype=np.float64))
     below, above = _neighbours(a, storage)
     at = beta(np.minimum(((a + above) / 2.0) ** 2, 1.0))
@@ -340,7 +347,7 @@ def ks_residual(values: np.ndarray, cdf, cdf_below=None) -> tuple[float, float]:
     F_below = F if cdf_below is None else cdf_below(ordered)
     steps = np.arange(1, n + 1) / n
     D = float(max(np.max(steps - F), np.max(F_below - (steps - 1.0 / n))))
-    pvalue = float(stats.kstwo.sf(D, n))
+    pvalue = float(_stats().kstwo.sf(D, n))
     if pvalue > 0:
         return max(0.0, -math.log10(pvalue)), D
     # Massart (1990): P(sup |F_N - F| >= D) <= 2 exp(-2 N D^2)
@@ -355,7 +362,7 @@ def sign_residual(positive: np.ndarray) -> tuple[float, float]:
     """
     n, k = int(positive.size), int(np.count_nonzero(positive))
     share = k / n
-    pvalue = min(1.0, 2.0 * float(stats.binom.cdf(min(k, n - k), n, 0.5)))
+    pvalue = min(1.0, 2.0 * float(_stats().binom.cdf(min(k, n - k), n, 0.5)))
     if pvalue > 0:
         return max(0.0, -math.log10(pvalue)), share
     # Chernoff-Hoeffding: P(|K - n/2| >= |k - n/2|) <= 2 exp(-n KL(k/n || 1/2))
@@ -473,7 +480,7 @@ def _shape_statistics(sampler: Sampler, shape, seed: int, samples: int, prefix: 
 def _entry_test(entries: np.ndarray, d: int, storage: str) -> tuple[float, float]:
     """KS test of squared entries against Beta(1/2, (d-1)/2), or against its law after rounding to storage."""
     if storage == "float64":
-        return ks_residual(entries**2, stats.beta(0.5, (d - 1) / 2.0).cdf)
+        return ks_residual(entries**2, _stats().beta(0.5, (d - 1) / 2.0).cdf)
     # the order of entries**2 is the order of |entries|: rounded_cdfs reads the stored values back
     order = np.argsort(np.abs(entries))
     at, under = rounded_cdfs(entries[order], d, storage)
