@@ -192,3 +192,50 @@ def test_a_control_that_ignores_its_generator_reads_the_same_whatever_ran_before
         assert check.max_ratio >= 10
         residuals.append(check.worst["residual"])
     assert residuals[0] == residuals[1]
+
+
+def test_pending_bounds_are_the_bounds_of_each_step():
+    """_PendingBounds.settle evaluates the bounds of many steps in one step_error call: each step's
+    samples must meet the bound that its own evaluation gives, in its own order and with its own
+    extra. The steps here have different counts (t = 1, 2, 3 in one settle: the frames stepped
+    earlier are ahead), and a frame with a zero gradient at eps = 0 (v^ = 0, the step exactly 0)."""
+    import numpy as np
+
+    import reference_impl as ref
+    from propositions.kit.kernel_bounds import step_error_bound
+    from propositions.optimizer_class import _Batch, _Frames, _PendingBounds
+
+    rng = np.random.default_rng(5)
+    d, r = 5, 2
+    frames = _Frames(ref.random_point(d, r, rng, batch=(4,)))
+    config = ref.StiefelAdamConfig(lr=0.01, betas=(0.9, 0.999), eps=0.0, trust_radius=0.5)
+    pending, expected = _PendingBounds(), []
+    for step, stepping in enumerate(([0, 1], [0, 1, 2], [0, 1, 2, 3])):
+        G = rng.standard_normal((4, d, r))
+        G[3] = 0.0  # frame 3: g = 0, v^ = 0, exactly still
+        for chosen, W_ref, state_ref, moment, q, rounding, inputs in frames.step(stepping, G, config, "bfloat16"):
+            own = step_error_bound(d, r, config, q, rounding, inputs)
+            residuals = {name: rng.random(len(chosen)) for name in ("W", "m", "v")}
+            extra = {"step": step, "frames": chosen.tolist(), "t": int(state_ref.t)}
+            pending.add((d, r, config, rounding), q, inputs, residuals, extra, chosen)
+            expected.append((own, residuals, extra, chosen))
+            frames.advance(chosen, W_ref, state_ref, moment)
+    assert sorted({e[2]["t"] for e in expected}) == [1, 2, 3]
+    batch, undefined = _Batch(), []
+    pending.settle(batch, undefined)
+    entries = {name: list(batch.samples[name]) for name in ("W", "m", "v")}
+    not_posed = []
+    for own, residuals, extra, chosen in expected:
+        posed = np.asarray(own["well_posed"], dtype=bool)
+        names = ("W", "m", "v") if posed.any() else ("v",)
+        for name in names:
+            residual, bound, found_extra = entries[name].pop(0)
+            keep = posed if name != "v" else np.ones_like(posed)
+            assert found_extra is extra
+            np.testing.assert_array_equal(residual, residuals[name][keep])
+            # the same evaluation but for beta^t, an array power here and a scalar one per step (one ulp
+            # apart for a few t); through the stages that moves a bound by a few ulps, far below 1e-12
+            np.testing.assert_allclose(bound, own[name][keep], rtol=1e-12, atol=0)
+        not_posed += [int(k) for k in np.asarray(chosen)[~posed]]
+    assert all(not rest for rest in entries.values())
+    assert [u["frame"] for u in undefined] == not_posed
