@@ -777,11 +777,13 @@ def attainment_part(ctx: Context) -> Evidence:
     bound of the one analysis, per storage dtype, against the kernel's own evaluation of that stage,
     searched over inputs; the largest residual/bound found is recorded per stage and dtype, and every
     searched sample must be within its bound (check stage_bounds_hold). The running trajectory bound
-    is searched step by step on short trajectories."""
-    check = NumericalCheck("stage_bounds_hold", "each stage of the kernel's step on searched inputs (kernel_attainment) against "
-                           "its stage bound at the declared precision, float32 and bfloat16",
-                           "the stage bounds of step_analysis and bounds (cited by the lock-step checks), each at its declared "
-                           "unit roundoff, at the exact quantities of the searched input", tightness_note=tightness.WORST_CASE_SUMS)
+    is searched step by step on short trajectories (kernel_attainment.RUNNING_SEARCHES), and each
+    searched step must be within it too."""
+    check = NumericalCheck("stage_bounds_hold", "each stage of the kernel's step, and its running trajectory bound, on searched "
+                           "inputs (kernel_attainment) against its bound at the declared precision, float32 and bfloat16",
+                           "the stage bounds of step_analysis and bounds (cited by the lock-step checks) and the running bound "
+                           "trajectory_rounding_bound, each at its declared unit roundoffs, at the exact quantities of the "
+                           "searched input", tightness_note=tightness.WORST_CASE_SUMS)
     ratios = {}
     for stage in kernel_attainment.STAGE_SEARCHES:
         for dtype in kernel_attainment.SEARCH_DTYPES:
@@ -789,7 +791,12 @@ def attainment_part(ctx: Context) -> Evidence:
             check.add(found, np.ones_like(found), shape=(0, 0), key=(CLAIM_ID, "attainment", stage, dtype), seed=ctx.seed,
                       extra={"stage": stage, "dtype": dtype})
             ratios.setdefault(stage, {})[dtype] = float(np.max(found))
-    running = {dtype: [float(x) for x in kernel_attainment.running_bound_ratios(ctx.seed, dtype)] for dtype in kernel_attainment.SEARCH_DTYPES}
+    running = {}
+    for dtype in kernel_attainment.SEARCH_DTYPES:
+        found = kernel_attainment.running_bound_samples(ctx.seed, dtype)
+        check.add(found.ravel(), np.ones(found.size), shape=(0, 0), key=(CLAIM_ID, "attainment", "running_bound", dtype),
+                  seed=ctx.seed, extra={"stage": "running_bound", "dtype": dtype})
+        running[dtype] = [float(x) for x in np.max(found, axis=1)]
     loose = [f"{stage} ({dtype}: {value:.2g})" for stage, by_dtype in ratios.items() for dtype, value in by_dtype.items()
              if value < ATTAINED and stage != "storage_cast"]
     return Evidence(

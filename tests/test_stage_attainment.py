@@ -178,14 +178,25 @@ def test_each_stage_bound_of_the_kernel_is_attained_and_holds(stage, dtype):
 
 @pytest.mark.parametrize("dtype", kernel_attainment.SEARCH_DTYPES)
 def test_the_running_bound_is_attained_at_its_first_step_and_holds(dtype):
-    """The running trajectory bound at the declared precision: within a factor 10 at the first step
-    (bfloat16: for the first five steps); it loses about a factor 2 per step in float32, where the
-    first-order propagation adds worst cases that independent roundings do not reach."""
-    ratios = kernel_attainment.running_bound_ratios(7, dtype)
-    assert np.all(ratios <= 1.0)
-    assert ratios[0] >= ATTAINED
+    """The running trajectory bound at the declared precision holds at every searched step; it is
+    within a factor 10 at the first two steps (bfloat16: the first five). From the third step on in
+    float32 the searches reach 0.08-0.1: the bound adds every step's worst local rounding, which
+    rounding errors of successive steps do not all reach together."""
+    samples = kernel_attainment.running_bound_samples(7, dtype)
+    assert np.all(samples <= 1.0)
+    ratios = np.max(samples, axis=1)
+    assert np.min(ratios[:2]) >= ATTAINED, ratios
     if dtype == "bfloat16":
         assert np.min(ratios[:5]) >= ATTAINED, ratios
+
+
+def test_the_steady_search_reaches_the_later_steps_of_the_running_bound():
+    """Without the steady family (one gradient repeated at lr 3e-6) the later steps of the float32
+    running bound are reached two to four times less closely (seed 7: 0.045 against 0.087 at step 3,
+    0.021 against 0.078 at step 6): the family earns its place."""
+    full = np.max(kernel_attainment.running_bound_samples(7, "float32"), axis=1)
+    tilting = np.max(kernel_attainment.running_bound_samples(7, "float32")[:, :256 * len(kernel_attainment.SEARCH_SHAPES)], axis=1)
+    assert np.all(full[2:] >= 1.8 * tilting[2:]) and np.all(full[3:] >= 2.5 * tilting[3:]), (full, tilting)
 
 
 @pytest.mark.parametrize("dtype", kernel_drift.LONG_RUN_DTYPES)
