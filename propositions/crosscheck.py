@@ -185,8 +185,9 @@ def _lockstep_chunk(seed, key, size, config_name, steps, device, dtype, variant,
     moment_in = state.m
     rounding = _kernel_rounding(config, dtype, d, r)
     drift_bound = step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, config.trust_radius)
+    near_eps = _near_eps_scales(seed, key, size, config, rounding.u_c)
     for t in range(steps):
-        G = rng.standard_normal(W.shape)
+        G = rng.standard_normal(W.shape) * near_eps[:, None, None]
         if t == 0:
             G[0] = 0.0  # the v^ = 0 branch: xi must be exactly 0, never 0/0
         W_in, G_in = _stored(W, dtype), _stored(G, dtype)
@@ -224,6 +225,23 @@ def _lockstep_chunk(seed, key, size, config_name, steps, device, dtype, variant,
             wrong = _misrounded(_to_numpy(W_t), W_next, np.where(posed, before_cast["W"], np.inf), dtype)
             checks["rounding"].add(wrong, np.full(size, 0.5), shape=(d, r), key=key, seed=seed, extra=extra)
         moment_in, W, state = moment_next, W_next, state_next
+
+
+def _near_eps_scales(seed, key, size: int, config, u_c: float) -> np.ndarray:
+    """(size,) gradient scales of a lock-step chunk: 1, except every fourth frame (3, 7, ...) where
+    eps > 0, which gets a power of two 2^j eps, j in [-4, 4] (its own generator: the other frames'
+    draws are those of scale 1). At scale 1, sqrt(v^) is about 1 and eps = 1e-8 is far below its
+    rounding, so how the kernel rounds eps (to the compute dtype, as it declares, or coarser) cannot
+    show; near sqrt(v^) = eps it decides the step's length. A power of two scales G exactly. Not where
+    weight decay's rounding noise P_W(lambda W) ~ lambda u_c would be comparable to the gradient
+    (lambda u_c > 2^-12 eps): there the step is noise-driven and not compared."""
+    scales = np.ones(size)
+    if config.eps <= 0 or config.weight_decay * u_c > config.eps * 2.0**-12:
+        return scales
+    chosen = np.arange(3, size, 4)
+    exponents = rng_for(seed, *key, "near_eps").integers(-4, 5, chosen.size)
+    scales[chosen] = np.ldexp(1.0, np.round(np.log2(config.eps)).astype(int) + exponents)
+    return scales
 
 
 def _misrounded(stored_values: np.ndarray, exact: np.ndarray, before_cast_bound: np.ndarray, dtype) -> np.ndarray:

@@ -126,6 +126,15 @@ def clamped_denominator(m, v, step_count, lr, beta1, beta2, eps, trust_radius):
     return _cap(m, torch.where(root_v_hat > 0, (-lr / bias_correction1) / denominator, 0.0), trust_radius)
 
 
+def eps_in_float32(m, v, step_count, lr, beta1, beta2, eps, trust_radius):
+    """step_coefficient with eps made a float32 tensor whatever the compute dtype (eps = 1e-8 then
+    differs from the float64 eps by about 1e-16: nothing at sqrt(v^) = 1, a relative 1e-8 of the
+    step where sqrt(v^) is near eps)."""
+    if not torch.is_tensor(eps):
+        eps = torch.tensor(eps, dtype=torch.float32)
+    return _real["step_coefficient"](m, v, step_count, lr, beta1, beta2, eps, trust_radius)
+
+
 _real = {"step_coefficient": F.step_coefficient, "updated_second_moment": F.updated_second_moment}
 
 # name -> (the function of torch_impl.functional replaced, the replacement, the check that must catch it)
@@ -145,6 +154,7 @@ BUGS = {
     "flush_subnormal_v": ("stiefel_adam_step", _step_with("flush_subnormal_v"), "float32/P2_subnormal_band"),
     "eps_floor": ("step_coefficient", eps_floor, "float64/P2_exponent_range"),
     "clamped_denominator": ("step_coefficient", clamped_denominator, "float64/P2_exponent_range"),
+    "eps_in_float32": ("step_coefficient", eps_in_float32, "frame"),
 }
 
 

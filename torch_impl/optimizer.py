@@ -516,6 +516,10 @@ class StiefelAdam(torch.optim.Optimizer):
         compiling = torch.compiler.is_compiling()
         if not compiling:
             self._raise_refused()
+        # what a torch lr scheduler's wrapper of optimizer.step records: set here too, so that a step
+        # compiled before the scheduler is made (one graph: the wrapper, in a module dynamo does not
+        # trace, would add a break) does not make the scheduler warn that it ran first
+        self._opt_called = True
         loss = None
         if closure is not None:
             with torch.enable_grad():
