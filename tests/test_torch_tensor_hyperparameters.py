@@ -116,6 +116,52 @@ def test_the_step_is_one_graph_without_breaks_in_both_modes(skip, lr):
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
 
 
+@pytest.mark.parametrize("scheduler_first", [True, False])
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_compiled_step_and_a_scheduler_make_one_graph_without_breaks_or_warnings_in_either_order(skip, scheduler_first):
+    """A torch scheduler wraps optimizer.step in a function that dynamo does not trace (one break at
+    the top of every compiled step) unless the step carries its mark and records its own calls:
+    with StiefelAdam's, two graphs and no break over a 12-step schedule, whichever of scheduler and
+    compiled step is made first, and the scheduler does not warn that it stepped first."""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    params = [torch.nn.Parameter(_frames(seed)) for seed in (11, 12)]
+    linear = torch.nn.Linear(3, 2)
+    optimizer = StiefelAdam([{"params": params}, {"params": linear.parameters(), "manifold": "euclidean"}],
+                            lr=torch.tensor(0.02), skip_nonfinite=skip)
+    make_scheduler = lambda: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=12)  # noqa: E731
+    scheduler = make_scheduler() if scheduler_first else None
+    step = torch.compile(optimizer.step, backend="eager")
+    scheduler = scheduler or make_scheduler()
+    generator = torch.Generator().manual_seed(13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(12):
+            for p in params + list(linear.parameters()):
+                p.grad = torch.randn(p.shape, generator=generator)
+            step()
+            scheduler.step()
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    assert (graphs, breaks) == (2, 0), dict(counters["graph_break"])
+
+
+def test_a_scheduler_stepped_before_the_optimizer_still_warns():
+    optimizer = StiefelAdam([torch.nn.Parameter(_frames(14))], lr=torch.tensor(0.02))
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=4)
+    assert not optimizer._opt_called
+    with pytest.warns(UserWarning, match="before `optimizer.step"):
+        scheduler.step()
+    # an optimizer pickled before the record existed
+    older = StiefelAdam.__new__(StiefelAdam)
+    older.__setstate__({key: value for key, value in optimizer.__dict__.items() if key != "_calls"})
+    assert older._opt_called is False
+
+
 def test_hyperparameters_that_must_be_numbers_are_refused_by_name():
     frame = torch.nn.Parameter(_frames(10))
     for kwargs, pattern in [

@@ -262,6 +262,7 @@ class StiefelAdam(torch.optim.Optimizer):
         self._off_manifold: dict = {}
         self._off_manifold_offset = 0
         self._refused: dict = {}
+        self._calls: dict = {}  # whether step() has run (_opt_called), kept in a dict: see _SCHEDULER_MARK
         self._accepted = None  # the error-mode decision of the step in progress (a tensor while compiling)
         self._plan = None  # _BucketPlan of the last step, see _frame_buckets
         super().__init__(params, defaults)
@@ -516,10 +517,7 @@ class StiefelAdam(torch.optim.Optimizer):
         compiling = torch.compiler.is_compiling()
         if not compiling:
             self._raise_refused()
-        # what a torch lr scheduler's wrapper of optimizer.step records: set here too, so that a step
-        # compiled before the scheduler is made (one graph: the wrapper, in a module dynamo does not
-        # trace, would add a break) does not make the scheduler warn that it ran first
-        self._opt_called = True
+        self._calls["step"] = True  # read by a torch lr scheduler as _opt_called (see _SCHEDULER_MARK)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -560,8 +558,18 @@ class StiefelAdam(torch.optim.Optimizer):
                 value.copy_(torch.where(accepted.to(value.device), value, 0))
         return loss
 
+    @property
+    def _opt_called(self) -> bool:
+        """What a torch lr scheduler reads to warn that its step() came before the optimizer's."""
+        return self._calls.get("step", False)
+
+    @_opt_called.setter
+    def _opt_called(self, value: bool) -> None:
+        self._calls["step"] = bool(value)
+
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("_calls", {})
         for group in self.param_groups:
             # a checkpoint written before euclidean groups and skipping existed: its groups are frame groups
             group.setdefault("manifold", "stiefel")
@@ -645,6 +653,16 @@ class StiefelAdam(torch.optim.Optimizer):
                     by_layout.setdefault((tuple(p.shape[-2:]), p.dtype, p.device), []).append(p)
             for params in by_layout.values():
                 _flatten_state(params, self.state)
+
+
+# A torch lr scheduler replaces optimizer.step by a wrapper (defined in torch/optim/lr_scheduler.py,
+# a module that torch.compile does not trace) that records the call in optimizer._opt_called, unless
+# the step already carries this mark. StiefelAdam.step carries it and records its own calls, so that
+# torch.compile(optimizer.step) is one graph without breaks whether the scheduler was made before or
+# after it. The record is kept in a dict (self._calls): a dict's mutation survives a compiled step,
+# an attribute assignment on the optimizer does not (torch 2.13 drops it).
+_SCHEDULER_MARK = "_wrapped_by_lr_sched"
+setattr(StiefelAdam.step, _SCHEDULER_MARK, True)
 
 
 def _group_settings(group: dict):
