@@ -105,6 +105,13 @@ def broken_classes() -> dict:
             super().step(closure)
             return None
 
+    class ClosureCalledTwice(StiefelAdam):
+        def step(self, closure=None):
+            if closure is not None:
+                with torch.enable_grad():
+                    closure()
+            return super().step(closure)
+
     class CoupledDecayForOrdinary(StiefelAdam):
         def _step_euclidean(self, group, group_index):
             with torch.no_grad():
@@ -204,6 +211,7 @@ def broken_classes() -> dict:
         "load_casts_moments": LoadCastsMoments,
         "added_group_takes_defaults": AddedGroupTakesDefaults,
         "closure_loss_dropped": ClosureLossDropped,
+        "closure_called_twice": ClosureCalledTwice,
         "coupled_decay_for_ordinary": CoupledDecayForOrdinary,
         "euclidean_group_skips_whole": EuclideanGroupSkipsWhole,
         "writes_before_refusing": WritesBeforeRefusing,

@@ -14,7 +14,7 @@ untouched; under skip_nonfinite keeps a frame whose step is not finite (frame, m
 every other frame of its call steps; refuses, in a group that does not skip, a step with a
 non-finite frame by a ValueError that names a parameter at fault, with nothing written; counts what
 it skipped; keeps one float64 count per frame, past 256 steps; restores on load exactly what it
-saved, so that checkpoints change nothing; returns the closure's loss; steps ordinary tensors
+saved, so that checkpoints change nothing; calls the closure once and returns its loss; steps ordinary tensors
 exactly as torch.optim.AdamW; `functional.transported_moment` gives the certified m+; and every
 option it does not implement, every bad hyper-parameter and every bad tensor is refused with a
 ValueError that names it, wherever it comes (constructor, a later param group, add_param_group).
@@ -128,7 +128,8 @@ CHECKS = (
      "exact: the documented message"),
     ("skipped_count", "skipped_count", "skipped_steps and off_manifold_steps after every step against the frames and tensors the model "
      "skipped since construction (ulps)", EXACT),
-    ("closure", "closure_loss", "the loss step(closure) returns against the closure's own (0 if the same object; else ulps; inf if none)", EXACT),
+    ("closure", "closure_loss", "the loss step(closure) returns against the closure's own (0 if the same object; else ulps; inf if none, "
+     "or if step called the closure other than once)", EXACT),
     ("ordinary", "euclidean_is_adamw", "every manifold='euclidean' tensor and its state against torch.optim.AdamW with its group's current "
      "settings, skipped whole when not finite under skip_nonfinite (a state AdamW never made taken as its fresh one) (ulps)", EXACT),
     ("round_trip", "checkpoint_round_trip", "after a load: every parameter's state (keys, dtypes, values) and every group's settings against "
@@ -642,7 +643,11 @@ class ScenarioRun:
             return
         batch = _Batch()
         if closure is not None:
-            batch.add("closure", _closure_ulps(loss, closure.loss), 0.5, {"op": op.id})
+            # once, as torch.optim's steps do: a second call is a second forward and backward, which a
+            # closure that draws (dropout) or accumulates would see, though a deterministic one returns
+            # an equal loss and leaves equal gradients
+            batch.add("closure", _closure_ulps(loss, closure.loss) if closure.calls == 1 else math.inf, 0.5,
+                      {"op": op.id, "closure_calls": closure.calls})
         for key, p in self._live_params():
             group = self.scenario.group(key[0])
             if group.frames:
@@ -715,8 +720,10 @@ class ScenarioRun:
                 if G is None:
                     self.params[key].grad = None
             closure.loss = loss
+            closure.calls += 1
             return loss
 
+        closure.calls = 0
         return closure
 
     def _set_inputs(self) -> None:
@@ -1442,6 +1449,8 @@ CONTROLS = {
     "load_casts_moments": ControlSpec("load_state_dict casts the moments to a bfloat16 parameter's dtype (torch.optim's default)", dtype="bfloat16"),
     "added_group_takes_defaults": ControlSpec("add_param_group ignores the group's own hyper-parameters", feature="add_group"),
     "closure_loss_dropped": ControlSpec("step(closure) returns None instead of the closure's loss", feature="closure_step"),
+    "closure_called_twice": ControlSpec("step(closure) evaluates the closure a second time (the same loss and gradients for a "
+                                        "deterministic closure)", feature="closure_step"),
     "coupled_decay_for_ordinary": ControlSpec("ordinary tensors get Adam with L2 decay (G + lambda W) instead of AdamW"),
     "euclidean_group_skips_whole": ControlSpec("one non-finite ordinary tensor skips every tensor of its group", feature="nonfinite_euclidean_beside_finite"),
     "writes_before_refusing": ControlSpec("a refused step (non-finite, no skip_nonfinite) is written before the ValueError"),
@@ -1493,7 +1502,7 @@ CLAIM = Claim(
         "within the derived rounding bound of float64, float32 and bfloat16; leaves frames without a gradient "
         "untouched; skips exactly the non-finite frames under skip_nonfinite and refuses, naming a parameter, a "
         "non-finite step in a group that does not skip, with nothing written; counts what it skipped in one float64 "
-        "count per frame; restores on load exactly what it saved; returns the closure's loss; steps ordinary tensors "
+        "count per frame; restores on load exactly what it saved; calls the closure once and returns its loss; steps ordinary tensors "
         "exactly as torch.optim.AdamW; and refuses every option it does not implement and every bad setting or tensor "
         "with a ValueError naming it."
     ),

@@ -90,3 +90,11 @@ def test_the_settings_of_a_euclidean_group_left_unchecked_fail(monkeypatch):
                "        if group[\"manifold\"] == \"stiefel\":\n"
                "            _check_hyperparameters(group[\"lr\"], group[\"betas\"], group[\"eps\"], group[\"trust_radius\"], group[\"weight_decay\"])\n")
     assert "bad_options_refused" in _fails(refusal_part(Context(0, QUICK)))
+
+
+def test_a_closure_evaluated_twice_fails(monkeypatch):
+    """A second forward and backward in step(closure): a deterministic closure returns an equal loss
+    and leaves equal gradients, so only the number of calls shows it."""
+    _class_bug(monkeypatch, "            with torch.enable_grad():\n                loss = closure()\n",
+               "            with torch.enable_grad():\n                loss = closure()\n                loss = closure()\n")
+    assert "float64/closure_loss" in _fails(dtype_part("float64", Context(0, QUICK)))
