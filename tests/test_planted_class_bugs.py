@@ -70,10 +70,10 @@ def test_stiefel_init_by_qr_without_the_sign_fix_fails(monkeypatch):
 
 def test_a_tensor_without_gradient_that_stops_the_rest_of_its_euclidean_group_fails(monkeypatch):
     _class_bug(monkeypatch, "            if p.grad is None:\n                continue\n            if p.grad.is_sparse:\n"
-                            "                raise ValueError(f\"params[{index}] of param group {group_index}: StiefelAdam does not support sparse gradients\")\n"
+                            "                raise ValueError(f\"{_parameter_name(group, index, group_index)}: StiefelAdam does not support sparse gradients\")\n"
                             "            state = self.state[p]\n",
                "            if p.grad is None:\n                break\n            if p.grad.is_sparse:\n"
-               "                raise ValueError(f\"params[{index}] of param group {group_index}: StiefelAdam does not support sparse gradients\")\n"
+               "                raise ValueError(f\"{_parameter_name(group, index, group_index)}: StiefelAdam does not support sparse gradients\")\n"
                "            state = self.state[p]\n")
     assert "float32/euclidean_is_adamw" in _fails(dtype_part("float32", Context(1, QUICK)))
 

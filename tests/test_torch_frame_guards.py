@@ -286,3 +286,28 @@ def test_a_compiled_first_step_that_is_refused_leaves_fresh_state_only():
         step()
         runs.append([p.detach().clone() for p in params] + [optimizer.state[p][key].clone() for p in params for key in sorted(optimizer.state[p])])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_named_parameters_are_named_in_every_refusal():
+    """Given (name, tensor) pairs (torch.optim keeps the names in "param_names"), a refusal names the
+    parameter by its place and its name: at construction, at a step off the manifold, for a
+    non-finite gradient and for a sparse one."""
+    frames = [torch.nn.Parameter(stiefel_init_(torch.empty(2, 6, 3), torch.Generator().manual_seed(seed))) for seed in (1, 2)]
+    with pytest.raises(ValueError, match=re.escape("params[0] of param group 0 ('layers.0.bias')")):
+        StiefelAdam([("layers.0.bias", torch.nn.Parameter(torch.ones(6, 3)))])
+    optimizer = StiefelAdam([("layers.0.W_Q", frames[0]), ("layers.0.W_K", frames[1])], lr=1e-3)
+    with torch.no_grad():
+        frames[1][1].mul_(2)
+    for p in frames:
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match=re.escape("params[1] of param group 0 ('layers.0.W_K'), frame 1")):
+        optimizer.step()
+    stiefel_project_(frames[1])
+    frames[0].grad[0, 0, 0] = math.nan
+    with pytest.raises(ValueError, match=re.escape("params[0] of param group 0 ('layers.0.W_Q'): gradient must be finite")):
+        optimizer.step()
+    ordinary = torch.nn.Embedding(4, 3, sparse=True)
+    named = StiefelAdam([{"params": [("embedding.weight", ordinary.weight)], "manifold": "euclidean"}])
+    ordinary(torch.tensor([1])).sum().backward()
+    with pytest.raises(ValueError, match=re.escape("params[0] of param group 0 ('embedding.weight'): StiefelAdam does not support sparse")):
+        named.step()

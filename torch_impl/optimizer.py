@@ -308,11 +308,11 @@ class StiefelAdam(torch.optim.Optimizer):
         if group["manifold"] == "euclidean":
             for position, p in enumerate(group["params"]):
                 if not p.is_floating_point():
-                    raise ValueError(f"params[{position}] of param group {index} must be a floating tensor, got {p.dtype}")
+                    raise ValueError(f"{_parameter_name(group, position, index)} must be a floating tensor, got {p.dtype}")
             return
         resolve_retraction(group["retraction_method"], group["trust_radius"])
         for position, p in enumerate(group["params"]):
-            _check_frame(f"params[{position}] of param group {index}", p)
+            _check_frame(_parameter_name(group, position, index), p)
 
     # ------------------------------------------------------------------------------------------
     # frames
@@ -342,7 +342,7 @@ class StiefelAdam(torch.optim.Optimizer):
         buckets: dict = {}
         for group_index, group in enumerate(self.param_groups):
             for index, p in enumerate(group["params"]):
-                name = f"params[{index}] of param group {group_index}"
+                name = _parameter_name(group, index, group_index)
                 if p.is_meta:
                     raise ValueError(
                         f"{name} is on the meta device (it has no values) at step(): Module.to_empty() made new "
@@ -455,7 +455,7 @@ class StiefelAdam(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             if p.grad.is_sparse:
-                raise ValueError(f"params[{index}] of param group {group_index}: StiefelAdam does not support sparse gradients")
+                raise ValueError(f"{_parameter_name(group, index, group_index)}: StiefelAdam does not support sparse gradients")
             state = self.state[p]
             if not len(state):
                 # torch.optim.AdamW's own initial state (capturable=False: the count on the CPU)
@@ -629,7 +629,7 @@ class StiefelAdam(torch.optim.Optimizer):
         for group_index, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             if saved.get("manifold", "stiefel") == "stiefel":
                 for position, p in enumerate(group["params"]):
-                    _check_frame(f"params[{position}] of param group {group_index}", p)
+                    _check_frame(_parameter_name(group, position, group_index), p)
         super().load_state_dict(state_dict)
         self._plan = None
         for group in self.param_groups:
@@ -663,6 +663,14 @@ class StiefelAdam(torch.optim.Optimizer):
 # an attribute assignment on the optimizer does not (torch 2.13 drops it).
 _SCHEDULER_MARK = "_wrapped_by_lr_sched"
 setattr(StiefelAdam.step, _SCHEDULER_MARK, True)
+
+
+def _parameter_name(group: dict, position: int, group_index: int) -> str:
+    """How messages name a parameter: its place, and its name where the optimizer was given named
+    parameters ((name, tensor) pairs, which torch.optim keeps in the group's "param_names")."""
+    place = f"params[{position}] of param group {group_index}"
+    names = group.get("param_names")
+    return f"{place} ({names[position]!r})" if names is not None and position < len(names) else place
 
 
 def _group_settings(group: dict):
