@@ -193,3 +193,52 @@ def test_the_step_is_bitwise_invariant_under_power_of_two_gradient_scales(k):
     W2, m2, v2 = functional.stiefel_adam_step(W, G * 2.0**k, m, v, 0, eps=0.0)
     assert torch.equal(W2, W1)
     assert torch.equal(m2, m1 * 2.0**k)
+
+
+_RULE_SHAPES = ((4, 2), (8, 4), (20, 10), (16, 16), (64, 32), (32, 8), (64, 8), (64, 16), (128, 16), (128, 32), (256, 32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_gram_identity_is_tested_where_random_gradients_pass_it(dtype, monkeypatch):
+    """gram_identity_worth_testing, a speed rule from (d, r) alone, against a measurement: with the
+    test forced on, 32 frames with Gaussian gradients, each stepped alone, take the identity (no
+    d x r^2 product) in the majority exactly where the rule makes the test."""
+    rule = {shape: functional.gram_identity_worth_testing(
+        *shape, functional.frame_drift_bound(*shape, dtype, 0.5) / functional.unit_roundoff(dtype)) for shape in _RULE_SHAPES}
+    monkeypatch.setattr(functional, "gram_identity_worth_testing", lambda d, r, drift_per_u: True)
+    for d, r in _RULE_SHAPES:
+        W, rng = _frames(32, d, r, "rule", str(dtype), dtype=dtype)
+        G = torch.from_numpy(rng.standard_normal(W.shape)).to(dtype)
+        drift = functional.frame_drift_bound(d, r, dtype, 0.5)
+        identity = 0
+        WtG = W.mT @ G
+        for k in range(32):
+            counter = _CountProducts(d)
+            with counter:
+                functional.gradient_norm_squared(W[k:k + 1], G[k:k + 1], WtG[k:k + 1], drift)
+            identity += counter.count == 0
+        assert (identity > 16) == rule[(d, r)], ((d, r), identity)
+    assert not rule[(20, 10)] and rule[(256, 32)]
+
+
+def test_where_the_identity_is_not_tested_g_is_formed_at_once():
+    """At one (20, 10) frame (d r^2 = 2000) the step forms g without the test, even for a tangent
+    gradient (which would pass it): six d x r^2 products, no r x r product of the sharper test, no
+    wait for the device; the value is the explicit route's, bit for bit."""
+    d, r = 20, 10
+    W, rng = _frames(1, d, r, "no test")
+    G = functional.project_tangent(W, torch.from_numpy(rng.standard_normal(W.shape)).float())
+    assert not functional.gram_identity_worth_testing(d, r, functional.frame_drift_bound(d, r, torch.float32, 0.5) / 2.0**-24)
+    m, v = torch.zeros_like(W), torch.zeros(1)
+    assert _products_of_one_step(W, G, m, v) == 6
+    WtG = W.mT @ G
+
+    class _NoWait(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            assert func not in (torch.ops.aten.is_nonzero.default, torch.ops.aten._local_scalar_dense.default), func
+            return func(*args, **(kwargs or {}))
+
+    with _NoWait():
+        value = functional.gradient_norm_squared(W, G, WtG, functional.frame_drift_bound(d, r, torch.float32, 0.5))
+    explicit = torch.linalg.vector_norm(torch.baddbmm(G, W, 0.5 * (WtG + WtG.mT), alpha=-1.0), dim=(-2, -1)).square()
+    assert torch.equal(value, explicit)

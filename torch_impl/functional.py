@@ -13,7 +13,8 @@ Products. The step's cost is its d x r^2 matrix products; it takes five: W^T m a
 W sym(.) for the projection of beta1 m + (1 - beta1) G~ (stage 8's transport of the previous
 step and stages 2-3 of this one share it: P_W is linear), the Gram matrix (W + xi)^T (W + xi) and
 (W + xi) S^(-1/2). ||g||^2 comes from r x r quantities (`gradient_norm_squared`) where that is as
-accurate as forming g, else g is formed (a sixth). The moment that the step returns is therefore
+accurate as forming g, else g is formed (a sixth; at once, without the test, for shapes where
+random gradients fail it, `gram_identity_worth_testing`). The moment that the step returns is therefore
 stage 3's m, tangent at the old frame; `transported_moment` gives stage 8's m+.
 
 Every frame along the leading axes of W (..., d, r) is one independent problem: all stages are
@@ -310,9 +311,9 @@ def frame_deviation(W: torch.Tensor) -> torch.Tensor:
     at most d u ||W||_F^2 = d r u for a frame (plus u per subtraction of the identity), which the
     manifold tolerance's d r u term already holds (optimizer.manifold_tolerance). A NaN or inf
     entry of W gives a non-finite deviation."""
-    gram = torch.bmm(W.mT, W)
-    gram.diagonal(dim1=-2, dim2=-1).sub_(1.0)
-    return torch.linalg.vector_norm(gram, dim=(-2, -1))
+    # -I + W^T W in one call (the identity is kept per (r, dtype, device), broadcast over the batch)
+    deviation = torch.baddbmm(_scaled_identity(-1.0, W.shape[-1], W.dtype, W.device), W.mT, W)
+    return torch.linalg.vector_norm(deviation, dim=(-2, -1))
 
 
 def decayed_gradient(W: torch.Tensor, G: torch.Tensor, weight_decay: float = 0.0) -> torch.Tensor:
@@ -384,7 +385,8 @@ def gradient_norm_squared(
     ||fl(G~ - W Sigma)||^2: d r u ||g||^2 + 2 (d + r + 2) sqrt(r) u ||g|| ||G~|| (the sum of squares
     and the projection error). Where the coarse drift term ||Sigma||_F^2 is what fails, the sharper
     ||Sigma^2||_F (one r x r product, r / d of a d x r^2 one) is tried; otherwise g = G~ - W Sigma is formed
-    (one more d x r^2 product, for the batch when any frame needs it) and used for those frames. Shapes: W, G~ (B, d, r),
+    (one more d x r^2 product, for the batch when any frame needs it) and used for those frames.
+    Shapes where the test is not expected to pass form g at once (`gram_identity_worth_testing`). Shapes: W, G~ (B, d, r),
     WtG (B, r, r); returns (B,).
 
     sync_free=True makes the same per-frame choice without asking the host whether any frame needs
@@ -398,6 +400,8 @@ def gradient_norm_squared(
     # the gradient's scale where every quantity of the step is still a normal number
     drift_per_u = drift / unit_roundoff(W.dtype)
     sigma = _sym(WtG)
+    if not gram_identity_worth_testing(d, r, drift_per_u):
+        return torch.linalg.vector_norm(torch.baddbmm(G_decayed, W, sigma, alpha=-1.0), dim=(-2, -1)).square()
     gradient_norm = torch.linalg.vector_norm(G_decayed, dim=(-2, -1))
     sigma_norm = torch.linalg.vector_norm(sigma, dim=(-2, -1))
     gradient_sq, sigma_sq = gradient_norm.square(), sigma_norm.square()
@@ -427,6 +431,44 @@ def gradient_norm_squared(
             return identity
     g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
     return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
+
+
+# Below this many multiply-adds per frame (d r^2) one d x r^2 product costs less than the route
+# test's two dozen small operations (a few microseconds each) at a batch of one frame
+GRAM_IDENTITY_MIN_PRODUCT = 2**20
+
+
+@memoized
+def gram_identity_worth_testing(d: int, r: int, drift_per_u: float) -> bool:
+    """Whether `gradient_norm_squared` tests the Gram identity for (d, r) frames at all, or forms g
+    at once. A choice of speed only (both routes are within the explicit route's rounding, which is
+    what the step is certified to), made from (d, r) and the drift bound, never from the batch or
+    the gradient, so that a frame's value does not depend on the other frames of its batch or on
+    its gradient's scale.
+
+    The test is two dozen small operations (norms, the rounding terms, one r x r product and a
+    wait for the device); where it fails, g is formed anyway. It is made where a gradient of
+    independent entries is expected to pass it: ||G~||^2 = d r, ||Sigma||^2 = r (r + 1) / 2,
+    ||Sigma^2||_F = r^1.5 / sqrt(2) (Sigma the symmetric part of an r x r Gaussian matrix, whose
+    eigenvalues fill a semicircle of radius sqrt(2 r)), put into the sharper form of the test. That
+    fails where r is not small against d (in float32 and float64 at (4, 2), (8, 4), (20, 10),
+    (16, 16), (64, 32), and for bfloat16 storage, whose drift bound is 2^16 times larger, at every
+    shape below the size limit): there, of 32 frames with Gaussian gradients, 0 to 10 took the
+    identity (10 at (4, 2), 3 at (20, 10) in float32), where the rule makes the test 31 or 32 did,
+    and at one (20, 10) frame the test cost a third of the eager step (tests/test_torch_functional.py
+    holds the rule to this measurement). It is also made
+    wherever one product costs more than the test (d r^2 >= GRAM_IDENTITY_MIN_PRODUCT), so that a
+    large frame whose gradients are mostly tangent keeps the identity."""
+    if d * r * r >= GRAM_IDENTITY_MIN_PRODUCT:
+        return True
+    gradient_sq, sigma_sq, square_norm = d * r, r * (r + 1) / 2, r**1.5 / math.sqrt(2.0)
+    identity = gradient_sq - sigma_sq
+    if identity <= 0:
+        return False
+    cross = math.sqrt(sigma_sq * gradient_sq)
+    rounding = (d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * cross + (r * r + 3) * sigma_sq + identity
+    explicit_error = d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * math.sqrt(identity * gradient_sq)
+    return rounding + drift_per_u * square_norm <= explicit_error
 
 
 def _norm_of_square(sigma: torch.Tensor, sigma_norm: torch.Tensor) -> torch.Tensor:

@@ -374,7 +374,10 @@ class StiefelAdam(torch.optim.Optimizer):
         # NaN or inf of G or of m_new reaches W_new or v (it makes ||g||^2, hence v, non-finite,
         # or, with v finite, xi = c m_new and so polar(W + xi) NaN), and so does a finite gradient
         # that overflows the compute dtype in W^T G or ||g||^2 (v = inf would freeze the frame)
-        finite = torch.isfinite(v_new) & torch.isfinite(W_new.sum(dim=(-2, -1), dtype=torch.float32))
+        # (tested as one number, v + sum: for a frame on St(d, r) |sum| <= d r lies below half an ulp
+        # of the largest float, so the two cannot overflow together when both are finite; a frame
+        # off St is not stepped whatever this says)
+        finite = torch.isfinite(W_new.sum(dim=(-2, -1), dtype=torch.float32) + v_new)
         stepped = finite & on_manifold
         if skip:
             keep = stepped[:, None, None]
