@@ -252,8 +252,16 @@ def _in_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
+def _shaped(x: torch.Tensor, shape) -> torch.Tensor:
+    """x.reshape(shape), or x itself where a 1-d x is reshaped to (-1,) or x has that shape already."""
+    if tuple(shape) == (-1,):
+        return x if x.dim() == 1 else x.reshape(-1)
+    return x if x.shape == shape else x.reshape(shape)
+
+
 def _as_batch3(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape((-1,) + tuple(x.shape[-2:]))
+    # (x itself, without a dispatch, when it already is (B, d, r): a small step's calls are its cost)
+    return x if x.dim() == 3 else x.reshape((-1,) + tuple(x.shape[-2:]))
 
 
 def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, method: str = "auto") -> torch.Tensor:
@@ -286,7 +294,7 @@ def polar_factor(A: torch.Tensor, trust_radius: float = 0.5, method: str = "auto
         M = _inverse_sqrt_newton_schulz(S, trust_radius)
     else:
         M = _inverse_sqrt_eigh(S)
-    return torch.bmm(A, M).reshape(shape)
+    return _shaped(torch.bmm(A, M), shape)
 
 
 def project_tangent(W: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -530,7 +538,8 @@ def step_coefficient(m, v, step_count, lr, beta1, beta2, eps, trust_radius) -> t
         lr = _float64_scalar(lr, v.device)
     if torch.is_tensor(step_count):
         work = v.dtype
-        count = step_count.to(device=v.device, dtype=BIAS_POWER_DTYPE)
+        count = step_count if step_count.dtype == BIAS_POWER_DTYPE and step_count.device == v.device else \
+            step_count.to(device=v.device, dtype=BIAS_POWER_DTYPE)
         # the operations of the int form, elementwise: `scalar / tensor` is torch's
         # reciprocal(tensor) * scalar, `tensor / scalar` a division in the compute dtype
         bias_correction2 = (1 - torch.pow(beta2, count)).to(work)
@@ -613,8 +622,8 @@ def stiefel_adam_step(
     G_c = decayed_gradient(W_c, _as_batch3(_in_dtype(G, work)), weight_decay)
     m_c, WtG = project_moment(W_c, G_c, _as_batch3(_in_dtype(m, work)), beta1)
     drift = frame_drift_bound(d, r, W.dtype, trust_radius, retraction_method)
-    v_c = updated_second_moment(W_c, G_c, WtG, _in_dtype(v, work).reshape(-1), beta2, drift, sync_free)
-    step_count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
+    v_c = updated_second_moment(W_c, G_c, WtG, _shaped(_in_dtype(v, work), (-1,)), beta2, drift, sync_free)
+    step_count = _shaped(t, (-1,)) + 1 if torch.is_tensor(t) else t + 1
     coefficient = step_coefficient(m_c, v_c, step_count, lr, beta1, beta2, eps, trust_radius)
     W_new = polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), trust_radius, retraction_method)
-    return W_new.reshape(W.shape).to(W.dtype), m_c.reshape(W.shape), v_c.reshape(batch_shape)
+    return _in_dtype(_shaped(W_new, W.shape), W.dtype), _shaped(m_c, W.shape), _shaped(v_c, batch_shape)

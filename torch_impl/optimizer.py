@@ -385,7 +385,7 @@ class StiefelAdam(torch.optim.Optimizer):
             m_new = torch.where(keep, m_new, m)
             v_new = torch.where(stepped, v_new, v)
         bucket = _BucketStep(members, layout, W_new, m_new, v_new, t + stepped, finite)
-        bucket.on_manifold, bucket.deviation = on_manifold, deviation
+        bucket.on_manifold, bucket.deviation, bucket.stepped = on_manifold, deviation, stepped
         return bucket
 
     def _count_bucket(self, bucket: "_BucketStep", accepted: torch.Tensor | None) -> None:
@@ -531,7 +531,7 @@ class StiefelAdam(torch.optim.Optimizer):
         accepted = None
         if checked:
             # the one decision of the error mode, on one device
-            flags = [(bucket.finite & bucket.on_manifold).all() for bucket in checked]
+            flags = [bucket.stepped.all() for bucket in checked]
             accepted = flags[0] if len(flags) == 1 else torch.stack([flag.to(flags[0].device, non_blocking=True) for flag in flags]).all()
             if not compiling:
                 # the one wait for the device in an eager step, and only in the error mode
@@ -827,7 +827,8 @@ def _join(tensors: list, tail: tuple, compiling: bool):
     """(joined, view): the tensors (each (..., *tail)) along one leading axis, and the same tensor
     when it is a view of their storage (so writing it writes them), else None."""
     if len(tensors) == 1 and (compiling or tensors[0].is_contiguous()):
-        joined = tensors[0].reshape((-1,) + tail)
+        # (the tensor itself when it already has the joined shape: one dispatch less per kind)
+        joined = tensors[0] if tensors[0].dim() == 1 + len(tail) else tensors[0].reshape((-1,) + tail)
         return joined, (joined if not compiling else None)
     if not compiling:
         view = _consecutive_view(tensors, tail)
@@ -869,7 +870,7 @@ class _BucketStep:
     def __init__(self, members, layout, W, m, v, t, finite):
         self.members, self.layout = members, layout
         self.W, self.m, self.v, self.t, self.finite = W, m, v, t, finite
-        self.on_manifold = self.deviation = None
+        self.on_manifold = self.deviation = self.stepped = None
 
     def keep_unless(self, accepted: torch.Tensor) -> None:
         """Every value back to what it was unless `accepted` (a 0-d bool on the device)."""
