@@ -33,6 +33,10 @@ def broken_classes() -> dict:
                 merged.setdefault(first, []).extend(members)
             return merged
 
+    class FiniteByVOnly(StiefelAdam):
+        def _finite_steps(self, W_new, v_new):
+            return torch.isfinite(v_new)
+
     class CountAdvancesOnSkip(StiefelAdam):
         def _step_bucket(self, settings, members):
             bucket = super()._step_bucket(settings, members)
@@ -162,6 +166,7 @@ def broken_classes() -> dict:
                 bucket.v = torch.where(finite, bucket.v, layout.v)
                 bucket.t = torch.where(finite, layout.t + 1, layout.t)
             bucket.finite = finite
+            bucket.stepped = finite & bucket.on_manifold  # the error mode's decision too
             return bucket
 
     class CountInParameterDtype(StiefelAdam):
@@ -204,6 +209,7 @@ def broken_classes() -> dict:
         "first_group_settings": FirstGroupSettings,
         "bucket_ignores_eps": BucketIgnoresEps,
         "count_advances_on_skip": CountAdvancesOnSkip,
+        "finite_by_v_only": FiniteByVOnly,
         "whole_tensor_skip": WholeTensorSkip,
         "skip_stops_later_frames": SkipStopsLaterFrames,
         "steps_without_gradient": StepsWithoutGradient,

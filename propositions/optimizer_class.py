@@ -1323,7 +1323,60 @@ def public_functions_part(ctx: Context) -> Evidence:
         if all(draw is not None for draw in draws):
             seeded.add([_max_ulps(draws[1], draws[0]), 0.0 if _max_ulps(draws[2], draws[0]) > 0 else math.inf], 0.5,
                        key=(CLAIM_ID, "stiefel_init", dtype_name), seed=ctx.seed, extra={"dtype": dtype_name})
-    return Evidence(checks=[clip["clip"], seeded])
+    return Evidence(checks=[clip["clip"], seeded, _corrupted_state_check(subject, ctx.seed)])
+
+
+CORRUPTED_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def _corrupted_state_check(subject: Subject, seed: int) -> NumericalCheck:
+    """A checkpoint whose state holds a NaN for one frame (its moment m, or its v), loaded with
+    load_state_dict, then a step with finite gradients: under skip_nonfinite that frame keeps its
+    value, m, v and count and the others step; in the error mode the step raises ValueError and
+    nothing is written. The drawn scenarios never store a non-finite state (their non-finite
+    steps come from gradients, which make v non-finite too); this is the case where v is finite
+    and only the frame is not."""
+    import torch
+
+    check = NumericalCheck("corrupted_state_not_stepped", "a NaN in one frame's stored m or v (a loaded checkpoint) and a finite "
+                           "gradient, per dtype and mode: skip_nonfinite keeps that frame (value, m, v, count) and steps the "
+                           "others; the error mode raises ValueError and writes nothing (0; inf otherwise)",
+                           "exact: the documented skip and refusal", tightness_note="an exact equality: 0 by design")
+    for dtype_name in DTYPE_NAMES:
+        dtype = getattr(torch, dtype_name)
+        for key in CORRUPTED_KEYS:
+            for skip in (True, False):
+                generator = torch.Generator().manual_seed(seed)
+                # frames by QR, not subject.init: this check must not depend on (or draw through) the init
+                p = torch.nn.Parameter(torch.linalg.qr(torch.randn(3, 8, 4, dtype=torch.float64, generator=generator))[0].to(dtype))
+                optimizer = subject.optimizer_class([p], lr=0.05, skip_nonfinite=skip)
+                p.grad = torch.randn(p.shape, generator=generator).to(dtype)
+                optimizer.step()
+                saved = optimizer.state_dict()
+                saved["state"][0][key].view(3, -1)[1, 0] = math.nan
+                optimizer.load_state_dict(saved)
+                p.grad = torch.randn(p.shape, generator=generator).to(dtype)
+                before = [p.detach().clone()] + [optimizer.state[p][k].clone() for k in ("exp_avg", "exp_avg_sq", "step")]
+                try:
+                    optimizer.step()
+                    raised = None
+                except ValueError as error:
+                    raised = error
+                after = [p.detach()] + [optimizer.state[p][k] for k in ("exp_avg", "exp_avg_sq", "step")]
+
+                def same(x, y, frames):
+                    return bool(torch.equal(x[frames], y[frames]) or torch.equal(torch.isnan(x[frames]), torch.isnan(y[frames]))
+                                and torch.equal(torch.nan_to_num(x[frames]), torch.nan_to_num(y[frames])))
+
+                if skip:
+                    ok = raised is None and all(same(a, b, 1) for a, b in zip(after, before))
+                    ok = ok and bool(torch.equal(after[3][[0, 2]], before[3][[0, 2]] + 1)) and not torch.equal(after[0][[0, 2]], before[0][[0, 2]])
+                else:
+                    ok = raised is not None and all(same(a, b, slice(None)) for a, b in zip(after, before))
+                check.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "corrupted_state", dtype_name, key, skip), seed=seed,
+                          extra={"dtype": dtype_name, "corrupted": key, "skip_nonfinite": skip,
+                                 "raised": None if raised is None else f"{type(raised).__name__}: {str(raised).splitlines()[0]}"})
+    return check
 
 
 def _public_call(check: NumericalCheck, call, extra: dict):
@@ -1468,6 +1521,8 @@ CONTROLS = {
                                          "every other unit to zero", part="public"),
     "clip_groups_default_to_frames": ControlSpec("clip_grad_norm_finite_ takes a param group without a 'manifold' key for a frame "
                                                  "group (another optimizer's groups are cut into frames)", part="public"),
+    "finite_by_v_only": ControlSpec("a step is taken as finite when v is: a stored moment that is not finite (a corrupted "
+                                    "checkpoint) with a finite gradient writes a NaN frame", part="public"),
     "init_ignores_generator": ControlSpec("stiefel_init_ draws from torch's global generator, not the one it is given", part="public"),
     "project_by_qr": ControlSpec("stiefel_project_ takes the sign-fixed QR factor: a frame, not the nearest one"),
 }

@@ -370,14 +370,7 @@ class StiefelAdam(torch.optim.Optimizer):
         d, r = W.shape[-2:]
         deviation = self._frame_deviation(W)
         on_manifold = deviation <= manifold_tolerance(d, r, W.dtype)
-        # |W_new| <= 1 entrywise, so a frame whose sum is not finite has a NaN or inf entry; every
-        # NaN or inf of G or of m_new reaches W_new or v (it makes ||g||^2, hence v, non-finite,
-        # or, with v finite, xi = c m_new and so polar(W + xi) NaN), and so does a finite gradient
-        # that overflows the compute dtype in W^T G or ||g||^2 (v = inf would freeze the frame)
-        # (tested as one number, v + sum: for a frame on St(d, r) |sum| <= d r lies below half an ulp
-        # of the largest float, so the two cannot overflow together when both are finite; a frame
-        # off St is not stepped whatever this says)
-        finite = torch.isfinite(W_new.sum(dim=(-2, -1), dtype=torch.float32) + v_new)
+        finite = self._finite_steps(W_new, v_new)
         stepped = finite & on_manifold
         if skip:
             keep = stepped[:, None, None]
@@ -387,6 +380,19 @@ class StiefelAdam(torch.optim.Optimizer):
         bucket = _BucketStep(members, layout, W_new, m_new, v_new, t + stepped, finite)
         bucket.on_manifold, bucket.deviation, bucket.stepped = on_manifold, deviation, stepped
         return bucket
+
+    def _finite_steps(self, W_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """Which frames' steps are finite, (B,) bool, from W+ (B, d, r) and v (B,).
+
+        |W_new| <= 1 entrywise, so a frame whose sum is not finite has a NaN or inf entry; every NaN
+        or inf of G or of m reaches W_new or v: it makes ||g||^2, hence v, non-finite, or, with v
+        finite, xi = c m_new and so polar(W + xi) NaN. That last case is why v alone is not enough: a
+        stored moment that is not finite (a corrupted checkpoint) with a finite gradient leaves v
+        finite and W_new NaN. A finite gradient that overflows the compute dtype in W^T G or
+        ||g||^2 makes v = inf (which would freeze the frame). Tested as one number, v + sum: for a
+        frame on St(d, r), |sum| <= d r lies below half an ulp of the largest float, so the two cannot
+        overflow together when both are finite; a frame off St is not stepped whatever this says."""
+        return torch.isfinite(W_new.sum(dim=(-2, -1), dtype=torch.float32) + v_new)
 
     def _count_bucket(self, bucket: "_BucketStep", accepted: torch.Tensor | None) -> None:
         """skipped_steps and off_manifold_steps of a written skip_nonfinite bucket; a frame off the
