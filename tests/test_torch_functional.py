@@ -178,6 +178,25 @@ def test_a_frames_step_does_not_depend_on_the_other_frames_of_its_batch():
         assert torch.equal(batch_result[:2], alone_result)
 
 
+@pytest.mark.parametrize("shape", [(20, 10), (5, 2), (32, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_frame_stepped_alone_equals_it_in_a_batch_of_sixteen(shape, dtype):
+    """Whether the Gram identity is tested must not depend on the batch (gram_identity_worth_testing
+    is a rule of (d, r)): each of 16 frames, half of them with a tangent gradient (which passes the
+    test wherever it is made), stepped alone equals the same frame in the batch, bit for bit, at
+    shapes where the rule makes no test and where it does."""
+    d, r = shape
+    W, rng = _frames(16, d, r, "alone", str(dtype), dtype=dtype)
+    G = torch.from_numpy(rng.standard_normal(W.shape)).to(dtype)
+    G[::2] = functional.project_tangent(W[::2], G[::2])
+    m, v = torch.zeros_like(W), torch.zeros(16, dtype=dtype)
+    together = functional.stiefel_adam_step(W, G, m, v, 0)
+    for k in range(16):
+        alone = functional.stiefel_adam_step(W[k:k + 1], G[k:k + 1], m[k:k + 1], v[k:k + 1], 0)
+        for batch_result, alone_result in zip(together, alone):
+            assert torch.equal(batch_result[k:k + 1], alone_result), (k, shape)
+
+
 @pytest.mark.parametrize("k", [-200, -100, 100, 200])
 def test_the_step_is_bitwise_invariant_under_power_of_two_gradient_scales(k):
     """eps = 0: W+ of 2^k G equals W+ of G bit for bit and m scales by 2^k exactly, for a batch of
