@@ -940,6 +940,12 @@ CLAIM = Claim(
     default_options=DEFAULT_OPTIONS,
     prepare=_prepare,
     environment=_environment,
+    precisions=(
+        ("under test", "torch_impl's kernel in lock-step, P2 and P4", ("{dtype}",)),
+        ("under test", "the kernel's long runs and gradient-scale scan", tuple(dict.fromkeys(kernel_drift.LONG_RUN_DTYPES + kernel_scale.SCALE_DTYPES))),
+        ("under test", "the kernel's declared precision and attained bounds", tuple(dict.fromkeys(DECLARED_DTYPES + kernel_attainment.SEARCH_DTYPES))),
+        ("reference", "reference_impl.step and the bounds", ("float64",)),
+    ),
 )
 
-__all__ = ["CLAIM", "torch_environment", "step_error_bound", "feasibility_bound", "reference_quantities", "long_run", "DETECTION_FACTOR"]
+__all__ = ["CLAIM", "torch_environment", "step_error_bound", "feasibility_bound", "reference_quantities", "DETECTION_FACTOR"]

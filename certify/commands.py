@@ -1,0 +1,166 @@
+"""The commands of `certify` other than running and verifying claims (certify.run): `list`, `cite`,
+`compare` (with --properties), `run --properties`, `regression` and `mutate`. Each takes the parsed
+arguments, the Output and the command line, and returns the exit code; certify.cli parses and
+dispatches.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import propositions
+from certify import UsageError
+from certify import certificate as certificate_format
+from certify import claims
+from certify.render import Output, error_line, print_counterexamples
+from certify.run import command_run, fresh_folder, output_folder, resolve_implementation
+
+
+def command_list(args, out: Output, command: str) -> int:
+    rows = []
+    for claim_id in claims.ALL_IDS:
+        try:
+            claim = claims.lookup_claim(claim_id)
+        except Exception as error:
+            rows.append([claim_id, f"(cannot be loaded: {claims.describe_error(error)})", "-"])
+            continue
+        missing = claims.missing_requirements(claim)
+        title = claim.title + (f" (skipped: {', '.join(missing)} not installed)" if missing else "")
+        rows.append([claim_id, title, ", ".join(claim.control_names) or "-"])
+    for module, problem in propositions.discover()[1].items():
+        rows.append([module, f"(cannot be imported: {problem})", "-"])
+    out.table(["id", "title", "controls"], rows)
+    return 0
+
+
+def command_cite(args, out: Output, command: str) -> int:
+    certificate = certificate_format.load(Path(args.file))
+    for line in certificate_format.citation(certificate, args.format).splitlines():
+        out.line(line)
+    return 0 if certificate["verdict"] == "pass" else 1
+
+
+def command_mutate(args, out: Output, command: str) -> int:
+    import os
+
+    from certify import mutation
+
+    if args.report_only and args.only:
+        raise UsageError("--only tests mutants, --report-only tests none: give one of them")
+    out_dir = output_folder(args.out)
+    try:
+        summary = mutation.mutate(max_children=args.max_children or os.cpu_count() or 1, resume=args.resume, report_only=args.report_only, command=command, progress=out.line, only=args.only)
+    except mutation.MissingTool as error:
+        raise UsageError(str(error)) from None
+    except (mutation.MutationError, OSError) as error:
+        error_line(str(error))
+        return 1
+    try:
+        md_path, json_path = mutation.write_reports(summary, out_dir)
+    except OSError as error:
+        raise UsageError(f"cannot write the mutation report in {out_dir}: {error.strerror or error}") from None
+    totals, classes = summary["totals"], summary["survivor_classes"]
+    out.table(["module", "killed", "survived", "timeout", "suspicious", "other", "total"], [[name, *(c[k] for k in ("killed", "survived", "timeout", "suspicious", "other", "total"))] for name, c in summary["modules"].items()], title="mutants")
+    score = "-" if totals["score"] is None else f"{100 * totals['score']:.1f}%"
+    out.line(f"score {totals['killed']}/{totals['total']} = {score}; not killed: {classes['equivalent']} equivalent, {classes['validation']} validation, {classes['control']} control, {classes['sampler']} sampler, {classes['gap']} gap, {classes['detected']} timeout, {classes['unclassified']} unclassified")
+    out.line(f"report: {md_path} and {json_path}")
+    return 0 if not mutation.unexplained(summary) else 1
+
+
+def command_compare(args, out: Output, command: str) -> int:
+    from certify.outside import compare, probes
+
+    specs = list(args.implementations) + [f"numpy:{x}" for x in args.implementation] + [f"torch:{x}" for x in args.torch_optimizer]
+    if not specs:
+        raise UsageError("name at least one implementation to compare (e.g. certify compare reference_impl torch_impl)")
+    specs = list(dict.fromkeys(specs))
+    if args.properties:
+        out_dir = args.out if args.out is not None else str(fresh_folder("properties"))
+        return command_properties(specs, claims.IMPLEMENTATION_CLAIMS, out_dir, args.seed, out, command)
+    variants = {spec: resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
+    out_dir = output_folder(args.out if args.out is not None else str(fresh_folder("compare")))
+    results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
+    found = {}
+    for spec, variant in variants.items():
+        if getattr(variant, "dtype", "float64") == "float64":
+            found[spec] = probes.probe(variant, seed=args.seed)
+    text = compare.markdown(results, found, seed=args.seed, profile=args.profile, wall_seconds=wall_seconds, command=command)
+    try:
+        path = compare.write_matrix(out_dir, text)
+    except OSError as error:
+        raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
+    out.table(["implementation", *claims.COMPARE_CLAIMS], compare.matrix_rows(results), title="implementations x claims")
+    print_counterexamples(out, results)
+    for spec, listed in found.items():
+        differing = [f"{p['property']}: {p['finding']}" for p in listed if p["differs"]]
+        if differing:
+            out.line(f"{spec} differs from StiefelAdam in: " + "; ".join(differing))
+    out.line(f"report: {path}; certificates under {out_dir / 'compare'} ({wall_seconds:.1f} s)")
+    # a pair whose claim does not apply is its own outcome: compare exits 0 when every applicable pair passes
+    applicable = [c for spec in specs for c in results[spec].values() if c["verdict"] != claims.NOT_APPLICABLE]
+    return 0 if all(c["verdict"] == "pass" for c in applicable) else 1
+
+
+def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, out: Output, command: str) -> int:
+    """The property verdicts of `specs` for the claims `claim_ids` (certify.outside.properties): the
+    matrix printed and written into OUT/REPORT.md, one record per implementation under OUT/properties/.
+    Exit 0 when every property asked holds for every implementation, 1 when one fails, is vacuous or
+    untested, 2 for an implementation that cannot be used (before anything runs)."""
+    from certify.outside import adapters, properties
+
+    canonical = [adapters.canonical_spec(spec) if spec != claims.DEFAULT_OPTIMIZER else spec for spec in specs]
+    try:
+        variants = {spec: properties.resolve(spec) for spec in canonical}
+    except adapters.AdapterError as error:
+        raise UsageError(str(error)) from None
+    out_dir = output_folder(out_text)
+    records, control_records, wall_seconds = properties.run(variants, seed=seed, claim_ids=claim_ids, out_dir=out_dir, progress=out.line)
+    text = properties.markdown(records, control_records, seed=seed, wall_seconds=wall_seconds, command=command)
+    try:
+        path = properties.write(out_dir, text)
+    except OSError as error:
+        raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
+    first = next(iter(records.values()))
+    header = ["implementation"] + [properties.HEADERS[v["property"]] for v in first["properties"]] + ["StiefelAdam's step"]
+    out.table(header, properties.matrix_rows(records), title="which optimizer has which property")
+    for spec, record in records.items():
+        out.line(f"{spec}: StiefelAdam's step: {record['stiefel_adam_step']['text']}")
+    out.line(f"report: {path}; records under {out_dir / 'properties'} ({wall_seconds:.1f} s)")
+    return 0 if all(v["verdict"] == "holds" for record in records.values() for v in record["properties"]) else 1
+
+
+def command_run_or_properties(args, out: Output, command: str) -> int:
+    """`certify run`, or with --properties the property verdicts of the claims named (P1..P5)."""
+    if not args.properties:
+        return command_run(args, out, command)
+    from certify.run import _optimizer_from_args
+
+    ids = []
+    for text in args.ids:
+        try:
+            claim_id = claims.normalise_id(text)
+        except claims.UnknownClaim as error:
+            raise UsageError(str(error)) from None
+        if claim_id not in claims.IMPLEMENTATION_CLAIMS:
+            raise UsageError(f"{claim_id} states no property of an optimizer's step; --properties takes {', '.join(claims.IMPLEMENTATION_CLAIMS)}")
+        ids.append(claim_id)
+    explicit_out = any(token == "--out" or token.startswith("--out=") for token in shlex.split(command))
+    out_dir = args.out if explicit_out else str(fresh_folder("properties"))
+    return command_properties([_optimizer_from_args(args)], tuple(dict.fromkeys(ids)), out_dir, args.seed, out, command)
+
+
+def command_regression(args, out: Output, command: str) -> int:
+    from certify.ci import regression
+
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise UsageError(f"-o {args.output}: " + ("is a directory" if target.is_dir() else f"directory {target.parent} does not exist"))
+    try:
+        count = regression.write(args.files, target)
+    except regression.RegressionError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
+    out.line(f"{target}: {count} counterexample(s); run it with: python -m pytest {target}")
+    return 0
