@@ -64,11 +64,13 @@ def seal(certificate: dict) -> dict:
 
 
 def run_record(certificate: dict) -> dict:
-    """wall_seconds, frames_per_second, command and created_utc of either layout (1.2: `run`; 1.1: `provenance`)."""
+    """wall_seconds, frames_per_second, command, created_utc and git_tree_clean of any layout (1.2 and 1.3: `run`; 1.1: `provenance`)."""
     if "run" in certificate:
-        return certificate["run"]
+        # 1.2 sealed git_tree_clean in provenance; 1.3 records it here
+        return {"git_tree_clean": certificate.get("provenance", {}).get("git_tree_clean"), **certificate["run"]}
     provenance = certificate.get("provenance", {})
-    return {**provenance.get("timing", {}), "command": provenance.get("command"), "created_utc": provenance.get("created_utc")}
+    return {**provenance.get("timing", {}), "command": provenance.get("command"), "created_utc": provenance.get("created_utc"),
+            "git_tree_clean": provenance.get("git_tree_clean")}
 
 
 @lru_cache(maxsize=None)
@@ -171,7 +173,49 @@ def load(path: Path) -> dict:
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise CertificateError(f"{path}: does not match the certificate schema: {errors[0]}{more}")
+    found = contradictions(certificate)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise CertificateError(f"{path}: contradicts itself: {found[0]}{more}; refused, although its digest matches")
     return certificate
+
+
+def contradictions(certificate: dict) -> list[str]:
+    """Every way a certificate's verdict and flags disagree with its own numbers, one line each (empty: none).
+
+    A digest proves that nothing changed since the digest was computed, not who computed it: anyone
+    can edit a certificate and seal it again (docs/certificates.md). So what a reader is shown is
+    first re-derived from the evidence inside, by the rule that made it:
+    - each check passes exactly when its worst residual/bound is at most 1;
+    - each control is detected exactly when its margin reaches its detection factor, and no factor
+      is below the project's (DETECTION_FACTOR): a lowered factor would let any control pass;
+    - the verdict is the one propositions.kit.common.decide_verdict gives from the checks, controls,
+      exact checks and symbolic steps (a claim may be stricter, inconclusive for reasons of its own,
+      never laxer), and a pass lists no failure and no reason to be inconclusive.
+    """
+    from propositions.kit.common import DETECTION_FACTOR, decide_verdict
+
+    found: list[str] = []
+    for check in certificate.get("numerical", {}).get("checks", []):
+        ratio = as_float(check.get("max_ratio"))
+        if check.get("samples", 0) > 0 and check.get("passed") is not (ratio <= 1.0):
+            found.append(f"check {check.get('name')} says passed={check.get('passed')} at worst residual/bound {ratio:.3g}")
+    for control in certificate.get("controls", []):
+        margin, factor = as_float(control.get("margin")), as_float(control.get("detection_factor", DETECTION_FACTOR))
+        if factor < DETECTION_FACTOR:
+            found.append(f"control {control.get('name')} has detection factor {factor:g}, below the project's {DETECTION_FACTOR:g}")
+        if control.get("detected") is not (margin >= factor):
+            found.append(f"control {control.get('name')} says detected={control.get('detected')} at margin {margin:.3g} (factor {factor:g})")
+    derived, failures, _ = decide_verdict(certificate)
+    verdict = certificate.get("verdict")
+    if derived == "fail" and verdict != "fail":
+        found.append(f"verdict {verdict!r}, but its own evidence fails ({failures[0]})")
+    elif derived == "inconclusive" and verdict == "pass":
+        found.append("verdict 'pass', but its own evidence is inconclusive")
+    if verdict == "pass" and (certificate.get("failures") or certificate.get("inconclusive")):
+        listed = (certificate.get("failures") or certificate.get("inconclusive"))[0]
+        found.append(f"verdict 'pass' beside a recorded failure or reason: {listed}")
+    return found
 
 
 def as_float(value) -> float:
@@ -181,6 +225,15 @@ def as_float(value) -> float:
     if isinstance(value, str):
         return float(value)  # "inf", "-inf", "nan" are exactly what float() reads
     return float(value)
+
+
+def precision_text(certificate: dict) -> str:
+    """The dtypes the certificate's numbers under test were computed in ("float32"; "float64, float32,
+    bfloat16"), from numerical.precision (schema 1.3; older certificates: numerical.dtype)."""
+    parts = certificate["numerical"].get("precision")
+    if not parts:
+        return certificate["numerical"].get("dtype", "float64")
+    return ", ".join(dict.fromkeys(dtype for part in parts if part["role"] == "under test" for dtype in part["dtypes"]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,16 +259,17 @@ def citation(certificate: dict, style: str = "text") -> str:
     version = provenance["project_version"]
     source = f"stiefel-adam-certify {version}" + (f" @ {commit[:12]}" if commit else "")
     docs = certificate["statement"].get("docs")
+    precision = precision_text(certificate)
     if style == "text":
         return (
-            f"{certificate['id']} ({certificate['title']}): {certificate['verdict']}, "
+            f"{certificate['id']} ({certificate['title']}): {certificate['verdict']} in {precision}, "
             f"sha256 {digest[:16]}, {source}; reproduce: {provenance['reproduce']}"
         )
     if style == "markdown":
         lines = [
             f"**{certificate['id']}: {certificate['title']}**: {certificate['statement']['text']}",
             "",
-            f"Verdict **{certificate['verdict']}** · sha256 `{digest}` · {source.replace(' @ ', ', commit `') + ('`' if commit else '')} · "
+            f"Verdict **{certificate['verdict']}** in {precision} · sha256 `{digest}` · {source.replace(' @ ', ', commit `') + ('`' if commit else '')} · "
             f"reproduce: `{provenance['reproduce']}`" + (f" · [{docs}]({docs})" if docs else ""),
         ]
         return "\n".join(lines)
@@ -225,9 +279,9 @@ def citation(certificate: dict, style: str = "text") -> str:
         "author": "{stiefel-adam-certify}",
         "year": f"{{{_bibtex_escape(year)}}}" if year.isdigit() else None,
         "version": f"{{{_bibtex_escape(version)}}}",
-        "howpublished": f"{{certificate {certificate['id']}, verdict {certificate['verdict']}, sha256 {digest}}}",
+        "howpublished": f"{{certificate {certificate['id']}, verdict {certificate['verdict']} in {precision}, sha256 {digest}}}",
         "note": "{" + _bibtex_escape(
-            f"Statement: {certificate['statement']['text']} Verdict: {certificate['verdict']}. "
+            f"Statement: {certificate['statement']['text']} Verdict: {certificate['verdict']}, computed in {precision}. "
             f"stiefel-adam-certify {version}" + (f", git commit {commit}" if commit else "") + f". Reproduce: {provenance['reproduce']}"
             + (f". Documentation: {docs}" if docs else "")
         ) + "}",

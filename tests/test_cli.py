@@ -362,7 +362,6 @@ def test_verify_with_the_same_fingerprint_rejects_a_changed_residual(certified, 
         (lambda c: c["numerical"]["checks"][0].update(samples=10**6), "check fake_identity: samples 1000000 recorded, 200 reproduced"),
         (lambda c: c["numerical"]["checks"][0].update(shapes=[[1024, 128]]), "check fake_identity: shapes [[1024, 128]] recorded, [[4, 2]] reproduced"),
         (lambda c: c["provenance"].update(reproduce="certify run P1 --seed 7 --profile thorough"), "reproduce command"),
-        (lambda c: c["numerical"]["checks"][0].update(max_ratio=3.0), "recorded passed True with worst residual/bound 3.0"),
     ],
 )
 def test_verify_rejects_a_doctored_certificate_on_any_machine(certified, capsys, doctor, expected):
@@ -445,7 +444,7 @@ def test_cite_is_one_line_with_id_digest_verdict_and_command(certified, capsys):
     lines = out.strip().splitlines()
     assert len(lines) == 1
     digest = json.loads(certified.read_text())["digest"]["value"]
-    assert lines[0].startswith("P1 (fake claim P1): pass, sha256 " + digest[:16])
+    assert lines[0].startswith("P1 (fake claim P1): pass in float64, sha256 " + digest[:16])
     assert lines[0].endswith("reproduce: certify run P1 --seed 7 --profile quick")
 
 
@@ -455,14 +454,14 @@ def test_cite_markdown_and_bibtex(certified, capsys):
     code, out, _ = run_main(capsys, "cite", str(certified), "--format", "markdown")
     assert code == 0
     assert out.startswith("**P1: fake claim P1**: statement of P1")
-    assert f"Verdict **pass** · sha256 `{digest}`" in out
+    assert f"Verdict **pass** in float64 · sha256 `{digest}`" in out
     assert "reproduce: `certify run P1 --seed 7 --profile quick`" in out and "[docs/claims.md#p1](docs/claims.md#p1)" in out
 
     code, out, _ = run_main(capsys, "cite", str(certified), "--format", "bibtex")
     assert code == 0
     lines = out.strip().splitlines()
     assert lines[0] == f"@misc{{stiefel-adam-certify:P1:{digest[:12]}," and lines[-1] == "}"
-    assert f"  howpublished = {{certificate P1, verdict pass, sha256 {digest}}}," in lines
+    assert f"  howpublished = {{certificate P1, verdict pass in float64, sha256 {digest}}}," in lines
     note = next(line for line in lines if line.startswith("  note = "))
     assert "Reproduce: certify run P1 --seed 7 --profile quick" in note
     assert "docs/claims.md\\#p1" in note  # LaTeX's # escaped
@@ -542,3 +541,42 @@ def test_verify_skips_the_mutation_report_beside_the_certificates(registry, caps
     assert code == 0
     code, out, _ = run_main(capsys, "verify", str(tmp_path / "P1.json"), str(tmp_path / "mutation.json"))
     assert code == 0 and "skipped (a mutation report" in out and "reproduced" in out
+
+
+def _failing_relabelled_pass(certificate):
+    """A failing certificate given verdict pass: its first check over its bound and flagged so."""
+    check = certificate["numerical"]["checks"][0]
+    check.update(max_ratio=3.0, passed=False)
+    certificate.update(verdict="pass", failures=[], inconclusive=[])
+
+
+def _flag_flipped(certificate):
+    """A check over its bound whose passed flag still says True."""
+    certificate["numerical"]["checks"][0].update(max_ratio=3.0, passed=True)
+
+
+def _control_relabelled(certificate):
+    """A control below the detection factor marked detected."""
+    certificate["controls"][0].update(margin=2.0, detected=True)
+
+
+def _factor_lowered(certificate):
+    """A control whose detection factor was lowered until it is detected."""
+    certificate["controls"][0].update(margin=2.0, detection_factor=1.0, detected=True)
+
+
+@pytest.mark.parametrize("command", ["cite", "verify"])
+@pytest.mark.parametrize("doctor, expected", [
+    (_failing_relabelled_pass, "verdict 'pass', but its own evidence fails (check fake_identity"),
+    (_flag_flipped, "check fake_identity says passed=True at worst residual/bound 3"),
+    (_control_relabelled, "control qr_retraction says detected=True at margin 2"),
+    (_factor_lowered, "detection factor 1, below the project's 10"),
+])
+def test_a_resealed_certificate_that_contradicts_itself_is_refused_before_anything_is_shown(certified, capsys, command, doctor, expected):
+    """The digest is recomputed after the edit, as anyone can: cite and verify still refuse it, in one
+    line with exit 2, without printing a verdict and (verify) before re-running anything."""
+    _rewrite(certified, doctor, reseal=True)
+    code, out, err = run_main(capsys, command, str(certified))
+    assert code == 2
+    assert "contradicts itself" in error_of(err) and expected in error_of(err)
+    assert "pass" not in out and "re-running" not in out
