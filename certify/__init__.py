@@ -19,8 +19,10 @@ the stage of docs/algorithm.md it gets wrong), `regression` (pytest files replay
 # 1.1: statement.docs and environment.rounding_fingerprint (docs/certificates.md)
 # 1.2: the run record (command, created_utc, timing, workers, scheduler, host) moves from
 #      provenance to `run`, which the digest does not cover: the same evidence, the same digest
-SCHEMA_VERSION = "1.2"
-READABLE_SCHEMA_VERSIONS = ("1.1", "1.2")  # `certify verify` and `cite` read both
+# 1.3: git_tree_clean moves from provenance to `run` (read once before anything is written), and
+#      numerical.precision states the dtypes of each part (numerical.dtype: the ones under test)
+SCHEMA_VERSION = "1.3"
+READABLE_SCHEMA_VERSIONS = ("1.1", "1.2", "1.3")  # `certify verify` and `cite` read all three
 
 # The seed used when none is given on the command line: every default certificate is drawn from it.
 DEFAULT_SEED = 0

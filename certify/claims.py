@@ -59,8 +59,13 @@ def normalise_id(text: str) -> str:
 
 def missing_requirements(claim) -> list[str]:
     """The packages of claim.requires that cannot be imported here."""
+    return missing_requirements_of(claim.requires)
+
+
+def missing_requirements_of(packages) -> list[str]:
+    """The packages named that cannot be imported here."""
     missing = []
-    for package in claim.requires:
+    for package in packages:
         if package == "torch":
             available = torch_available()
         else:
@@ -247,13 +252,12 @@ def _statement(claim_id: str, claim) -> dict:
     return {"text": getattr(claim, "statement", "") or "", "latex": getattr(claim, "latex", "") or "", "docs": certificate_format.docs_pointer(claim_id)}
 
 
-def _provenance(reproduce: str, seed: int, profile: str, optimizer: str, options: dict) -> dict:
-    """What the evidence depends on: the code's version and state, and the run's settings."""
-    git = environment_record.git_state()
+def _provenance(reproduce: str, seed: int, profile: str, optimizer: str, options: dict, git: dict) -> dict:
+    """What the evidence depends on: the code's version and commit, and the run's settings. Whether
+    the working tree had local changes goes to the run record instead (_run_record)."""
     return {
         "project_version": environment_record.project_version(),
         "git_commit": git["commit"],
-        "git_tree_clean": git["tree_clean"],
         "reproduce": reproduce,
         "seed": seed,
         "profile": profile,
@@ -262,10 +266,14 @@ def _provenance(reproduce: str, seed: int, profile: str, optimizer: str, options
     }
 
 
-def _run_record(command: str, wall_seconds: float, frames: int, workers: int | None, scheduler: str | None, claim_timings: dict) -> dict:
-    """How and when this run happened (outside the digest)."""
+def _run_record(command: str, wall_seconds: float, frames: int, workers: int | None, scheduler: str | None, claim_timings: dict, git: dict) -> dict:
+    """How and when this run happened (outside the digest), with the working tree's state as the
+    command found it before it wrote anything: the certificates it writes into a tracked reports/
+    make the tree dirty part-way through a run, so a sealed flag would change the digests of
+    identical evidence."""
     return {
         "command": command,
+        "git_tree_clean": git["tree_clean"],
         "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_seconds": round(wall_seconds, 6),
         "frames_per_second": round(frames / wall_seconds, 3) if frames and wall_seconds > 0 else None,
@@ -291,20 +299,25 @@ def build_certificate(
     workers: int | None = 1,
     scheduler: str | None = None,
     tasks: dict | None = None,
+    git: dict | None = None,
 ) -> dict:
     """An unsealed certificate from a claim's ClaimResult.to_dict() (data), or a stub when data is None.
 
     problem: why there is no data (import failure, exception in run, schema violation); recorded as
     the reason the certificate is inconclusive. workers / scheduler: how the run's tasks were
     executed (certify.execution), recorded in the run record with command, date and
-    wall time, which the digest does not cover.
+    wall time, which the digest does not cover. git: environment.git_state() as the command read
+    it before writing anything (default: read now).
     """
+    git = git if git is not None else environment_record.git_state()
     reproduce = reproduce_command(claim_id, seed, profile, optimizer, options)
     if data is None:
         data = _result_without_evidence("none (the claim did not run)", verdict="inconclusive", inconclusive=[problem or "the claim produced no result"])
     verdict, failures, inconclusive = _audited_verdict(data)
     extra, claim_timings = split_run_record(data.get("extra", {}))
     numerical = _numerical_part(data.get("numerical", {}), seed, profile, reproduce)
+    numerical["precision"] = precision_parts(claim, options, extra)
+    numerical["dtype"] = ", ".join(dict.fromkeys(dtype for part in numerical["precision"] if part["role"] == "under test" for dtype in part["dtypes"]))
     torch_info, torch_device = _torch_record(claim_id, data, options)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -322,9 +335,37 @@ def build_certificate(
         "figures": data.get("figures", {}),
         "notes": list(data.get("notes", [])),
         "environment": environment_record.environment(torch_info, torch_device=torch_device),
-        "provenance": _provenance(reproduce, seed, profile, optimizer, options),
-        "run": {**_run_record(command, wall_seconds, numerical["frames"], workers, scheduler, claim_timings), **({"tasks": tasks} if tasks else {})},
+        "provenance": _provenance(reproduce, seed, profile, optimizer, options, git),
+        "run": {**_run_record(command, wall_seconds, numerical["frames"], workers, scheduler, claim_timings, git), **({"tasks": tasks} if tasks else {})},
     }
+
+
+DTYPE_ORDER = ("float64", "float32", "bfloat16")
+
+
+def precision_parts(claim, options: dict, extra: dict) -> list[dict]:
+    """What the certificate's numbers were computed in, part by part: [{role, part, dtypes}].
+
+    From the claim's declaration (Claim.precisions), with "{dtype}" the claim's dtype option (or the
+    dtype its run reports in extra); for an outside implementation (extra["precision"], the unit
+    roundoffs its bounds were taken at) the part under test is the implementation at its storage
+    and compute dtypes, and the float64 model with its bounds is the reference.
+    """
+    described = extra.get("precision")
+    if isinstance(described, dict) and "storage" in described:
+        name = (extra.get("implementation") or {}).get("name", "the implementation")
+        dtypes = list(dict.fromkeys([described["storage"], described.get("compute", described["storage"])]))
+        return [{"role": "under test", "part": f"{name} (storage {described['storage']}, compute {described.get('compute', described['storage'])})", "dtypes": dtypes},
+                {"role": "reference", "part": "the float64 model of the step and the bounds", "dtypes": ["float64"]}]
+    declared = getattr(claim, "precisions", None) or (("under test", "every check", ("float64",)),)
+    chosen = str(options.get("dtype") or extra.get("dtype") or "float64")
+    parts = []
+    for role, part, dtypes, *needs in declared:
+        if needs and needs[0] in missing_requirements_of((needs[0],)):
+            continue
+        named = [chosen if dtype == "{dtype}" else dtype for dtype in dtypes]
+        parts.append({"role": role, "part": part, "dtypes": sorted(dict.fromkeys(named), key=lambda d: DTYPE_ORDER.index(d) if d in DTYPE_ORDER else len(DTYPE_ORDER))})
+    return parts
 
 
 _MAX_WARNING_NOTES = 10
@@ -412,14 +453,16 @@ def _sealed_certificate(claim_id: str, data: dict | None, problem: str | None, s
 
 
 def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DEFAULT_OPTIMIZER, options: dict | None = None, command: str,
-                  workers: int | None = 1, scheduler: str | None = None) -> tuple[dict, str | None]:
+                  workers: int | None = 1, scheduler: str | None = None, git: dict | None = None) -> tuple[dict, str | None]:
     """Run one claim and return (sealed, schema-valid certificate, internal-error line or None).
 
     Never raises for a broken claim: an import failure or an exception inside run() gives an
     inconclusive certificate naming it; a result that does not fit the schema gives an
     inconclusive certificate and the internal-error line (the caller reports it on stderr).
     workers / scheduler: recorded in the run record (the tasks run on the current executor of
-    propositions.kit.parallel, which the caller installs: certify.execution.using).
+    propositions.kit.parallel, which the caller installs: certify.execution.using). git: the
+    checkout's state as the command read it once, before it wrote anything (environment.git_state();
+    default: read now, in this process).
     """
     options = dict(options or {})
     started = time.perf_counter()
@@ -430,7 +473,7 @@ def certify_claim(claim_id: str, *, seed: int, profile: str, optimizer: str = DE
             data, problem = _run_claim(claim, adapted, claim_id, seed, profile, optimizer, options)
     wall_seconds = time.perf_counter() - started
     settings = dict(seed=seed, profile=profile, optimizer=optimizer, options=options, command=command, claim=claim, wall_seconds=wall_seconds,
-                    workers=workers, scheduler=scheduler, tasks=task_record(timings, wall_seconds))
+                    workers=workers, scheduler=scheduler, tasks=task_record(timings, wall_seconds), git=git)
     return _sealed_certificate(claim_id, data, problem, settings)
 
 

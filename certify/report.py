@@ -47,6 +47,7 @@ from pathlib import Path
 
 from certify import certificate as certificate_format
 from certify.certificate import as_float
+from propositions.kit.common import DETECTION_FACTOR
 
 REPORT_NAME = "REPORT.md"
 FIGURES_DIR = "figures"
@@ -98,8 +99,17 @@ def smallest_margin(certificate: dict) -> float | None:
     return min(margins) if margins else None
 
 
+precision_text = certificate_format.precision_text
+
+
+def precision_lines(certificate: dict) -> list[str]:
+    """One bullet per part of numerical.precision: what ran in which dtypes, under test or as reference."""
+    return [f"- {part['part']}: {', '.join(part['dtypes'])}" + (" (reference)" if part["role"] == "reference" else "")
+            for part in certificate["numerical"].get("precision", [])]
+
+
 def summary_rows(certificates: list[dict]) -> list[list[str]]:
-    """One row per certificate: id, title, verdict, frames, wall s, frames/s, worst ratio, margin."""
+    """One row per certificate: id, title, verdict, precision, frames, wall s, frames/s, worst ratio, margin."""
     rows = []
     for certificate in certificates:
         timing = certificate_format.run_record(certificate)
@@ -108,6 +118,7 @@ def summary_rows(certificates: list[dict]) -> list[list[str]]:
                 certificate["id"],
                 certificate["title"],
                 certificate["verdict"],
+                precision_text(certificate),
                 format_number(certificate["numerical"]["frames"]),
                 f"{timing['wall_seconds']:.2f}",
                 format_number(timing.get("frames_per_second")),
@@ -118,7 +129,7 @@ def summary_rows(certificates: list[dict]) -> list[list[str]]:
     return rows
 
 
-SUMMARY_HEADER = ["id", "title", "verdict", "frames", "wall s", "frames/s", "worst residual/bound", "smallest control margin"]
+SUMMARY_HEADER = ["id", "title", "verdict", "precision", "frames", "wall s", "frames/s", "worst residual/bound", "smallest control margin"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,6 +422,8 @@ def _opening_lines(certificate: dict) -> list[str]:
     if certificate["statement"]["text"]:
         lines += [certificate["statement"]["text"], ""]
     lines += _latex_block(certificate["statement"]["latex"])
+    if certificate["numerical"].get("precision"):
+        lines += ["Computed in:", ""] + precision_lines(certificate) + [""]
     for heading, items in (("Failures", certificate["failures"]), ("Inconclusive", certificate["inconclusive"])):
         if items:
             lines += [f"**{heading}:**", ""] + [f"- {item}" for item in items] + [""]
@@ -604,9 +617,13 @@ def coverage_lines(certificate: dict) -> list[str]:
 
 
 def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> list[str]:
-    """The claim's part of REPORT.md: its opening, then one subsection per tier, the notes and the figures."""
+    """The claim's part of REPORT.md: its opening, then, folded in a details block that a reader opens
+    when she wants them, one subsection per tier, the notes and the figures."""
+    checks, controls = certificate["numerical"]["checks"], certificate["controls"]
+    summary = f"{len(checks)} checks, {len(controls)} controls: tables, distribution, notes and figures"
     return (
         _opening_lines(certificate)
+        + ["<details>", f"<summary>{summary}</summary>", ""]
         + _symbolic_lines(certificate["symbolic"])
         + _exact_lines(certificate["exact"])
         + _numerical_lines(certificate["numerical"])
@@ -615,7 +632,26 @@ def _claim_section(certificate: dict, drawn, as_data, plots_available: bool) -> 
         + _control_lines(certificate["controls"])
         + _notes_lines(certificate["notes"])
         + _figure_lines(certificate["id"], drawn, as_data, plots_available)
+        + ["</details>", ""]
     )
+
+
+def claim_lines(certificates: list[dict]) -> list[str]:
+    """One line per claim: what was certified, at which precision, and how it came out."""
+    lines = []
+    for certificate in certificates:
+        checks, controls = certificate["numerical"]["checks"], certificate["controls"]
+        detected = sum(bool(control.get("detected")) for control in controls)
+        lines.append(f"- [**{certificate['id']}**](#{_anchor(certificate)}) {certificate['verdict']}, in {precision_text(certificate)}: "
+                     f"{certificate['title']} ({len(checks)} checks, worst residual/bound {format_number(worst_ratio(certificate))}; "
+                     f"{detected} of {len(controls)} controls detected, smallest margin {format_number(smallest_margin(certificate))})")
+    return lines
+
+
+def _anchor(certificate: dict) -> str:
+    """GitHub's anchor of the claim's heading "## ID: title"."""
+    heading = f"{certificate['id']}: {certificate['title']}".lower()
+    return re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
 
 
 def render_markdown(certificates: list[dict], sections: dict, *, plots_available: bool, notes: list[str] = (), total_wall_seconds: float | None = None) -> str:
@@ -632,9 +668,10 @@ def render_markdown(certificates: list[dict], sections: dict, *, plots_available
         environment = first["environment"]
         provenance = first["provenance"]
         commit = provenance.get("git_commit")
+        clean = certificate_format.run_record(first).get("git_tree_clean", provenance.get("git_tree_clean"))
         lines += [
             f"stiefel-adam-certify {provenance['project_version']}"
-            + (f", commit `{commit[:12]}`" + ("" if provenance.get("git_tree_clean") in (True, None) else " (with local changes)") if commit else ", not a git checkout")
+            + (f", commit `{commit[:12]}`" + ("" if clean in (True, None) else " (with local changes)") if commit else ", not a git checkout")
             + f"; Python {environment['python']}, numpy {environment['numpy']}, scipy {environment['scipy']}, sympy {environment['sympy']}, mpmath {environment['mpmath']}"
             + f"; {environment['cpu']} ({environment.get('cpu_count')} logical CPUs), {environment['platform']}.",
             "",
@@ -643,12 +680,20 @@ def render_markdown(certificates: list[dict], sections: dict, *, plots_available
     total = sum(certificate_format.run_record(certificate)["wall_seconds"] for certificate in certificates)
     frames = sum(certificate["numerical"]["frames"] for certificate in certificates)
     wall_text = f"{total_wall_seconds:.2f} s in all" if total_wall_seconds is not None else f"{total:.2f} s in the claims"
-    lines += [f"Written {written}. {len(certificates)} certificate(s), {frames} frames, {wall_text}.", ""]
-    lines += ["## Summary", ""] + _table(SUMMARY_HEADER, summary_rows(certificates)) + [""]
+    counts = {verdict: sum(c["verdict"] == verdict for c in certificates) for verdict in ("pass", "fail", "inconclusive")}
+    lines += ["## Summary", ""]
+    lines += [f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive. "
+              f"Written {written}: {len(certificates)} certificate(s), {frames} frames, {wall_text}.", ""]
+    lines += [f"**Detection factor {DETECTION_FACTOR:g}.** A check passes when its worst residual is at most its bound "
+              f"(residual/bound <= 1); a control (a deliberately broken variant) counts as detected only when its residual is at "
+              f"least {DETECTION_FACTOR:g} times its bound, and a certificate with an undetected control fails.", ""]
+    lines += claim_lines(certificates) + [""]
+    lines += _table(SUMMARY_HEADER, summary_rows(certificates)) + [""]
     lines += [
-        "worst residual/bound: the largest residual over its bound in any check (at most 1 to pass); "
+        "precision: the dtypes the code under test computed in (each claim's section lists its parts, the float64 "
+        "reference among them); worst residual/bound: the largest residual over its bound in any check (at most 1 to pass); "
         "smallest control margin: the residual/bound of the least broken control (at least the "
-        "detection factor to be detected).",
+        "detection factor to be detected). Each claim's tables and figures are folded under its section.",
         "",
     ]
     if not plots_available:

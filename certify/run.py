@@ -40,7 +40,10 @@ def default_out(optimizer: str) -> Path:
 
 
 def output_folder(text: str) -> Path:
-    """The output directory, created now so that an unusable --out fails before any claim runs."""
+    """The output directory, created and written to once now, so that an unusable --out (not a
+    directory, not creatable, read-only) fails in one line before any claim runs, not after."""
+    import tempfile
+
     out = Path(text)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {text}: exists and is not a directory")
@@ -48,6 +51,11 @@ def output_folder(text: str) -> Path:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"--out {text}: cannot be created ({error.strerror or error})") from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".certify-write-check-"):
+            pass
+    except OSError as error:
+        raise UsageError(f"--out {text}: cannot be written ({error.strerror or error})") from None
     return out
 
 
@@ -264,6 +272,9 @@ def _run_and_record(ids: list[str], args, out: Output, command: str, options_for
     (its chunks then run inline in its pool worker, or go back to the cluster from a dask worker).
     """
     optimizer = getattr(args, "optimizer", claims.DEFAULT_OPTIMIZER)
+    from certify import environment as environment_record
+
+    git = environment_record.git_state()  # read once, before this command writes anything
     out_dir = output_folder(str(args.out if args.out is not None else default_out(optimizer)))
     executor = parallel.current()
     started = time.perf_counter()
@@ -279,7 +290,7 @@ def _run_and_record(ids: list[str], args, out: Output, command: str, options_for
             to_run.append(claim_id)
         else:
             out.line(notes[-1])
-    settings = dict(seed=args.seed, profile=args.profile, optimizer=optimizer, command=command, workers=executor.workers, scheduler=executor.scheduler)
+    settings = dict(seed=args.seed, profile=args.profile, optimizer=optimizer, command=command, workers=executor.workers, scheduler=executor.scheduler, git=git)
 
     with Progress(out, len(to_run)) as progress, parallel.reporting(progress.chunks):
         if len(to_run) > 1 and not isinstance(executor, parallel.Inline):

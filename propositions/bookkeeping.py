@@ -280,6 +280,7 @@ CLAIM = Claim(
     requires=("torch",),
     prepare=_prepare,
     environment=one_thread_environment,
+    precisions=(("under test", "the torch optimizer's frames", ("{dtype}",)),),
 )
 
 __all__ = ["CLAIM", "TorchFactory", "broken_classes", "regrouping_allowance"]

@@ -1582,6 +1582,8 @@ CLAIM = Claim(
     default_options=DEFAULT_OPTIONS,
     prepare=_prepare,
     environment=one_thread_environment,
+    precisions=(("under test", "torch_impl.StiefelAdam over the drawn scenarios", DTYPE_NAMES),
+                ("reference", "the float64 model of the step and the bounds", ("float64",))),
 )
 
 __all__ = ["CLAIM", "CONTROL_NAMES", "CONTROLS", "ScenarioRun", "Subject", "broken_subjects", "real_subject", "refusal_part",

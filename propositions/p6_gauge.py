@@ -526,4 +526,5 @@ CLAIM = Claim(
         "optimizer selects the gradient map riemannian_gradient(W, G, 0, variant) of the gauge-orthogonality "
         "check only; P6 is about gradients, not steps.",
     ),
+    precisions=(("under test", "the attention layer's hand-written gradients, finite differences and torch autograd", ("float64",)),),
 )

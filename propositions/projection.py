@@ -418,4 +418,5 @@ CLAIM = Claim(
         Control("shortcut_retract", control_part, "a polar_retract by (W + xi)(I + xi^T xi)^(-1/2): the polar factor only for tangent "
                 "xi at an exact frame"),),
     prepare=_prepare,
+    precisions=(("under test", "reference_impl.project_to_manifold", ("float64",)), ("under test", "torch_impl.polar_retract", RETRACT_DTYPES, "torch"), ("reference", "the nearest frame in mpmath and the bounds", ("float64",))),
 )

@@ -601,4 +601,5 @@ CLAIM = Claim(
         "the DKW (KS) or Chernoff (binomial) lower bound on -log10 p",
     ),
     prepare=_prepare,
+    precisions=(("under test", "reference_impl.random_point and its statistics", ("float64",)), ("under test", "torch_impl.stiefel_init_", TORCH_DTYPES, "torch")),
 )

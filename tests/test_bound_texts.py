@@ -9,6 +9,7 @@ text (one the code no longer uses) fails this test."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -48,21 +49,28 @@ def _values(stage, rng) -> dict:
 def check_blocks(text: str) -> int:
     """Assert that every stage block of `text` is its stage's rendered formula and evaluates to the
     stage's value; returns the number of blocks."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(17)))
     blocks = BLOCK.findall(text)
     for name, symbol, formula in blocks:
-        assert name in STAGES, f"the text cites a stage {name!r} that no code defines"
-        stage = STAGES[name]
-        assert symbol == stage.symbol, f"{name}: text says {symbol}, code {stage.symbol}"
-        assert formula == sympy.sstr(stage.expr), f"{name}: the text's formula {formula!r} is not the code's {sympy.sstr(stage.expr)!r}"
-        parsed = sympy.sympify(formula, locals={**stage.symbols, "gamma_n": GAMMA})
-        assert sympy.simplify(parsed - stage.expr) == 0
-        for _ in range(3):
-            values = _values(stage, rng)
-            by_text = parsed.subs({stage.symbols[p]: v for p, v in values.items()}).replace(
-                GAMMA, lambda n, unit: n * unit / (1 - n * unit))
-            assert float(stage(**values)) == pytest.approx(float(by_text), rel=1e-12)
+        _check_block(name, symbol, formula)
     return len(blocks)
+
+
+@functools.lru_cache(maxsize=None)
+def _check_block(name: str, symbol: str, formula: str) -> None:
+    """One stage block (texts repeat the same blocks: each distinct one is simplified and evaluated once,
+    at three points drawn from a seed of its own)."""
+    assert name in STAGES, f"the text cites a stage {name!r} that no code defines"
+    stage = STAGES[name]
+    assert symbol == stage.symbol, f"{name}: text says {symbol}, code {stage.symbol}"
+    assert formula == sympy.sstr(stage.expr), f"{name}: the text's formula {formula!r} is not the code's {sympy.sstr(stage.expr)!r}"
+    parsed = sympy.sympify(formula, locals={**stage.symbols, "gamma_n": GAMMA})
+    assert sympy.simplify(parsed - stage.expr) == 0
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(17)))
+    for _ in range(3):
+        values = _values(stage, rng)
+        by_text = parsed.subs({stage.symbols[p]: v for p, v in values.items()}).replace(
+            GAMMA, lambda n, unit: n * unit / (1 - n * unit))
+        assert float(stage(**values)) == pytest.approx(float(by_text), rel=1e-12)
 
 
 def _claim_texts() -> dict[str, str]:
@@ -116,7 +124,12 @@ def test_every_text_names_only_constants_the_code_evaluates(source):
     texts = _claim_texts() if source == "claims" else _certificate_texts()
     assert texts
     blocks = 0
+    # many checks share one derivation text (every chunk's copy, every dtype's): each distinct text is
+    # parsed once, and a failure names the first place it appears
+    first_place = {}
     for where, text in texts.items():
+        first_place.setdefault(text, where)
+    for text, where in first_place.items():
         for retired in RETIRED:
             assert retired not in text, f"{where}: cites {retired!r}, which no code evaluates"
         blocks += check_blocks(text)

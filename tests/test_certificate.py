@@ -377,7 +377,8 @@ def _as_schema_1_1(certificate: dict) -> dict:
     old = copy.deepcopy(certificate)
     run = old.pop("run")
     old["schema_version"] = "1.1"
-    old["provenance"].update(command=run["command"], created_utc=run["created_utc"],
+    old["numerical"].pop("precision")
+    old["provenance"].update(command=run["command"], created_utc=run["created_utc"], git_tree_clean=run["git_tree_clean"],
                              timing={"wall_seconds": run["wall_seconds"], "frames_per_second": run["frames_per_second"]})
     return certificate_format.seal(old)
 

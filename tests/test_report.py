@@ -108,9 +108,9 @@ def test_report_with_matplotlib_draws_every_plot(certificates, tmp_path):
 def test_report_contents(certificates, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "load_figure_class", lambda: None)  # the text only; drawing is tested above
     text = report.write_report(certificates, tmp_path, total_wall_seconds=1.5)[0].read_text()
-    assert "| id | title | verdict | frames | wall s | frames/s | worst residual/bound | smallest control margin |" in text
-    assert "| P1 | title \\| of P1 | pass | 32 |" in text
-    assert "| P2 | title \\| of P2 | fail | 32 |" in text
+    assert "| id | title | verdict | precision | frames | wall s | frames/s | worst residual/bound | smallest control margin |" in text
+    assert "| P1 | title \\| of P1 | pass | float64 | 32 |" in text
+    assert "| P2 | title \\| of P2 | fail | float64 | 32 |" in text
     assert "1.5 s in all" in text or "1.50 s in all" in text
     assert "The statement of P1." in text
     assert "$$\nP_W^2 = P_W\n$$" in text

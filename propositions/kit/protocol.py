@@ -266,6 +266,11 @@ class Claim:
     (default known_variant: the optimizer must be a variant of reference_impl).
     environment(ctx): a context manager the whole run happens inside (e.g. one thread), and each
     background part wherever its task runs: a module-level function (a task's arguments are pickled).
+    precisions: what the claim computes, part by part: (role, part, dtypes[, package]) with role
+    "under test" (the code the certificate is about) or "reference" (the float64 model and the bounds
+    it is held to); "{dtype}" in dtypes stands for the claim's dtype option; a part that runs only
+    where an optional package imports names it, and is left out of the certificate where it does not. The certificate states them
+    (numerical.precision), and its numerical.dtype names the dtypes under test.
     """
 
     id: str
@@ -281,6 +286,7 @@ class Claim:
     default_options: tuple[tuple[str, str], ...] = ()
     prepare: Callable[[Context], Context | None] | None = known_variant
     environment: Callable[[Context], ContextManager] | None = None
+    precisions: tuple[tuple, ...] = (("under test", "reference_impl's step and every check", ("float64",)),)
 
     @property
     def control_names(self) -> tuple[str, ...]:
