@@ -45,7 +45,7 @@ of every check, the detection of every control, counts, shapes and the reproduce
 agree on any machine; residuals must be bit-identical only where the re-run's rounding
 fingerprint is the recorded one, and are reported, never required, elsewhere. It prints, per
 certificate, a verdict line, the fingerprint line and a table of every check and control
-(recorded residual, re-run residual, bound, ratio, pass, bit-identical); --report FILE also writes
+(at each check's worst sample: recorded residual, re-run residual, re-run bound, ratio, pass, bit-identical); --report FILE also writes
 that as markdown; a certificate whose implementation cannot be used here (its module does not
 import) is not re-run, and says so in one line. `cite` prints a citation (text: one line; markdown; bibtex) with the id,
 statement, verdict, digest, project version and commit and the reproduce command.

@@ -458,9 +458,9 @@ def _verification_header(loaded: list, entries: list) -> list[str]:
         "Each re-run starts from the certificate's recorded seed, profile, optimizer and options. Verdicts, the pass/fail of "
         "every check, the detection of every control, counts, shapes and the reproduce command must agree on any machine; "
         "residuals must be bit-identical only where the rounding fingerprint matches the recorded one (docs/certificates.md). "
-        "recorded / re-run residual: the worst residual of a check (largest over its samples) or a control's deciding one; "
-        "bound: the largest per-sample bound of a check; re-run ratio: worst residual/bound (at most 1 passes) or a control's "
-        "margin (at least its detection factor detects).",
+        "Each row is one sample: a check's worst one (largest residual/bound) or a control's deciding one; recorded / re-run "
+        "residual: its residual; re-run bound: its bound in the re-run; re-run ratio: re-run residual / re-run bound, the "
+        "worst residual/bound of a check (at most 1 passes) or a control's margin (at least its detection factor detects).",
     ]
 
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from certify import certificate as certificate_format
 from certify import environment as environment_record
 
-DEFAULT_DETECTION_FACTOR = 10.0  # propositions._common.DETECTION_FACTOR, for a control that does not record its own
 
 
 @dataclass
@@ -53,6 +52,11 @@ class Row:
     recorded_passed: bool | None = None
     rerun_passed: bool | None = None
     bit_identical: bool = False
+    # the residuals and the re-run bound at the sample that decides (a check's largest residual/bound,
+    # a control's deciding sample): what the tolerance table shows, so residual / bound = ratio on a row
+    recorded_deciding_residual: object = None
+    rerun_deciding_residual: object = None
+    rerun_deciding_bound: object = None
 
 
 @dataclass
@@ -143,22 +147,24 @@ def _counterexample_differences(recorded: dict, reproduced: dict) -> list[str]:
 
 
 def _self_contradictions(recorded: dict) -> list[str]:
-    """Where a (re-sealed) certificate contradicts its own numbers; each is a difference."""
-    found = []
-    for check in recorded["numerical"]["checks"]:
-        ratio = certificate_format.as_float(check.get("max_ratio"))
-        should_pass = check.get("samples", 0) > 0 and ratio <= 1.0  # nan compares False: not passed
-        if bool(check.get("passed")) != should_pass:
-            found.append(f"check {check.get('name')}: recorded passed {bool(check.get('passed'))} with worst residual/bound {check.get('max_ratio')!r}")
-    for control in recorded["controls"]:
-        margin = certificate_format.as_float(control.get("margin"))
-        factor = control.get("detection_factor", DEFAULT_DETECTION_FACTOR)
-        if bool(control.get("detected")) != (margin >= factor):
-            found.append(f"control {control.get('name')}: recorded detected {bool(control.get('detected'))} with margin {control.get('margin')!r} against detection factor {factor:g}")
+    """Where a (re-sealed) certificate contradicts its own numbers; each is a difference. load()
+    already refuses such a certificate (certificate.contradictions); this also holds for one built
+    in memory, and checks that the rounding fingerprint hashes to its recorded sha256."""
+    found = certificate_format.contradictions(recorded)
     fingerprint = recorded.get("environment", {}).get("rounding_fingerprint")
     if isinstance(fingerprint, dict) and fingerprint.get("sha256") != environment_record.fingerprint_digest(fingerprint):
         found.append("the recorded rounding fingerprint does not hash to its recorded sha256 (it was edited after it was taken)")
     return found
+
+
+def _at_worst(check: dict, member: str):
+    """A check's residual or bound at its worst sample (the one of largest residual/bound), so that the
+    row's residual, bound and ratio belong together; a check that records no worst sample gives its
+    largest residual and largest bound, which may come from two samples."""
+    worst = check.get("worst_case") or {}
+    if member in worst:
+        return worst[member]
+    return (check.get(member) or {}).get("max")
 
 
 def _rows(recorded: dict, reproduced: dict) -> list[Row]:
@@ -174,6 +180,7 @@ def _rows(recorded: dict, reproduced: dict) -> list[Row]:
             before.get("max_ratio"), after.get("max_ratio"),
             before.get("passed") if before else None, after.get("passed") if after else None,
             bool(before) and bool(after) and _canonical(numbers(before)) == _canonical(numbers(after)),
+            _at_worst(before, "residual"), _at_worst(after, "residual"), _at_worst(after, "bound"),
         ))
     old, new = _by_name(recorded["controls"]), _by_name(reproduced["controls"])
     for name in list(old) + [name for name in new if name not in old]:
@@ -186,6 +193,7 @@ def _rows(recorded: dict, reproduced: dict) -> list[Row]:
             before.get("margin"), after.get("margin"),
             before.get("detected") if before else None, after.get("detected") if after else None,
             bool(before) and bool(after) and _canonical(numbers(before)) == _canonical(numbers(after)),
+            before.get("residual"), after.get("residual"), after.get("bound"),
         ))
     return rows
 
@@ -256,7 +264,7 @@ def compare(recorded: dict, reproduced: dict) -> Comparison:
 # The tolerance report
 # --------------------------------------------------------------------------------------------
 
-TABLE_HEADER = ["check / control", "recorded residual", "re-run residual", "bound", "re-run ratio", "pass", "bit-identical"]
+TABLE_HEADER = ["check / control", "recorded residual", "re-run residual", "re-run bound", "re-run ratio", "pass", "bit-identical"]
 
 
 def _number(value) -> str:
@@ -284,9 +292,9 @@ def table_rows(comparison: Comparison) -> list[list[str]]:
         label = row.name if row.kind == "check" else f"control {row.name}"
         rows.append([
             label,
-            _number(row.recorded_residual),
-            _number(row.rerun_residual),
-            _number(row.rerun_bound if row.rerun_bound is not None else row.recorded_bound),
+            _number(row.recorded_deciding_residual),
+            _number(row.rerun_deciding_residual),
+            _number(row.rerun_deciding_bound),
             _number(row.rerun_ratio),
             _flag(row.recorded_passed, row.rerun_passed, "yes" if row.kind == "check" else "detected"),
             "yes" if row.bit_identical else "no",

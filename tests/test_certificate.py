@@ -318,8 +318,8 @@ def test_compare_rejects_a_certificate_that_contradicts_its_own_numbers():
     recorded = _certificate(seed=2)
     rerun = _certificate(seed=2)
     for mutate, expected in [
-        (lambda c: c["numerical"]["checks"][0].__setitem__("max_ratio", 5.0), "check identity: recorded passed True with worst residual/bound 5.0"),
-        (lambda c: c["controls"][0].__setitem__("margin", 2.0), "control qr_retraction: recorded detected True with margin 2.0 against detection factor 10"),
+        (lambda c: c["numerical"]["checks"][0].__setitem__("max_ratio", 5.0), "check identity says passed=True at worst residual/bound 5"),
+        (lambda c: c["controls"][0].__setitem__("margin", 2.0), "control qr_retraction says detected=True at margin 2 (factor 10)"),
         (lambda c: c["environment"]["rounding_fingerprint"]["computations"].__setitem__("numpy.matmul", "0" * 64),
          "the recorded rounding fingerprint does not hash to its recorded sha256"),
     ]:

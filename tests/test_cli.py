@@ -385,7 +385,7 @@ def test_verify_writes_the_tolerance_report_as_markdown(certified, capsys, tmp_p
     assert text.startswith("# Verification report\n")
     assert "1 of 1 certificate(s) reproduced" in text
     assert "## P1: fake claim P1" in text and "**reproduced**" in text
-    assert "| check / control | recorded residual | re-run residual | bound | re-run ratio | pass | bit-identical |" in text
+    assert "| check / control | recorded residual | re-run residual | re-run bound | re-run ratio | pass | bit-identical |" in text
     assert "| fake_identity |" in text and "| control qr_retraction |" in text
     assert "- note: every re-run residual is within its bound" in text
 
@@ -580,3 +580,17 @@ def test_a_resealed_certificate_that_contradicts_itself_is_refused_before_anythi
     assert code == 2
     assert "contradicts itself" in error_of(err) and expected in error_of(err)
     assert "pass" not in out and "re-running" not in out
+
+
+def test_verify_shows_residual_bound_and_ratio_of_one_sample(certified, capsys, tmp_path):
+    """Each row's re-run residual over its re-run bound is its re-run ratio: the worst sample's, not the
+    largest residual beside the largest bound of two other samples."""
+    report_file = tmp_path / "verification.md"
+    code, _, _ = run_main(capsys, "verify", str(certified), "--report", str(report_file))
+    assert code == 0
+    rows = [line.split("|")[1:-1] for line in report_file.read_text().splitlines() if line.startswith("| fake_identity |")]
+    assert len(rows) == 1
+    residual, bound, ratio = (float(cell) for cell in (rows[0][2], rows[0][3], rows[0][4]))
+    assert residual / bound == pytest.approx(ratio, rel=1e-3)
+    recorded = json.loads(certified.read_text())["numerical"]["checks"][0]
+    assert recorded["residual"]["max"] / recorded["bound"]["max"] != pytest.approx(ratio, rel=1e-3) or recorded["worst_case"]["bound"] == recorded["bound"]["max"]
