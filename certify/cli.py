@@ -10,7 +10,7 @@
     certify regression CERT.json... -o FILE.py
     certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
 
-Defaults: --out reports, --seed 0, --profile default, --optimizer stiefel_adam (the real
+Defaults: --out reports, --seed 0, --profile $CERTIFY_PROFILE or default, --optimizer stiefel_adam (the real
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
 which must then fail), --workers $CERTIFY_WORKERS or the CPUs available. --workers N runs the
 claims' chunk tasks (several claims: the claims themselves) in N processes, --scheduler on a dask
@@ -134,6 +134,18 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def default_profile() -> str:
+    """The profile of `all`, `run` and `crosscheck` when --profile is not given: $CERTIFY_PROFILE (a CI
+    that wants quick runs everywhere), else the default profile. The certificate's reproduce command
+    names the profile either way."""
+    import os
+
+    text = os.environ.get("CERTIFY_PROFILE")
+    if text and text not in PROFILE_NAMES:
+        raise UsageError(f"CERTIFY_PROFILE: must be one of {', '.join(PROFILE_NAMES)}, not {text!r}")
+    return text or DEFAULT_PROFILE
+
+
 def _add_execution_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=_positive_count, default=None, metavar="N", help="worker processes for the claims' chunks (default: the CPUs available, or $CERTIFY_WORKERS); the certificates do not depend on N")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS", help="send the tasks to the dask.distributed cluster at ADDRESS (tcp://host:8786) instead of local processes (extra 'distributed')")
@@ -142,7 +154,7 @@ def _add_execution_options(parser: argparse.ArgumentParser) -> None:
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR", help=f"directory for certificates, REPORT.md and figures/ (default {DEFAULT_OUT}; for any optimizer but the reference's own, a fresh folder run-<UTC time> here)")
     parser.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
-    parser.add_argument("--profile", choices=PROFILE_NAMES, default=DEFAULT_PROFILE, help=f"how much evidence to collect (default {DEFAULT_PROFILE})")
+    parser.add_argument("--profile", choices=PROFILE_NAMES, default=None, help=f"how much evidence to collect (default $CERTIFY_PROFILE, else {DEFAULT_PROFILE})")
     _add_execution_options(parser)
 
 
@@ -253,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "profile", "") is None:
+            args.profile = default_profile()
         with execution.using(make_executor(args)):
             return COMMANDS[args.command](args, Output(), "certify " + shlex.join(argv))
     except (UsageError, certificate_format.CertificateError) as error:

@@ -226,7 +226,7 @@ class Dask:
         try:
             from distributed import Client
         except ImportError:
-            raise ImportError("--scheduler needs dask.distributed, which is not installed (pip install 'stiefel-adam-certify[distributed]')") from None
+            raise ImportError("--scheduler needs dask.distributed, which is not installed (the 'distributed' extra: pip install -e '.[distributed]' in this project's checkout)") from None
         self.client = address if isinstance(address, Client) else Client(address)
         self._owns_client = not isinstance(address, Client)
         self.scheduler = self.client.scheduler.address

@@ -104,7 +104,7 @@ def require_mutmut() -> None:
     try:
         version = importlib.metadata.version("mutmut")
     except importlib.metadata.PackageNotFoundError:
-        raise MissingTool(f"certify mutate needs mutmut {MUTMUT_VERSION}, which is not installed (pip install 'stiefel-adam-certify[mutation]')") from None
+        raise MissingTool(f"certify mutate needs mutmut {MUTMUT_VERSION}, which is not installed (the 'mutation' extra: pip install -e '.[mutation]' in this project's checkout)") from None
     if version != MUTMUT_VERSION:
         raise MissingTool(f"certify mutate reads the results of mutmut {MUTMUT_VERSION}, found mutmut {version} (pip install 'mutmut=={MUTMUT_VERSION}')")
 

@@ -378,7 +378,7 @@ def command_run(args, out: Output, command: str) -> int:
     for claim_id in ids:
         missing = _missing(claim_id)
         if missing:
-            raise UsageError(f"{claim_id} needs {', '.join(missing)}, which is not installed (pip install 'stiefel-adam-certify[{missing[0]}]')")
+            raise UsageError(f"{claim_id} needs {', '.join(missing)}, which is not installed (the '{missing[0]}' extra: pip install -e '.[{missing[0]}]' in this project's checkout)")
     return _run_and_record(ids, args, out, command, _options_for, [])
 
 
@@ -390,7 +390,7 @@ def command_crosscheck(args, out: Output, command: str) -> int:
 
 def require_torch(options: dict, what: str) -> None:
     if not claims.torch_available():
-        raise UsageError(f"{what} needs torch, which is not installed (pip install 'stiefel-adam-certify[torch]')")
+        raise UsageError(f"{what} needs torch, which is not installed (the 'torch' extra: pip install -e '.[torch]' in this project's checkout)")
     if options.get("device") == "cuda" and not claims.cuda_available():
         raise UsageError(f"{what} asks for device cuda, but CUDA is not available here (torch.cuda.is_available() is False)")
 
@@ -501,7 +501,7 @@ def command_verify(args, out: Output, command: str) -> int:
         raise UsageError("no certificate among the files given")
     for name, recorded in loaded:
         for package in claims.missing_requirements(claims.lookup_claim(recorded["id"])) if recorded["id"] in claims.ALL_IDS else []:
-            raise UsageError(f"verifying {name} needs {package}, which is not installed (pip install 'stiefel-adam-certify[{package}]')")
+            raise UsageError(f"verifying {name} needs {package}, which is not installed (the '{package}' extra: pip install -e '.[{package}]' in this project's checkout)")
         if recorded["id"] == claims.CROSSCHECK_ID:
             require_torch(recorded["provenance"]["options"], f"verifying {name}")
     exit_code = 0

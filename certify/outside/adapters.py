@@ -181,7 +181,7 @@ def _import(module_name: str, spec: str):
     except Exception as error:  # any import failure is the user's input, reported in one line
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         extra = {"geoopt": "bench", "torch": "torch"}.get(module_name.split(".")[0])
-        hint = f"; pip install 'stiefel-adam-certify[{extra}]'" if extra and isinstance(error, ImportError) else ""
+        hint = f"; the '{extra}' extra: pip install -e '.[{extra}]' in this project's checkout" if extra and isinstance(error, ImportError) else ""
         raise AdapterError(f"{spec}: module {module_name!r} does not import ({type(error).__name__}: {message}){hint}") from None
 
 
@@ -442,7 +442,7 @@ def _torch_variant(name: str, spec: str, rest: str, checked: bool = True) -> Ada
     try:
         import torch
     except Exception:
-        raise AdapterError(f"{spec}: needs torch, which is not installed (pip install 'stiefel-adam-certify[torch]')") from None
+        raise AdapterError(f"{spec}: needs torch, which is not installed (the 'torch' extra: pip install -e '.[torch]' in this project's checkout)") from None
     module_name, class_name, options = _torch_parts(spec, rest)
     settings = _TorchSettings.pop_from(dict(options), spec)
     module = _import(module_name, spec)
