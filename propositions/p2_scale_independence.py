@@ -74,7 +74,7 @@ from .kit.figures import LineFigure, Series
 from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbolic, map_evidence
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold
 from .kit.running_bounds import exact_step_norms, plan_chunks, record_trajectory, optimizer_trajectory
-from .kit.running_bounds import coverage_text, informative_steps, replay_vacuous, replayed_check, trajectory_rounding_bound
+from .kit.running_bounds import coverage_text, informative_steps, over_budget_reason, replay_budget, replay_vacuous, replayed_check, trajectory_rounding_bound, REPLAYED_NOTE
 from .kit.running_bounds import worst_over_informative_steps, worst_within
 from .kit.bounds import polar_error_bound
 from .kit.step_analysis import InputErrors, Rounding, step_error, step_error_text
@@ -330,12 +330,13 @@ def trajectory_chunk(chunk, seed: int, profile: Profile, optimizer, *, weight_de
     vacuous = np.flatnonzero(covered < bound.shape[0])
     replay = replayed_check(label)
     replayed = 0
-    if vacuous.size and optimizer == "stiefel_adam" and profile.mp_dps:
+    over_budget = int(vacuous.size) if vacuous.size > replay_budget(count) else 0
+    if vacuous.size and not over_budget and optimizer == "stiefel_adam" and profile.mp_dps:
         replayed = replay_vacuous(replay, vacuous, W0, gradients, config, profile.mp_dps, lambda i: _scaling(float(c[i])), key, seed,
                                   extra_of=lambda i: {"c": float(c[i])})
     truncated = vacuous if not replayed else vacuous[:0]
     counts = Counts(vacuous=int(vacuous.size), replayed=replayed, truncated=int(np.count_nonzero(covered[truncated] > 0)),
-                    uncovered=int(np.count_nonzero(covered[truncated] == 0)))
+                    uncovered=int(np.count_nonzero(covered[truncated] == 0)), over_budget=over_budget)
     if np.any(compared):
         ratio = np.where(compared, np.where(np.isnan(worst_residual), np.inf, worst_residual) / worst_bound, -np.inf)
         worst = int(np.argmax(ratio))
@@ -867,6 +868,7 @@ def scaled_trajectories_part(ctx: Context) -> Evidence:
                              large=MEDIUM_SHAPES)
     vacuous = scale.extra["counts"]["vacuous"] + decay.extra["counts"]["vacuous"]
     replayed = scale.extra["counts"]["replayed"] + decay.extra["counts"]["replayed"]
+    over_budget = scale.extra["counts"]["over_budget"] + decay.extra["counts"]["over_budget"]
     coverage = {name: scale.extra["counts"][name] + decay.extra["counts"][name] for name in ("truncated", "uncovered")}
     shortest = min(scale.extra["truncated_steps"] + decay.extra["truncated_steps"], default=None)
     precision_text = _precision(ctx.optimizer).text()
@@ -898,8 +900,10 @@ def scaled_trajectories_part(ctx: Context) -> Evidence:
             f"With lambda > 0 the decay term lambda W is not scaled by c, so bitwise equality for c = 2^k is not "
             f"implied; measured: {decay_bitwise['bitwise']} of {decay_bitwise['frames']} power-of-two frames "
             "bit-identical. The claim holds there up to the rounding of P_W(lambda W), which the bound carries.",
-        ] + coverage_text("trajectory_scale_invariance", {**coverage, "shortest": shortest}, ctx.profile.steps, precision_text),
-        inconclusive=_nothing_compared(scale_check, decay_check),
+        ] + coverage_text("trajectory_scale_invariance", {**coverage, "shortest": shortest}, ctx.profile.steps, precision_text)
+        + ([REPLAYED_NOTE.format(label="trajectory_scale_invariance", replayed=replayed)] if replayed else []),
+        inconclusive=_nothing_compared(scale_check, decay_check) + (
+            [over_budget_reason("trajectory_scale_invariance", over_budget, scale.frames + decay.frames)] if over_budget else []),
     )
 
 

@@ -64,11 +64,12 @@ import sympy as sp
 import reference_impl as ri
 from reference_impl import StiefelAdamConfig, get_variant
 from reference_impl.adam import clip_to_trust_region, frobenius
-from reference_impl.manifold import feasibility, polar_retract, project_tangent
+from reference_impl.manifold import feasibility, polar_retract
 
 from ._common import LARGE_SHAPES, NumericalCheck, Profile, SymbolicStep, batch_chunks, chunk_frames, rng_for, shape_plan, u
 from ._common import wide_scale_gradients
 from .kit import observability, tightness
+from .kit import model
 from .kit import precision as precisions
 from .kit.step_analysis import bias_power, retraction_error, storage_cast
 from .kit.bounds import FEASIBILITY_TEXT, POLAR_ERROR_TEXT, feasibility_bound, gamma, gram_defect_bound, polar_error_bound
@@ -121,6 +122,15 @@ LATEX = (
 
 def _transpose(A: np.ndarray) -> np.ndarray:
     return np.swapaxes(A, -1, -2)
+
+
+def _projected(W: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """P_W(X) for frames W, X of shape (n, d, r), by the independent model (kit/model.tangent_part),
+    not by reference_impl: the checker's own tangents and its view of the step must not come from
+    the code under test (a broken projection there would make the checker's inputs degenerate, as
+    a projection without sym does: every square frame's P_W(G) became 0). The model evaluates the
+    same products (W^T X, sym, X - W S), so the projection's rounding bounds hold for it alike."""
+    return model.tangent_part(W, X)
 
 
 def rank_one_tangent(W: np.ndarray, rng: np.random.Generator, norm: float) -> np.ndarray:
@@ -277,7 +287,7 @@ def first_moment(W, G, state, config, p: precisions.Precision = precisions.FLOAT
     """
     beta1 = config.betas[0]
     G_decayed = G + config.weight_decay * W
-    g = project_tangent(W, G_decayed, validate=False)
+    g = _projected(W, G_decayed)
     m = beta1 * state.m + (1 - beta1) * g
     allowance = 2 * ((1 - beta1) * entrywise_projection_error(W, G_decayed, p)
                      + 3 * p.u * (beta1 * np.abs(state.m) + (1 - beta1) * np.abs(g)))
@@ -540,12 +550,15 @@ def _tangency(step: _Step) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
         m_defect = (beta1 * tau_in + (1 - beta1) * 2 * (projection_error_bound(d, r, p.u) + feas) * frobenius(step.G)
                     + 6 * p.u * (beta1 * norm_m_in + (1 - beta1) * frobenius(step.g)))
-        bound = 4 * (norm_xi / frobenius(step.m) * m_defect + (p.gamma(d) * math.sqrt(r) + 4 * p.u) * norm_xi)
+        # a zero step (xi = 0 exactly: StiefelAdam takes one only where P_W(G) = 0, a step under test may
+        # take one anywhere) is tangent exactly: its term is 0, not 0/0, and the bound's floor below holds it
+        bound = 4 * (np.where(norm_xi > 0, norm_xi / frobenius(step.m), 0.0) * m_defect + (p.gamma(d) * math.sqrt(r) + 4 * p.u) * norm_xi)
     # a recovered xi* = W_new S - W is itself tangent only up to 2 ||W^T W - I||
     # (propositions/kit/directions.py), plus its distance to the computed xi
     recovery_error = step.recovery_error
     bound = bound + 2 * (1 + feas) * recovery_error + np.where(recovery_error > 0, 2 * feas, 0.0)
-    return frobenius(WtXi + _transpose(WtXi)), bound
+    # a comparison with zero uses an absolute bound > 0 (docs/claims.md#tolerances): u, for a zero step
+    return frobenius(WtXi + _transpose(WtXi)), np.maximum(bound, p.u)
 
 
 def _state_tangency(step: _Step) -> tuple[np.ndarray, np.ndarray]:
@@ -564,7 +577,9 @@ def _conditioning(step: _Step, tangency_bound: np.ndarray) -> tuple[np.ndarray, 
     singular = np.linalg.svd(step.W + step.xi, compute_uv=False)
     cond = singular[:, 0] / singular[:, -1]
     with np.errstate(divide="ignore", invalid="ignore"):
-        bound = 4 * ((step.d * step.r + 2) * step.precision.u + step.feas + tangency_bound / step.norm_xi) * STEP_KAPPA
+        # a zero step leaves W + xi = W, whose condition number is 1 up to its feasibility: no tangency term
+        relative_tangency = np.where(step.norm_xi > 0, tangency_bound / step.norm_xi, 0.0)
+        bound = 4 * ((step.d * step.r + 2) * step.precision.u + step.feas + relative_tangency) * STEP_KAPPA
     return np.maximum(cond - np.sqrt(1 + step.norm_xi**2), 0.0), bound
 
 
@@ -713,7 +728,7 @@ def _random_tangents(checks, W, rng: np.random.Generator, **where) -> None:
     count, d, r = W.shape
     delta = STEP_CONFIG.trust_radius
     Z = rng.standard_normal(W.shape)
-    PZ = project_tangent(W, Z, validate=False)
+    PZ = _projected(W, Z)
     # half of the frames at the boundary ||xi|| = Delta, the rest uniform in (0, Delta]
     norms = np.where(np.arange(count) % 2 == 0, delta, delta * rng.uniform(1e-3, 1.0, size=count))
     xi = PZ * (norms / frobenius(PZ))[:, None, None]
@@ -769,7 +784,7 @@ def conditioning_figure(seed: int) -> dict:
     d, r = CONDITIONING_SHAPE
     rng = rng_for(seed, CLAIM_ID, "figure", d, r)
     W = ri.random_point(d, r, rng, (CONDITIONING_FRAMES,))
-    PZ = project_tangent(W, rng.standard_normal(W.shape), validate=False)
+    PZ = _projected(W, rng.standard_normal(W.shape))
     direction = PZ / frobenius(PZ)[:, None, None]
     one = rank_one_tangent(W[:1], rng, 1.0)
     deltas = np.asarray(CONDITIONING_DELTAS)
@@ -806,7 +821,7 @@ def highprec_check(seed: int, profile: Profile) -> tuple[NumericalCheck, list[di
         if k % 2 == 1 and d > r >= 2:
             xi = rank_one_tangent(W, rng, delta)
         else:
-            PZ = project_tangent(W, rng.standard_normal(W.shape), validate=False)
+            PZ = _projected(W, rng.standard_normal(W.shape))
             xi = delta * PZ / frobenius(PZ)[:, None, None]
         retracted = polar_retract(W, xi, "svd", validate=False)[0]
         reference = polar_retract_mp(W[0], xi[0], dps=profile.mp_dps)

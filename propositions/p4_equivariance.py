@@ -77,7 +77,7 @@ from .kit.protocol import Claim, Context, Control, Counts, Evidence, Part, Symbo
 from .kit.running_bounds import MEDIUM_SHAPES, low_precision_plan, TRAJECTORY_BOUND_TEXT, frame_distance, initial_distance_to_manifold, plan_chunks
 from .kit.running_bounds import record_trajectory, optimizer_trajectory, trajectory_rounding_bound, worst_within
 from .kit.running_bounds import coverage_text, informative_steps
-from .kit.running_bounds import highprec_unit_roundoff, replay_vacuous, replayed_check
+from .kit.running_bounds import highprec_unit_roundoff, over_budget_reason, replay_budget, replay_vacuous, replayed_check, REPLAYED_NOTE
 from .kit.symbolic import is_zero
 from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
 from .kit.bounds import gamma
@@ -306,7 +306,7 @@ def action_chunk(chunk, seed: int, profile: Profile, optimizer, side: str, frame
         _replay_draws(seed, d, r, profile.steps, label, side, n, range(index), seen, frames, large, profile)
     rng, W0, gradients = _draw(seed, d, r, count, profile.steps, label, index)
     act, rounding, O, resampled, acting = _transform(side, transform, n, rng, count, seen)
-    extra: dict = {"counts": Counts(vacuous=0, replayed=0, truncated=0, uncovered=0), "truncated_steps": []}
+    extra: dict = {"counts": Counts(vacuous=0, replayed=0, truncated=0, uncovered=0, over_budget=0), "truncated_steps": []}
     if O is not None:
         extra["haar_draws"] = _record_draws(f"{label} ({d}, {r}) O({n})", O, resampled, d == r)
     replay = replayed_check(label)
@@ -322,7 +322,9 @@ def action_chunk(chunk, seed: int, profile: Profile, optimizer, side: str, frame
     vacuous = np.flatnonzero(covered < profile.steps)
     extra["counts"]["vacuous"] += int(vacuous.size)
     replayed = 0
-    if vacuous.size and optimizer == "stiefel_adam" and profile.mp_dps:
+    if vacuous.size > replay_budget(count):
+        extra["counts"]["over_budget"] += int(vacuous.size)
+    elif vacuous.size and optimizer == "stiefel_adam" and profile.mp_dps:
         replayed = replay_vacuous(
             replay, vacuous, W0, gradients, CONFIG, profile.mp_dps, lambda i: _acting(acting[i], side),
             (CLAIM_ID, label, d, r, index), seed, output_rounding=_replay_product_rounding(n, profile.mp_dps))
@@ -649,8 +651,16 @@ def haar_part(ctx: Context) -> Evidence:
             "(St(d, d) = O(d)).",
         ] + _coverage_notes("left_haar and right_haar", both, ctx),
         inconclusive=(["the Haar draws miss a component of O(n) (docs/algorithm.md#pitfalls requires det -1) at "
-                       + "; ".join(missing)] if missing else []) + _nothing_compared(left.checks + right.checks),
+                       + "; ".join(missing)] if missing else []) + _nothing_compared(left.checks + right.checks)
+        + _over_budget("left_haar and right_haar", both, left.frames + right.frames),
     )
+
+
+def _over_budget(label: str, extra: dict, frames: int) -> list[str]:
+    """The inconclusive reason of frames whose chunks met more vacuous bounds than a correct step does
+    (kit/running_bounds.replay_budget): they were not replayed in the mpmath twin."""
+    over = extra["counts"].get("over_budget", 0)
+    return [over_budget_reason(label, over, frames)] if over else []
 
 
 def _with_samples(checks):
@@ -673,7 +683,8 @@ def _coverage_notes(label: str, extra: dict, ctx: Context) -> list[str]:
     counts = extra["counts"]
     precision = precisions.of(ctx.optimizer if ctx.optimizer == "stiefel_adam" else get_variant(ctx.optimizer))
     return coverage_text(label, {"truncated": counts["truncated"], "uncovered": counts["uncovered"],
-                                 "shortest": min(extra["truncated_steps"], default=None)}, ctx.profile.steps, precision.text())
+                                 "shortest": min(extra["truncated_steps"], default=None)}, ctx.profile.steps, precision.text()) + (
+        [REPLAYED_NOTE.format(label=label, replayed=counts["replayed"])] if counts["replayed"] else [])
 
 
 def _nothing_compared(checks) -> list[str]:
@@ -690,7 +701,7 @@ def signed_permutation_part(ctx: Context) -> Evidence:
     return Evidence(checks=_with_samples(evidence.checks), frames=evidence.frames,
                     extra={"frames_certified_signed_permutation": _certified(evidence.frames, evidence.extra)},
                     notes=_coverage_notes("left_signed_permutation", evidence.extra, ctx),
-                    inconclusive=_nothing_compared(evidence.checks))
+                    inconclusive=_nothing_compared(evidence.checks) + _over_budget("left_signed_permutation", evidence.extra, evidence.frames))
 
 
 def sign_flips_part(ctx: Context) -> Evidence:

@@ -166,8 +166,13 @@ def test_vacuous_decay_bounds_are_replayed_at_high_precision(monkeypatch):
 
     from propositions import get_profile
 
+    from propositions.kit import running_bounds
+
     monkeypatch.setattr(p2, "LOG10_C_RANGE_DECAY", (-6.0, 6.0))
     monkeypatch.setattr(p2, "MEDIUM_SHAPES", ())  # small frames: a replay at 30 digits takes milliseconds there
+    # c down to 10^-6 with decay, beyond the claim's range, meets vacuous bounds more often than the
+    # replay budget of the claim's own regime allows (the next test): the machinery is tested with it lifted
+    monkeypatch.setattr(running_bounds, "REPLAY_RATE", 1.0)
     profile = dataclasses.replace(get_profile("quick"), mp_dps=30)
     result = p2.CLAIM.run(2, profile)
     vacuous = result.extra["vacuous_bounds"]
@@ -185,6 +190,44 @@ def test_vacuous_decay_bounds_are_replayed_at_high_precision(monkeypatch):
     assert 0 < certified["shortest_compared_run"] < profile.steps
     assert any(f"compared over their first steps only (as few as {certified['shortest_compared_run']} of {profile.steps})" in note
                for note in without.notes)
+
+
+def test_more_vacuous_frames_than_the_budget_are_not_replayed_and_make_the_claim_inconclusive(monkeypatch):
+    """The same extended regime at the claim's own replay budget (one frame per chunk plus 10^-3 of its
+    frames): a chunk with more vacuous frames replays none of them, since a replay certifies the mpmath
+    twin of the algorithm, not the code under test; the claim is inconclusive and says so."""
+    import dataclasses
+
+    from propositions import get_profile
+
+    monkeypatch.setattr(p2, "LOG10_C_RANGE_DECAY", (-6.0, 6.0))
+    monkeypatch.setattr(p2, "MEDIUM_SHAPES", ())
+    result = p2.CLAIM.run(2, dataclasses.replace(get_profile("quick"), mp_dps=30))
+    certified = result.extra["frames_certified"]
+    assert 0 < certified["replayed_at_high_precision"] < result.extra["vacuous_bounds"]
+    assert result.verdict == "inconclusive"
+    (reason,) = [text for text in result.inconclusive if "replay budget" in text]
+    assert "not the code under test" in reason
+    assert any("certify the algorithm through the twin, not the float64 code under test" in note for note in result.notes)
+
+
+def test_a_projection_without_sym_in_the_reference_fails_without_replaying_a_frame(monkeypatch):
+    """A broken reference (g = G - W W^T G) makes nearly every running bound vacuous. No frame is
+    replayed in the mpmath twin (which would certify its correct algorithm in place of the broken
+    code, a second or more a frame): the claim fails on its model comparison, at once."""
+    from propositions import get_profile
+    from reference_impl import adam, manifold
+
+    def without_sym(W, G, *, validate=True):
+        return G - W @ (np.swapaxes(W, -1, -2) @ G)
+
+    monkeypatch.setattr(manifold, "project_tangent", without_sym)
+    monkeypatch.setattr(adam, "project_tangent", without_sym)
+    result = p2.CLAIM.run(0, get_profile("quick"))
+    assert result.verdict == "fail"
+    assert result.extra["frames_certified"]["replayed_at_high_precision"] == 0
+    assert any("replay budget" in text for text in result.inconclusive)
+    assert any(name.startswith("trajectory_model_W") for name in (c.name for c in result.checks if not c.passed))
 
 
 # Broken steps built here: plausible mistakes that the earlier checks (W_t only; an eps bound that

@@ -305,6 +305,38 @@ REPLAY_TEXT = ("the two trajectories of a frame whose float64 bound is vacuous, 
                "own norms, plus the rounding of the output's map")
 
 
+# How many frames of a chunk a claim replays at high precision. A correct float64 step meets a
+# vacuous running bound on no frame of the default profile's 10^4 (8 steps) and on a few frames in
+# 10^6 at the thorough profile's 16 steps (the committed certificates, docs/claims.md#p2): a rate of
+# order 10^-6. The budget is one frame per chunk plus REPLAY_RATE of the chunk's frames, a thousand
+# times that rate. More vacuous frames than that say that the step under test amplifies its rounding
+# beyond the analysis of StiefelAdam, or is not that step; replaying them would certify the frames
+# through reference_impl.highprec's twin of the algorithm in place of the code under test (and each
+# replay costs a second or more at mp_dps digits, so a broken step made every claim seem to hang).
+# Such frames are not replayed: they are compared over their informative steps like any other
+# implementation's, counted as over_budget, and the claim is inconclusive, saying why.
+REPLAY_RATE = 1e-3
+
+
+def replay_budget(frames: int) -> int:
+    """The most frames of a chunk of `frames` frames that a claim replays (REPLAY_RATE)."""
+    return 1 + int(frames * REPLAY_RATE)
+
+
+def over_budget_reason(label: str, over_budget: int, frames: int) -> str:
+    """The inconclusive reason of a claim whose chunks met more vacuous bounds than replay_budget."""
+    return (f"{label}: {over_budget} of {frames} frames met a vacuous float64 running bound, more than the replay budget "
+            f"(one frame per chunk plus {REPLAY_RATE:g} of its frames; a correct float64 step meets it on a few frames in 10^6): "
+            "the step amplifies its rounding beyond the analysis of StiefelAdam, or is not that step. They were not replayed "
+            "at high precision, since a replay runs reference_impl.highprec's twin of the algorithm, not the code under test")
+
+
+REPLAYED_NOTE = ("{label}: {replayed} frames whose float64 running bound became vacuous were certified by replaying them in "
+                 "reference_impl.highprec's mpmath twin of the algorithm at mp_dps digits: those frames certify the algorithm "
+                 "through the twin, not the float64 code under test (their float64 runs are compared over their informative "
+                 "steps only)")
+
+
 def replayed_check(label: str) -> NumericalCheck:
     """The check of the frames of `label` replayed at higher precision (replay_vacuous)."""
     return NumericalCheck(f"{label}_replayed", f"max over t of the {label} residual at mp_dps digits, for each frame whose "
