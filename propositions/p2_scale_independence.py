@@ -330,8 +330,10 @@ def trajectory_chunk(chunk, seed: int, profile: Profile, optimizer, *, weight_de
     vacuous = np.flatnonzero(covered < bound.shape[0])
     replay = replayed_check(label)
     replayed = 0
-    over_budget = int(vacuous.size) if vacuous.size > replay_budget(count) else 0
-    if vacuous.size and not over_budget and optimizer == "stiefel_adam" and profile.mp_dps:
+    # only the reference's own frames are replayed (the twin is its algorithm), and only within budget
+    replayable = optimizer == "stiefel_adam" and profile.mp_dps
+    over_budget = int(vacuous.size) if replayable and vacuous.size > replay_budget(count) else 0
+    if vacuous.size and not over_budget and replayable:
         replayed = replay_vacuous(replay, vacuous, W0, gradients, config, profile.mp_dps, lambda i: _scaling(float(c[i])), key, seed,
                                   extra_of=lambda i: {"c": float(c[i])})
     truncated = vacuous if not replayed else vacuous[:0]

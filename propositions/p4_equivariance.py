@@ -322,9 +322,11 @@ def action_chunk(chunk, seed: int, profile: Profile, optimizer, side: str, frame
     vacuous = np.flatnonzero(covered < profile.steps)
     extra["counts"]["vacuous"] += int(vacuous.size)
     replayed = 0
-    if vacuous.size > replay_budget(count):
+    # only the reference's own frames are replayed (the twin is its algorithm), and only within budget
+    replayable = optimizer == "stiefel_adam" and profile.mp_dps
+    if replayable and vacuous.size > replay_budget(count):
         extra["counts"]["over_budget"] += int(vacuous.size)
-    elif vacuous.size and optimizer == "stiefel_adam" and profile.mp_dps:
+    elif vacuous.size and replayable:
         replayed = replay_vacuous(
             replay, vacuous, W0, gradients, CONFIG, profile.mp_dps, lambda i: _acting(acting[i], side),
             (CLAIM_ID, label, d, r, index), seed, output_rounding=_replay_product_rounding(n, profile.mp_dps))
