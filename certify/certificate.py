@@ -180,6 +180,28 @@ def load(path: Path) -> dict:
     return certificate
 
 
+def _settings_contradictions(certificate: dict) -> list[str]:
+    """The settings a certificate states twice must agree: the seed and profile of its provenance and
+    of its numerical part, its id and settings and the reproduce command that `verify` prints (and
+    re-runs from the settings), its precision parts and the dtype word that `cite` prints."""
+    from certify import claims
+
+    found = []
+    provenance, numerical = certificate.get("provenance", {}), certificate.get("numerical", {})
+    for name in ("seed", "profile"):
+        if provenance.get(name) != numerical.get(name):
+            found.append(f"provenance.{name} {provenance.get(name)!r} but numerical.{name} {numerical.get(name)!r}")
+    try:
+        expected = claims.reproduce_command(certificate["id"], provenance["seed"], provenance["profile"], provenance["optimizer"], provenance.get("options", {}))
+    except (KeyError, TypeError):
+        expected = None
+    if expected is not None and provenance.get("reproduce") != expected:
+        found.append(f"reproduce command {provenance.get('reproduce')!r}, but its id and settings give {expected!r}")
+    if numerical.get("precision") and numerical.get("dtype") != precision_text(certificate):
+        found.append(f"numerical.dtype {numerical.get('dtype')!r}, but its precision parts under test are {precision_text(certificate)!r}")
+    return found
+
+
 def contradictions(certificate: dict) -> list[str]:
     """Every way a certificate's verdict and flags disagree with its own numbers, one line each (empty: none).
 
@@ -191,7 +213,9 @@ def contradictions(certificate: dict) -> list[str]:
       is below the project's (DETECTION_FACTOR): a lowered factor would let any control pass;
     - the verdict is the one propositions.kit.common.decide_verdict gives from the checks, controls,
       exact checks and symbolic steps (a claim may be stricter, inconclusive for reasons of its own,
-      never laxer), and a pass lists no failure and no reason to be inconclusive.
+      never laxer), a pass lists no failure and no reason to be inconclusive, a fail lists a
+      failure and an inconclusive verdict a reason;
+    - the settings stated twice agree (_settings_contradictions).
     """
     from propositions.kit.common import DETECTION_FACTOR, decide_verdict
 
@@ -206,8 +230,13 @@ def contradictions(certificate: dict) -> list[str]:
             found.append(f"control {control.get('name')} has detection factor {factor:g}, below the project's {DETECTION_FACTOR:g}")
         if control.get("detected") is not (margin >= factor):
             found.append(f"control {control.get('name')} says detected={control.get('detected')} at margin {margin:.3g} (factor {factor:g})")
+    found += _settings_contradictions(certificate)
     derived, failures, _ = decide_verdict(certificate)
     verdict = certificate.get("verdict")
+    if verdict == "fail" and not certificate.get("failures"):
+        found.append("verdict 'fail' with no failure recorded")
+    if verdict == "inconclusive" and not certificate.get("inconclusive"):
+        found.append("verdict 'inconclusive' with no reason recorded")
     if derived == "fail" and verdict != "fail":
         found.append(f"verdict {verdict!r}, but its own evidence fails ({failures[0]})")
     elif derived == "inconclusive" and verdict == "pass":

@@ -151,8 +151,9 @@ def _add_execution_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS", help="send the tasks to the dask.distributed cluster at ADDRESS (tcp://host:8786) instead of local processes (extra 'distributed')")
 
 
-def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=None, metavar="DIR", help=f"directory for certificates, REPORT.md and figures/ (default {DEFAULT_OUT}; for any optimizer but the reference's own, a fresh folder run-<UTC time> here)")
+def _add_run_options(parser: argparse.ArgumentParser, *, optimizers: bool = False) -> None:
+    fresh = "; for any optimizer but the reference's own, a fresh folder run-<UTC time> here" if optimizers else ""
+    parser.add_argument("--out", default=None, metavar="DIR", help=f"directory for certificates, REPORT.md and figures/ (default {DEFAULT_OUT}{fresh})")
     parser.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
     parser.add_argument("--profile", choices=PROFILE_NAMES, default=None, help=f"how much evidence to collect (default $CERTIFY_PROFILE, else {DEFAULT_PROFILE})")
     _add_execution_options(parser)
@@ -169,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the named claims", formatter_class=_ClaimIdsFormatter)
     run.add_argument("ids", nargs="+", metavar="ID", help=f"claim ids: {CLAIM_IDS}")
-    _add_run_options(run)
+    _add_run_options(run, optimizers=True)
     run.add_argument("--optimizer", default=claims.DEFAULT_OPTIMIZER, metavar="NAME", help="run against this optimizer: a variant (default stiefel_adam; a control name must make the claim fail), a name of certify.outside.adapters.SHORTCUTS or a numpy:/torch: spec (docs/adapters.md)")
     run.add_argument("--implementation", metavar="MODULE:CALLABLE", help="a NumPy step (docs/adapters.md): the same as --optimizer numpy:MODULE:CALLABLE")
     run.add_argument("--torch-optimizer", metavar="MODULE:CLASS[:JSON]", help="a torch.optim.Optimizer (docs/adapters.md): the same as --optimizer torch:MODULE:CLASS[:JSON]")

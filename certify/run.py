@@ -42,8 +42,6 @@ def default_out(optimizer: str) -> Path:
 def output_folder(text: str) -> Path:
     """The output directory, created and written to once now, so that an unusable --out (not a
     directory, not creatable, read-only) fails in one line before any claim runs, not after."""
-    import tempfile
-
     out = Path(text)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {text}: exists and is not a directory")
@@ -51,12 +49,21 @@ def output_folder(text: str) -> Path:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"--out {text}: cannot be created ({error.strerror or error})") from None
+    check_writable(out, f"--out {text}")
+    return out
+
+
+def check_writable(directory: Path, what: str) -> None:
+    """UsageError (one line, exit 2) unless a file can be created in `directory`: tried with a
+    temporary file, as root may write where the permission bits say no and a read-only mount or a
+    pseudo file system (procfs) refuses whatever they say."""
+    import tempfile
+
     try:
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".certify-write-check-"):
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".certify-write-check-"):
             pass
     except OSError as error:
-        raise UsageError(f"--out {text}: cannot be written ({error.strerror or error})") from None
-    return out
+        raise UsageError(f"{what}: no file can be created in {directory} ({error.strerror or error})") from None
 
 
 class Progress:
@@ -435,6 +442,7 @@ def _report_path(text: str | None) -> Path | None:
         raise UsageError(f"--report {text}: is a directory, not a file")
     if not path.parent.is_dir():
         raise UsageError(f"--report {text}: directory {path.parent} does not exist")
+    check_writable(path.parent, f"--report {text}")
     return path
 
 

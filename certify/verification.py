@@ -92,6 +92,15 @@ def _outcome_differences(recorded: dict, reproduced: dict) -> list[str]:
     differences: list[str] = []
     if recorded["verdict"] != reproduced["verdict"]:
         differences.append(f"verdict {recorded['verdict']} recorded, {reproduced['verdict']} reproduced")
+    # what the certificate says it certified, and in which precision: the re-run states it anew
+    for name, old, new in (("id", recorded.get("id"), reproduced.get("id")), ("title", recorded.get("title"), reproduced.get("title")),
+                           ("statement", recorded.get("statement"), reproduced.get("statement"))):
+        if _canonical(old) != _canonical(new):
+            differences.append(f"{name} {old!r} recorded, {new!r} reproduced")
+    if "precision" in recorded["numerical"]:  # schema 1.3
+        for name in ("dtype", "precision"):
+            if _canonical(recorded["numerical"].get(name)) != _canonical(reproduced["numerical"].get(name)):
+                differences.append(f"numerical.{name} {recorded['numerical'].get(name)!r} recorded, {reproduced['numerical'].get(name)!r} reproduced")
     if recorded["symbolic"].get("status") != reproduced["symbolic"].get("status"):
         differences.append(f"symbolic status {recorded['symbolic'].get('status')} recorded, {reproduced['symbolic'].get('status')} reproduced")
     pairs = (

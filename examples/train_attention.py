@@ -111,7 +111,7 @@ def train(model, optimizer, scheduler, steps, log=None):
         accuracy = float((logits[:, 1:].argmax(-1) == targets[:, 1:]).float().mean())
         if log is not None:
             log(step, float(loss.detach()), accuracy, model)
-    return float(loss.detach()), accuracy
+    return float(loss.detach()) if torch.is_tensor(loss) else loss, accuracy
 
 
 def checkpoint(model, optimizer, scheduler) -> bytes:
@@ -129,9 +129,20 @@ def restore(blob: bytes, seed: int, steps: int):
     return model, optimizer, scheduler
 
 
+def _at_least_two(text: str) -> int:
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, not {text!r}") from None
+    if steps < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (a first half ending in the checkpoint and a second half), not {steps}")
+    return steps
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--steps", type=_at_least_two, default=200, help="training steps, at least 2: a first half that ends in "
+                        "the checkpoint, and a second half trained twice (default 200)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", type=Path, default=None, help="also write the half-way checkpoint here")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,8 @@ def test_the_ci_example_fails_with_a_counterexample_when_broken_and_passes_when_
     assert "numpy:mystep:init,step fails P1; minimal counterexample:" in failing.stdout
     assert "P1 trajectory_model_W fails at d=2, r=1, a bare frame, one step" in failing.stdout
     assert "first stage that differs: moments (stages 3-4)" in failing.stdout
+    for line in _documented_block("certify: numpy:mystep:init,step fails P1"):
+        assert line.strip() in failing.stdout, f"docs/ci.md shows {line.strip()!r}, which pytest did not print"
 
     run = _run([*_certify_command(), "run", "P1", "--implementation", "mystep:init,step", "--profile", "quick", "--out", "certificates"], project)
     assert run.returncode == 1 and "minimal counterexample:" in run.stdout, run.stdout + run.stderr
@@ -70,10 +73,22 @@ def test_the_ci_example_fails_with_a_counterexample_when_broken_and_passes_when_
     assert written.returncode == 0, written.stderr
     replayed = _pytest(project, "tests/test_regressions.py")
     assert replayed.returncode == 1 and "1 failed" in replayed.stdout, replayed.stdout
+    documented = re.search(r"# fails: (step 1, residual \S+ > bound \S+)", DOCS.read_text()).group(1)
+    assert documented in replayed.stdout, f"docs/ci.md says the regression file fails with {documented!r}"
 
     step_file.write_text(correct)
     fixed = _pytest(project)
     assert fixed.returncode == 0 and "6 passed" in fixed.stdout, fixed.stdout + fixed.stderr
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "ci.md"
+
+
+def _documented_block(first_line: str) -> list[str]:
+    """The lines of the text block of docs/ci.md that starts with first_line (what the docs show pytest printing)."""
+    text = DOCS.read_text()
+    start = text.index(first_line)
+    return text[start:text.index("```", start)].strip().splitlines()
 
 
 # the float32 port (mystep32.py) with the bias correction of v^ taken from beta1 (stage 5)

@@ -361,7 +361,6 @@ def test_verify_with_the_same_fingerprint_rejects_a_changed_residual(certified, 
     [
         (lambda c: c["numerical"]["checks"][0].update(samples=10**6), "check fake_identity: samples 1000000 recorded, 200 reproduced"),
         (lambda c: c["numerical"]["checks"][0].update(shapes=[[1024, 128]]), "check fake_identity: shapes [[1024, 128]] recorded, [[4, 2]] reproduced"),
-        (lambda c: c["provenance"].update(reproduce="certify run P1 --seed 7 --profile thorough"), "reproduce command"),
     ],
 )
 def test_verify_rejects_a_doctored_certificate_on_any_machine(certified, capsys, doctor, expected):
@@ -571,6 +570,12 @@ def _factor_lowered(certificate):
     (_flag_flipped, "check fake_identity says passed=True at worst residual/bound 3"),
     (_control_relabelled, "control qr_retraction says detected=True at margin 2"),
     (_factor_lowered, "detection factor 1, below the project's 10"),
+    (lambda c: c["provenance"].update(reproduce="certify run P1 --seed 7 --profile thorough"), "reproduce command 'certify run P1 --seed 7 --profile thorough', but"),
+    (lambda c: c["provenance"].update(profile="default"), "provenance.profile 'default' but numerical.profile 'quick'"),
+    (lambda c: c.update(verdict="fail"), "verdict 'fail' with no failure recorded"),
+    (lambda c: c.update(verdict="inconclusive"), "verdict 'inconclusive' with no reason recorded"),
+    (lambda c: c.update(id="P9"), "reproduce command 'certify run P1 --seed 7 --profile quick', but its id and settings give 'certify run P9"),
+    (lambda c: c["numerical"].update(dtype="bfloat16"), "numerical.dtype 'bfloat16', but its precision parts under test are 'float64'"),
 ])
 def test_a_resealed_certificate_that_contradicts_itself_is_refused_before_anything_is_shown(certified, capsys, command, doctor, expected):
     """The digest is recomputed after the edit, as anyone can: cite and verify still refuse it, in one
@@ -580,6 +585,24 @@ def test_a_resealed_certificate_that_contradicts_itself_is_refused_before_anythi
     assert code == 2
     assert "contradicts itself" in error_of(err) and expected in error_of(err)
     assert "pass" not in out and "re-running" not in out
+
+
+@pytest.mark.parametrize("doctor, expected", [
+    (lambda c: c.update(title="Scale independence for any eps"), "title 'Scale independence for any eps' recorded"),
+    (lambda c: c["statement"].update(text="it equals plain SGD"), "statement {"),
+    (lambda c: c["numerical"]["precision"][0].update(dtypes=["bfloat16"]), "numerical.precision"),
+])
+def test_verify_finds_an_edited_title_statement_or_precision_in_the_re_run(certified, capsys, doctor, expected):
+    """What a certificate says it certified, and in which dtypes, is stated anew by the re-run: a
+    resealed edit of it is a difference (a consistent precision edit also edits dtype)."""
+    def change(certificate):
+        doctor(certificate)
+        certificate["numerical"]["dtype"] = certificate_format.precision_text(certificate)
+
+    _rewrite(certified, change, reseal=True)
+    code, out, _ = run_main(capsys, "verify", str(certified))
+    assert code == 1
+    assert "DIFFERS from its re-run" in out and expected in out
 
 
 def test_verify_shows_residual_bound_and_ratio_of_one_sample(certified, capsys, tmp_path):

@@ -76,9 +76,16 @@ def test_an_unwritable_out_is_refused_in_one_line_before_anything_runs(capsys, a
     seconds = time.perf_counter() - started
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, err
-    assert lines[0].startswith(f"certify: error: --out {_unwritable_directory()}: cannot be written")
+    assert lines[0].startswith(f"certify: error: --out {_unwritable_directory()}: no file can be created in {_unwritable_directory()}")
     assert "running" not in out and "passed" not in out, out
     assert seconds < 30  # refused before the claims: a real run of `all` takes longer than this
+
+
+def test_an_unwritable_verify_report_is_refused_before_the_re_run(capsys, tmp_path):
+    certificate = PROJECT_ROOT / "reports" / "P6.json"
+    code, out, err = run_main(capsys, "verify", str(certificate), "--report", f"{_unwritable_directory()}/verification.md")
+    assert code == 2 and "no file can be created" in err
+    assert "re-running" not in out
 
 
 def test_an_out_below_a_file_is_refused(capsys, tmp_path):

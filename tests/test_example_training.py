@@ -38,3 +38,14 @@ def test_training_example_learns_resumes_bit_for_bit_and_keeps_frames(capsys, tm
     saved = torch.load(tmp_path / "half.pt", weights_only=True)
     kinds = [group["manifold"] for group in saved["optimizer"]["param_groups"]]
     assert kinds == ["stiefel", "euclidean"]
+
+
+def test_the_shortest_runs_work_and_shorter_ones_are_refused_in_one_line(capsys):
+    """Two steps (one per half) resume bit for bit; fewer are refused by the argument parser, not
+    by an AttributeError after training."""
+    example = _load()
+    assert example.main(["--steps", "2"]) == 0
+    assert "bit for bit the same" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        example.main(["--steps", "1"])
+    assert refused.value.code == 2 and "must be at least 2" in capsys.readouterr().err
