@@ -654,13 +654,32 @@ def _anchor(certificate: dict) -> str:
     return re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
 
 
-def render_markdown(certificates: list[dict], sections: dict, *, plots_available: bool, notes: list[str] = (), total_wall_seconds: float | None = None) -> str:
-    """The text of REPORT.md. sections maps a claim id to (drawn figures, data entries) from draw_figures."""
+DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
+
+
+def docs_link(page: str, out_dir: Path | None) -> str:
+    """A link to docs/PAGE from a report written in out_dir: relative, where the project's docs/ lie
+    beside this code (a checkout) and out_dir is under the same root; else the page named as text
+    (an installed wheel has no docs/, and a report under /tmp would link nowhere)."""
+    import os
+
+    target = DOCS_DIR / page
+    if out_dir is not None and target.is_file():
+        out = Path(out_dir).resolve()
+        if DOCS_DIR.parent in out.parents or out == DOCS_DIR.parent:
+            return f"[docs/{page}]({Path(os.path.relpath(target, out)).as_posix()})"
+    return f"docs/{page} of stiefel-adam-certify"
+
+
+def render_markdown(certificates: list[dict], sections: dict, *, plots_available: bool, notes: list[str] = (), total_wall_seconds: float | None = None,
+                    out_dir: Path | None = None) -> str:
+    """The text of REPORT.md. sections maps a claim id to (drawn figures, data entries) from draw_figures;
+    out_dir: where it is written (its links to docs/ are relative to it)."""
     lines = ["# Certification report: Stiefel Adam (arXiv 2609.19363)", ""]
     lines += [
-        "What each claim states and how it is certified: [docs/claims.md](../docs/claims.md) (the mathematics in "
-        "[docs/mathematics.md](../docs/mathematics.md), the algorithm in [docs/algorithm.md](../docs/algorithm.md)); "
-        "the certificate format, `certify verify` and citation: [docs/certificates.md](../docs/certificates.md).",
+        f"What each claim states and how it is certified: {docs_link('claims.md', out_dir)} (the mathematics in "
+        f"{docs_link('mathematics.md', out_dir)}, the algorithm in {docs_link('algorithm.md', out_dir)}); "
+        f"the certificate format, `certify verify` and citation: {docs_link('certificates.md', out_dir)}.",
         "",
     ]
     if certificates:
@@ -746,7 +765,8 @@ def write_report(certificates: list[dict], out_dir: Path, *, notes: list[str] = 
     Figure = load_figure_class()
     drawn = drawn or {}
     sections = {certificate["id"]: drawn.get(certificate["id"]) or draw_figures(certificate, out_dir / FIGURES_DIR, Figure) for certificate in certificates}
-    text = render_markdown(certificates, sections, plots_available=Figure is not None, notes=list(notes), total_wall_seconds=total_wall_seconds)
+    text = render_markdown(certificates, sections, plots_available=Figure is not None, notes=list(notes), total_wall_seconds=total_wall_seconds,
+                           out_dir=out_dir)
     text += mutation_section(out_dir)
     path = out_dir / REPORT_NAME
     path.write_text(text, encoding="utf-8")

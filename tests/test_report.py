@@ -166,3 +166,24 @@ def test_a_claim_whose_residuals_are_all_exact_zeros_still_gets_its_figure(tmp_p
     certificate = {"id": "Z", "numerical": {"checks": [check.to_dict()]}, "figures": {}}
     drawn, _ = report.draw_figures(certificate, tmp_path, Figure)
     assert (tmp_path / drawn[0][1]).stat().st_size > 0
+
+
+def test_the_links_to_the_docs_resolve_from_where_the_report_is_written(certificates, tmp_path, monkeypatch):
+    """reports/REPORT.md links ../docs/...; a report two levels down links ../../docs/...; one outside
+    the checkout names the pages as text (a link there would lead nowhere)."""
+    import re as regex
+
+    monkeypatch.setattr(report, "load_figure_class", lambda: None)
+    root = report.DOCS_DIR.parent
+    assert "[docs/claims.md](../docs/claims.md)" in (root / "reports" / "REPORT.md").read_text()
+    nested = root / "reports" / "nested-link-test" / "out"
+    try:
+        text = report.write_report(certificates, nested)[0].read_text()
+        targets = regex.findall(r"\]\((\.\./[^)]+\.md)\)", text)
+        assert targets and all((nested / target).resolve().is_file() for target in targets)
+    finally:
+        import shutil
+
+        shutil.rmtree(root / "reports" / "nested-link-test")
+    outside = report.write_report(certificates, tmp_path)[0].read_text()
+    assert "docs/claims.md of stiefel-adam-certify" in outside and "](../docs/" not in outside
