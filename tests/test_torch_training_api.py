@@ -296,3 +296,48 @@ def test_gradients_set_only_by_the_closure_are_stepped_on_the_first_call():
     optimizer.step(closure)
     assert not torch.equal(p.data, before)
     assert torch.equal(optimizer.state[p]["step"], torch.tensor(1.0, dtype=torch.float64))
+
+
+def _stepped(shape=(6, 3)):
+    import torch_impl
+
+    W = torch.nn.Parameter(torch_impl.stiefel_init_(torch.empty(*shape, dtype=torch.float64)))
+    optimizer = torch_impl.StiefelAdam([W], lr=1e-3)
+    W.grad = torch.randn(*shape, dtype=torch.float64)
+    optimizer.step()
+    return W, optimizer
+
+
+@pytest.mark.parametrize("change, expected", [
+    ("other_shape", "the saved exp_avg has shape (6, 3), a frame state of this parameter (7, 3) has (7, 3)"),
+    ("adam_state", "the saved exp_avg_sq has shape (6, 3), a frame state of this parameter (6, 3) has ()"),
+    ("no_exp_avg", "the saved state has no exp_avg"),
+    ("euclidean_group", "param group 0 is a 'stiefel' group, but the state_dict saved a 'euclidean' group there"),
+])
+def test_a_state_of_another_parameter_or_optimizer_is_refused_naming_the_parameter(change, expected):
+    """A load that cannot be a StiefelAdam frame state is a ValueError naming the parameter, before
+    anything is loaded (it was a RuntimeError of a reshape, or a KeyError, after part of the load)."""
+    import copy
+
+    import torch_impl
+
+    W, optimizer = _stepped()
+    saved = copy.deepcopy(optimizer.state_dict())
+    target = W
+    if change == "other_shape":
+        target = torch.nn.Parameter(torch_impl.stiefel_init_(torch.empty(7, 3, dtype=torch.float64)))
+    elif change == "adam_state":
+        other = torch.nn.Parameter(W.detach().clone())
+        adam = torch.optim.Adam([other])
+        other.grad = torch.randn_like(other)
+        adam.step()
+        saved = adam.state_dict()
+    elif change == "no_exp_avg":
+        del saved["state"][0]["exp_avg"]
+    else:
+        saved["param_groups"][0]["manifold"] = "euclidean"
+    fresh = torch_impl.StiefelAdam([target], lr=1e-3)
+    with pytest.raises(ValueError, match="params\\[0\\] of param group 0|param group 0 is") as refused:
+        fresh.load_state_dict(saved)
+    assert expected in str(refused.value)
+    assert fresh.state_dict()["state"] == {}  # nothing was loaded

@@ -96,6 +96,29 @@ def _check_frame_shape(name: str, tensor: torch.Tensor) -> None:
 ORDINARY_WEIGHT_HINT = "if it is an ordinary weight, put it in a param group with manifold='euclidean' (stepped by AdamW)"
 
 
+def _check_saved_frame_state(name: str, p: torch.Tensor, state: dict) -> None:
+    """ValueError naming the parameter unless `state` is a StiefelAdam frame state for p: exp_avg of
+    p's shape, exp_avg_sq and step of one entry per frame (a step saved as one number, by an earlier
+    version, is one count for every frame). A state of another optimizer (torch.optim.Adam's
+    exp_avg_sq has p's shape) or of another parameter is refused here, not by a reshape later."""
+    if not state:  # a frame that has not stepped yet: nothing saved, nothing to load
+        return
+    frames = tuple(p.shape[:-2])
+    missing = [key for key in ("exp_avg", "exp_avg_sq", "step") if key not in state]
+    if missing:
+        raise ValueError(f"{name}: the saved state has no {', '.join(missing)} (keys {sorted(state)}): not a StiefelAdam frame state")
+    expected = {"exp_avg": tuple(p.shape), "exp_avg_sq": frames}
+    for key, shape in expected.items():
+        value = state[key]
+        if not torch.is_tensor(value) or tuple(value.shape) != shape:
+            found = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+            raise ValueError(f"{name}: the saved {key} has shape {found}, a frame state of this parameter {tuple(p.shape)} has {shape} "
+                             "(the state of another parameter or optimizer)")
+    step = state["step"]
+    if torch.is_tensor(step) and step.dim() and tuple(step.shape) != frames:
+        raise ValueError(f"{name}: the saved step has shape {tuple(step.shape)}, one count per frame of this parameter is {frames}")
+
+
 def _check_frame(name: str, p: torch.Tensor) -> None:
     """ValueError unless p (..., d, r) is a batch of frames on St(d, r) in a supported dtype. A
     tensor on the meta device has no values: its shape and dtype are checked here, its frames by
@@ -446,11 +469,34 @@ class StiefelAdam(torch.optim.Optimizer):
                         f"{name}: gradient must be finite (found NaN or inf); no parameter or state was "
                         "changed (pass skip_nonfinite=True to skip such frames)"
                     )
+                cause = self._nonfinite_setting_or_state(p)
+                if cause:
+                    raise ValueError(f"{name}: the step is not finite because {cause}; no parameter or state was changed")
                 raise ValueError(
                     f"{name}: the step overflowed in {compute_dtype(p.dtype)} (largest gradient entry "
                     f"{float(p.grad.abs().max()):.3g}); no parameter or state was changed "
                     "(scale the loss down, or pass skip_nonfinite=True to skip such frames)"
                 )
+
+    def _nonfinite_setting_or_state(self, p: torch.Tensor) -> str | None:
+        """Why p's step is not finite when its gradient is: a setting of its group that is NaN or
+        inf (set in param_groups, or loaded, after the constructor checked it), or a stored moment
+        that is (a corrupted checkpoint); None where neither is (an overflow of the step itself)."""
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                for key in ("lr", "eps", "weight_decay", "trust_radius"):
+                    value = group.get(key)
+                    if value is not None and not math.isfinite(float(value)) and not (key == "trust_radius" and float(value) == math.inf):
+                        return f"its group's {key} is {float(value)!r}"
+                for beta in group.get("betas", ()):
+                    if not math.isfinite(float(beta)):
+                        return f"its group's betas hold {float(beta)!r}"
+        state = self.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            value = state.get(key)
+            if torch.is_tensor(value) and not bool(torch.isfinite(value).all()):
+                return f"its stored {key} is not finite (a corrupted state_dict?)"
+        return None
 
     # ------------------------------------------------------------------------------------------
     # ordinary tensors
@@ -634,11 +680,19 @@ class StiefelAdam(torch.optim.Optimizer):
         )
         id_to_param = {saved_id: p for saved_id, p in zip(saved_ids, frame_params) if p is not None}
         saved_state = state_dict["state"]
-        # every frame is checked before anything is loaded: a refused load leaves the optimizer as it was
+        # every frame and its saved state is checked before anything is loaded: a refused load leaves
+        # the optimizer as it was, and names the parameter
         for group_index, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
-            if saved.get("manifold", "stiefel") == "stiefel":
-                for position, p in enumerate(group["params"]):
-                    _check_frame(_parameter_name(group, position, group_index), p)
+            manifold = saved.get("manifold", "stiefel")
+            if manifold != group.get("manifold", "stiefel"):
+                raise ValueError(f"param group {group_index} is a {group.get('manifold', 'stiefel')!r} group, but the state_dict saved "
+                                 f"a {manifold!r} group there: load a state_dict of an optimizer with the same groups")
+            if manifold == "stiefel":
+                for position, (p, saved_id) in enumerate(zip(group["params"], saved["params"])):
+                    name = _parameter_name(group, position, group_index)
+                    _check_frame(name, p)
+                    if saved_id in saved_state:
+                        _check_saved_frame_state(name, p, saved_state[saved_id])
         super().load_state_dict(state_dict)
         self._plan = None
         for group in self.param_groups:
