@@ -27,6 +27,10 @@ READABLE_SCHEMA_VERSIONS = ("1.1", "1.2", "1.3")  # `certify verify` and `cite` 
 # The seed used when none is given on the command line: every default certificate is drawn from it.
 DEFAULT_SEED = 0
 DEFAULT_PROFILE = "default"
+# The optimizer a claim runs against when none is named (reference_impl's StiefelAdam), and the id of
+# the torch cross-check, whose reproduce command is `certify crosscheck` (certificate.reproduce_command)
+DEFAULT_OPTIMIZER = "stiefel_adam"
+CROSSCHECK_ID = "crosscheck"
 
 
 
@@ -34,4 +38,4 @@ class UsageError(ValueError):
     """Bad command-line input or an unusable file: reported on one line, exit code 2."""
 
 
-__all__ = ["UsageError", "SCHEMA_VERSION", "READABLE_SCHEMA_VERSIONS", "DEFAULT_SEED", "DEFAULT_PROFILE"]
+__all__ = ["UsageError", "SCHEMA_VERSION", "READABLE_SCHEMA_VERSIONS", "DEFAULT_SEED", "DEFAULT_PROFILE", "DEFAULT_OPTIMIZER", "CROSSCHECK_ID"]

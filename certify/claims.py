@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.util
-import shlex
 import math
 import platform
 import sys
@@ -25,14 +24,13 @@ from pathlib import Path
 import propositions
 from propositions._common import decide_verdict
 from propositions.kit import parallel
-from certify import SCHEMA_VERSION
+from certify import CROSSCHECK_ID, DEFAULT_OPTIMIZER, SCHEMA_VERSION
 from certify import certificate as certificate_format
 from certify import environment as environment_record
 from certify import execution
 from certify import verification
 
-CROSSCHECK_ID = "crosscheck"
-DEFAULT_OPTIMIZER = "stiefel_adam"
+reproduce_command = certificate_format.reproduce_command
 _CERTIFY_DIR = Path(__file__).resolve().parent
 CROSSCHECK_DEVICES = ("cpu", "cuda")
 CROSSCHECK_DTYPES = ("float64", "float32", "bfloat16")
@@ -117,18 +115,6 @@ def torch_environment(device: str) -> dict | None:
         return dict(importlib.import_module("propositions.crosscheck").torch_environment(device))
     except Exception as error:
         return {"error": f"{type(error).__name__}: {error}"}
-
-
-def reproduce_command(claim_id: str, seed: int, profile: str, optimizer: str, options: dict) -> str:
-    """The command line that re-creates a certificate with these settings."""
-    if claim_id == CROSSCHECK_ID:
-        command = f"certify crosscheck --device {options.get('device', 'cpu')} --dtype {options.get('dtype', 'float64')}"
-    else:
-        command = f"certify run {claim_id}"
-    command += f" --seed {seed} --profile {profile}"
-    if optimizer != DEFAULT_OPTIMIZER:
-        command += f" --optimizer {shlex.quote(optimizer)}"
-    return command
 
 
 def describe_error(error: BaseException) -> str:
