@@ -245,7 +245,8 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool) -> dict:
             # fl(c G) = c G (1 + delta), |delta| <= u; the scaled run responds to it as the first to G delta
             # (its Jacobian is the first one's over c): a difference of at most u ||G_t||
             error = 0.0 if exact else U64 * frobenius(G)
-            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, scaled.phi), gradient_error=error)
+            # fixed before the comparison: the untransformed run's feasibility only (kit/blackbox.comparison_bound)
+            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=error)
             residual = frobenius(scaled.frames[1:] - base.frames[1:])
             check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None)
         if scan is None:
@@ -261,7 +262,7 @@ def scale_domain(runner: Runner, W, G, config, base, S, d, r) -> str:
         reach[sign] = "all scanned"
         for k in SCAN_EXPONENTS:
             scaled = runner.run(W, 2.0 ** (sign * k) * G, config, case="P2 scan of c")
-            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, scaled.phi))
+            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi)
             compared = base.ok & np.all(np.isfinite(S), axis=0)  # a frame without a measured bound is not scanned
             with np.errstate(invalid="ignore"):
                 agree = scaled.ok & np.all(frobenius(scaled.frames[1:] - base.frames[1:]) <= bound, axis=0)
@@ -418,8 +419,7 @@ def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
             rounding = gamma(n, U64) if magnitude is not None else 0.0
             gradient_error = rounding * frobenius(magnitude(G)) if magnitude is not None else 0.0
             frame_error = rounding * (frobenius(magnitude(W)) + frobenius(magnitude(base.frames[1:]))) if magnitude is not None else 0.0
-            bound = blackbox.comparison_bound(runner, S, G, d, r, np.maximum(base.phi, moved_run.phi), gradient_error=gradient_error,
-                                              frame_error=frame_error)
+            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=gradient_error, frame_error=frame_error)
             residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
             checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0)
     return [verdict(name, [check.summary()]) for name, check in checks.items()]
@@ -443,8 +443,7 @@ def decay_blindness(runner: Runner, seed: int, eps: float, ignored=()) -> dict:
         moved = frobenius(base.frames[1:] - W)
         for decay in DECAYS:
             decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")
-            phi = np.maximum(base.phi, decayed.phi)
-            bound = blackbox.comparison_bound(runner, S, G, d, r, phi, gradient_error=decay_remainder(runner, W, G, decay, phi, d))
+            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=decay_remainder(runner, W, G, decay, base.phi, d))
             check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok)
     reason, untested = weight_decay_reaches_step(runner, seed, eps, ignored)
     return verdict("P5", [check.summary()], vacuous=reason, untested=untested)
@@ -453,7 +452,8 @@ def decay_blindness(runner: Runner, seed: int, eps: float, ignored=()) -> dict:
 def decay_remainder(runner: Runner, W, G, decay, phi, d) -> np.ndarray:
     """Per step, a bound on the norm by which the gradient the run with decay projects differs from
     the one without (T, frames): the projected decay term lambda W (W^T W - I) (||W||_2 <= 1 + defect,
-    the defect of its input frame at most the larger of W_0's and the runs' phi) and the rounding of
+    the defect of its input frame at most the larger of W_0's and the run without decay's phi: where the
+    property holds the run with decay has that run's frames) and the rounding of
     G + lambda W, u (||G|| + lambda sqrt(r)) (its own projection's rounding is the backward error
     comparison_bound adds, here on the larger input: gamma_{2d}(u) lambda sqrt(r))."""
     r = W.shape[-1]

@@ -28,6 +28,17 @@ preconditioner per frame, P4 left O(d) / right O(r) / signed permutations, P5 bl
                     its own feasibility, not at the one P2's extreme inputs leave.
   TwoDimensionalStiefelAdam   torch_impl.StiefelAdam that takes only (d, r) parameters: all hold,
                     run one parameter per frame.
+  cayley_fixed_adam StiefelAdam's moments and direction retracted by a Cayley transform computed with
+                    three fixed-point iterations Y <- W + (A/2)(W + Y), A = P W^T - W P^T with
+                    P = xi - W (W^T xi) / 2 (so that A W = xi, as Li et al.'s Cayley Adam), started
+                    from W + m, its raw first moment (a point that moves with the gradient's scale, as
+                    an iterative Cayley Adam's does). The iteration's error is (||A||/2)^3 ||m||: about
+                    1e-12 at unit gradients, 1e-6 at c = 2^20, so its runs under c G part far beyond
+                    rounding and leave St by as much. P2 fails (a bound that took the scaled run's own
+                    feasibility grew with that error and read "holds"); P1 holds (a first-order
+                    direction, where A -> 0), and so do P4 (A, W and m transform alike) and P5; P3
+                    is untested: from its warm state (gradients over two decades) the frames leave
+                    St by about 0.1, where the span of the directions cannot be resolved.
 """
 
 from __future__ import annotations
@@ -168,3 +179,16 @@ try:
 
 except ImportError:  # without torch, the NumPy optimizers above still load
     pass
+
+
+def cayley_fixed_adam(W, G, state, config):
+    from reference_impl.adam import moments_and_direction
+
+    g = project_tangent(W, G + config.weight_decay * W, validate=False)
+    m, v, t, xi = moments_and_direction(g, state, config)
+    P = xi - 0.5 * W @ (_transpose(W) @ xi)  # A W = xi for tangent xi: the Cayley step's first order is xi
+    A = P @ _transpose(W) - W @ _transpose(P)
+    Y = W + m
+    for _ in range(3):
+        Y = W + 0.5 * A @ (W + Y)
+    return Y, ri.StiefelAdamState(m=project_tangent(Y, m, validate=False), v=v, t=t)

@@ -16,6 +16,7 @@ import reference_impl as ri
 from certify.outside import properties as outside
 from propositions import properties
 from propositions.kit import blackbox
+from propositions._common import DETECTION_FACTOR
 from certify_fakes import run_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # property_fakes, loaded by name as a user's module would be
@@ -177,3 +178,14 @@ def test_run_properties_asks_the_claims_named(capsys, tmp_path):
     assert code == 2 and "states no property" in err
     code, _, err = run_main(capsys, "compare", "--properties", "numpy:no_such_module_here:step", "--out", str(tmp_path))
     assert code == 2 and "does not import" in err
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_bound_that_cannot_absorb_the_error_it_bounds_fails_a_fixed_count_iteration_at_every_seed(seed):
+    """A Cayley retraction by three fixed-point iterations from W + m (the raw first moment, which
+    scales with the gradient) leaves St by an amount that grows with c: its runs under 2^20 G part by
+    about 1e-6 and leave St by as much. The bound is fixed before the comparison (the untransformed
+    run's feasibility), so P2 fails at every seed; the range of c reported is where the runs agree."""
+    (found,) = properties.ask(outside.resolve("numpy:property_fakes:init,cayley_fixed_adam"), seed, eps_zero=True, only=("P2",))
+    assert found["verdict"] == F and found["margin"] >= DETECTION_FACTOR, (found["verdict"], found["reason"])
+    assert "k > 0: up to 2^" in found["measured"]["scale_domain"], found["measured"]["scale_domain"]

@@ -318,8 +318,18 @@ def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradi
     in the coordinates of that run (a transformation's rounding, measured back through it); each
     run's own rounding adds a backward error gamma_{2d}(u) ||G_t||; the differences of steps 1..t
     add in quadrature (they are entries of one perturbation of (G_1, ..., G_t)). frame_error: an
-    absolute difference of the frames, carried forward; phi (lead,) the larger feasibility of the
-    two runs: each step's output error, of both runs, carried forward too."""
+    absolute difference of the frames, carried forward; phi (lead,) the feasibility of the
+    untransformed run (the one S was measured on): each step's output error, of both runs, carried
+    forward too.
+
+    The bound is fixed before the comparison: it is made of the inputs' rounding, the untransformed
+    run's measurements (S, phi) and the declared precision (u), never of a quantity of the other run.
+    Where the property holds, the other run's frames are the untransformed run's (moved by the
+    transformation, which keeps ||W^T W - I||), so its feasibility is phi up to its rounding, which
+    output_error's E_polar carries. Where it does not hold, the other run's distance from St grows
+    with the very deviation being bounded (a fixed-count iterative retraction started from a point
+    that scales with the gradient leaves St by an amount that grows with c): a bound that took the
+    larger of the two runs' phi would grow with the error and read "holds"."""
     T = S.shape[0]
     steps = np.arange(1, T + 1).reshape((T,) + (1,) * (S.ndim - 1))
     per_step = np.broadcast_to(gradient_error, S.shape) + 2.0 * gamma(2 * d, runner.u) * frobenius(gradients)
