@@ -252,7 +252,31 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool) -> dict:
         if scan is None:
             scan = scale_domain(runner, W, G, config, base, S, d, r)
             parting = eps_parting(runner, W, G, d, r)
-    return verdict("P2", [check.summary()], measured={"scale_domain": scan, "eps_parting": parting})
+    ignored = eps_ignored(runner, seed)
+    record = verdict("P2", [check.summary()], measured={"scale_domain": scan, "eps_parting": parting, "eps_reaches_step": ignored is None},
+                     vacuous=ignored)
+    if ignored is not None and record["verdict"] != "vacuous":
+        record["reason"] += f"; and {ignored}"
+    return record
+
+
+EPS_PROBE = 2.0**10
+
+
+def eps_ignored(runner: Runner, seed: int) -> str | None:
+    """Why P2's eps = 0 is not what ran, or None: the step at eps = EPS_PROBE (a thousand times the
+    square root of the second moment of unit gradients: StiefelAdam's step shrinks a thousandfold)
+    against the step at eps = 0, repeated and compared beyond the noise (setting_reaches_step). An
+    implementation that leaves its step unchanged uses an eps of its own (a constant hard-coded on
+    its manifold path, say), and the property stated at eps = 0 was asked at that eps."""
+    W, G, _ = draw(seed, "P2 eps probe", 8, 3)
+    config = config_for(0.0)
+    found = setting_reaches_step(runner, W, G, config, replace(config, eps=EPS_PROBE), G, "P2 eps probe")
+    if found is None or found[0]:
+        return None
+    noise = found[3]
+    unchanged = "bit for bit the step at eps = 0" if noise == 0 else f"the step at eps = 0 within its run-to-run noise {noise:.3g}"
+    return f"eps does not reach the step: eps = 2^10 gives {unchanged}, so the property was asked at the implementation's own eps, not at eps = 0"
 
 
 def scale_domain(runner: Runner, W, G, config, base, S, d, r) -> str:
@@ -468,20 +492,70 @@ def weight_decay_reaches_step(runner: Runner, seed: int, eps: float, ignored) ->
         return "the implementation takes no weight_decay: the step cannot depend on it", None
     W, G, _ = draw(seed, "P5 probe", 8, 3)
     config = config_for(eps)
-    base = runner.run(W, G, config, case="P5 probe")
-    with_keyword = runner.run(W, G, replace(config, weight_decay=DECAY_PROBE), case="P5 probe")
-    with_term = runner.run(W, G + DECAY_PROBE * W[None], config, case="P5 probe")
-    ok = base.ok & with_keyword.ok & with_term.ok
-    if not np.any(ok):
+    found = setting_reaches_step(runner, W, G, config, replace(config, weight_decay=DECAY_PROBE), G + DECAY_PROBE * W[None], "P5 probe")
+    if found is None:
         return None, "the decay probe could not run (see the excluded cases)"
-    keyword_moves = bool(np.any(base.last[ok] != with_keyword.last[ok]))
-    term_moves = bool(np.any(base.last[ok] != with_term.last[ok]))
+    keyword_moves, term_moves, term_distance, noise = found
     if keyword_moves:
         return None, None
     if term_moves:
-        return (f"weight_decay does not reach the step: weight_decay = 2^30 leaves it bit for bit unchanged, while the decay "
-                f"term 2^30 W added to the gradient moves it by {float(np.max(frobenius(with_term.last - base.last)[ok])):.3g}"), None
+        unchanged = "bit for bit unchanged" if noise == 0 else f"unchanged beyond its run-to-run noise {noise:.3g}"
+        return (f"weight_decay does not reach the step: weight_decay = 2^30 leaves it {unchanged}, while the decay term 2^30 W "
+                f"added to the gradient, which a coupled decay would have been, moves it by {term_distance:.3g}"), None
     return None, "neither weight_decay = 2^30 nor the term 2^30 W in the gradient changes the step: whether weight_decay is applied cannot be seen"
+
+
+PROBE_REPEATS = 2
+
+
+def setting_reaches_step(runner: Runner, W, G, config, changed_config, changed_gradients, case: str):
+    """Whether a setting reaches the step: (setting moves, input moves, how far the input moves it,
+    noise), or None where no frame ran. Each of three runs is made PROBE_REPEATS times: with `config`;
+    with `changed_config` (the setting under test); with `config` on `changed_gradients` (the input a
+    setting that is applied would have changed). A deterministic implementation repeats its runs bit
+    for bit, and the comparison is bit for bit; one whose repeats differ (the determinism probe, or
+    these repeats) moves a run only beyond DETECTION_FACTOR times its measured noise, so that its
+    randomness is never read as a setting reaching the step."""
+    runs = [[runner.run(W, gradients, settings, case=case) for _ in range(PROBE_REPEATS)]
+            for settings, gradients in ((config, G), (changed_config, G), (config, changed_gradients))]
+    ok = np.logical_and.reduce([run.ok for repeats in runs for run in repeats])
+    if not np.any(ok):
+        return None
+    noise = max([runner.noise] + [float(np.max(frobenius(run.last - repeats[0].last)[ok])) for repeats in runs for run in repeats[1:]])
+
+    def apart(a, b) -> float:  # the smallest distance between a run of a and a run of b
+        return min(float(np.max(frobenius(x.last - y.last)[ok])) for x in a for y in b)
+
+    base, setting, moved = runs
+    floor = DETECTION_FACTOR * noise
+    setting_distance, moved_distance = apart(base, setting), apart(base, moved)
+    return setting_distance > floor, moved_distance > floor, moved_distance, noise
+
+
+DETERMINISM_SHAPES = ((5, 2), (8, 3))
+DETERMINISM_REPEATS = 3
+
+
+def determinism(runner: Runner, seed: int, eps: float) -> dict:
+    """Every black box is first run DETERMINISM_REPEATS times on identical inputs (DETERMINISM_SHAPES,
+    FRAMES frames, STEPS steps): {"repeats", "frames", "deterministic", "max_distance", "differing"}.
+    max_distance, the largest distance between two runs of the same frame at any step, becomes the
+    runner's noise, which every comparison bound carries and every vacuity probe compares against; a
+    box seen to be nondeterministic has no verdict read from a bit-for-bit comparison."""
+    largest, differing, compared = 0.0, 0, 0
+    for d, r in DETERMINISM_SHAPES:
+        W, G, _ = draw(seed, "determinism", d, r, STEPS)
+        runs = [runner.run(W, G, config_for(eps), case="determinism") for _ in range(DETERMINISM_REPEATS)]
+        ok = np.logical_and.reduce([run.ok for run in runs])
+        for run in runs[1:]:
+            distance = frobenius(run.frames[1:] - runs[0].frames[1:])[:, ok]
+            if distance.size:
+                largest = max(largest, float(np.max(distance)))
+                differing += int(np.count_nonzero(np.any(run.frames[1:][:, ok] != runs[0].frames[1:][:, ok], axis=(-2, -1))))
+                compared += distance.size
+    runner.noise = largest
+    return {"repeats": DETERMINISM_REPEATS, "frame_steps_compared": compared, "deterministic": differing == 0,
+            "max_distance": largest, "differing": differing}
 
 
 # --------------------------------------------------------------------------------------------
@@ -568,13 +642,15 @@ def ask_all(variant, seed: int, *, only=PROPERTY_IDS) -> dict:
 def _ask_all(variant, seed: int, only) -> dict:
     runner = runner_for(variant)
     rows, eps_zero = domain(runner, seed, tuple(getattr(variant, "domain", ()) or ()))
+    repeats = determinism(runner, seed, 0.0 if eps_zero else 1e-8)
     found = ask(variant, seed, eps_zero=eps_zero, ignored=tuple(getattr(variant, "ignored", ()) or ()), only=only, runner=runner)
     for record in found:
         if record["verdict"] == "untested" and "cannot tell" in record["reason"]:
             record["reason"] += f" (the frames of this property's runs are off St(d, r) by up to phi = {record['phi']:.2g})"
     excluded = [{"case": case, "reason": reason, "frames": count} for (case, reason), count in runner.excluded.items()
                 if not case.startswith("domain: ")]
-    return {"domain": rows, "eps_zero": eps_zero, "phi": runner.phi, "properties": found, "excluded": excluded, "calls": runner.calls}
+    return {"domain": rows, "eps_zero": eps_zero, "determinism": repeats, "phi": runner.phi, "properties": found, "excluded": excluded,
+            "calls": runner.calls}
 
 
 # The broken variants each property must reject (reference_impl.VARIANTS), and what it must say.
@@ -633,5 +709,5 @@ def apply_controls(found: list[dict], control_records: list[dict]) -> list[dict]
     return out
 
 
-__all__ = ["CONTROLS", "DOMAIN_CASES", "PROPERTY_IDS", "PROPERTY_TEXT", "apply_controls", "ask", "ask_all", "controls", "decay_blindness", "domain", "equivariance", "runner_for",
+__all__ = ["CONTROLS", "DOMAIN_CASES", "determinism", "setting_reaches_step", "PROPERTY_IDS", "PROPERTY_TEXT", "apply_controls", "ask", "ask_all", "controls", "decay_blindness", "domain", "equivariance", "runner_for",
            "scalar_preconditioner", "scale_independence", "steepest_descent", "verdict"]

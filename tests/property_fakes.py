@@ -39,6 +39,14 @@ preconditioner per frame, P4 left O(d) / right O(r) / signed permutations, P5 bl
                     direction, where A -> 0), and so do P4 (A, W and m transform alike) and P5; P3
                     is untested: from its warm state (gradients over two decades) the frames leave
                     St by about 0.1, where the span of the directions cannot be resolved.
+  hardcoded_eps_adam StiefelAdam that accepts eps and uses 1e-10 in its place: P2 at eps = 0 runs at
+                    1e-10; its runs under c = 2^-20 G part (eps over sqrt(v^) is 1e-4 there), and
+                    the verdict says that eps never reached the step. The others hold.
+  branching_adam_without_decay  StiefelAdam that ignores weight_decay and, on every seventh call
+                    (a counter the caller cannot see, standing for an unseeded random branch),
+                    re-orthonormalises its output by the sign-fixed QR: its runs of identical inputs
+                    differ in the last bits. P5 is vacuous, read beyond that noise (a bit-for-bit
+                    probe read the branch as weight_decay reaching the step).
 """
 
 from __future__ import annotations
@@ -192,3 +200,22 @@ def cayley_fixed_adam(W, G, state, config):
     for _ in range(3):
         Y = W + 0.5 * A @ (W + Y)
     return Y, ri.StiefelAdamState(m=project_tangent(Y, m, validate=False), v=v, t=t)
+
+
+def hardcoded_eps_adam(W, G, state, config):
+    from dataclasses import replace
+
+    return ri.step(W, G, state, replace(config, eps=1e-10))
+
+
+_BRANCH_CALLS = [0]
+
+
+def branching_adam_without_decay(W, G, state, config):
+    from dataclasses import replace
+
+    W_new, state_new = ri.step(W, G, state, replace(config, weight_decay=0.0))
+    _BRANCH_CALLS[0] += 1
+    if _BRANCH_CALLS[0] % 7 == 0:
+        W_new = _sign_fixed_qr(W_new)
+    return W_new, state_new

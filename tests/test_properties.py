@@ -189,3 +189,27 @@ def test_a_bound_that_cannot_absorb_the_error_it_bounds_fails_a_fixed_count_iter
     (found,) = properties.ask(outside.resolve("numpy:property_fakes:init,cayley_fixed_adam"), seed, eps_zero=True, only=("P2",))
     assert found["verdict"] == F and found["margin"] >= DETECTION_FACTOR, (found["verdict"], found["reason"])
     assert "k > 0: up to 2^" in found["measured"]["scale_domain"], found["measured"]["scale_domain"]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_an_ignored_eps_is_said_and_a_random_branch_is_not_read_as_a_setting(seed):
+    """Two hyper-parameters that never reach the step, at every seed 0-9: an eps hard-coded to 1e-10
+    (P2 fails, and says that eps never reached the step), and a weight_decay dropped by a box whose
+    repeated runs differ in the last bits (P5 vacuous, measured beyond that noise; the determinism
+    probe reports the noise)."""
+    eps = properties.ask_all(outside.resolve("numpy:property_fakes:init,hardcoded_eps_adam"), seed, only=("P2",))
+    (p2,) = eps["properties"]
+    assert p2["verdict"] == F and "eps does not reach the step" in p2["reason"], p2["reason"]
+    assert p2["measured"]["eps_reaches_step"] is False
+    branching = properties.ask_all(outside.resolve("numpy:property_fakes:init,branching_adam_without_decay"), seed, only=("P5",))
+    (p5,) = branching["properties"]
+    assert p5["verdict"] == V and "weight_decay does not reach the step" in p5["reason"], (p5["verdict"], p5["reason"])
+    assert branching["determinism"]["deterministic"] is False and branching["determinism"]["max_distance"] > 0
+
+
+def test_a_deterministic_box_is_reported_so_and_compared_bit_for_bit():
+    found = properties.ask_all(outside.resolve("stiefel_adam"), 0, only=("P5",))
+    assert found["determinism"] == {**found["determinism"], "deterministic": True, "max_distance": 0.0, "differing": 0}
+    assert found["determinism"]["frame_steps_compared"] > 0
+    (p5,) = found["properties"]
+    assert p5["verdict"] == H

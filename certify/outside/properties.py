@@ -130,6 +130,12 @@ def implementation_section(spec: str, record: dict) -> list[str]:
              f"{record['seconds']:.1f} s.", ""]
     lines.append("Domain trials: " + "; ".join(f"{row['case']}: {row['failed']} of {row['frames']} frames failed"
                                                + (f" ({_escape(row['reason'])})" if row["reason"] else "") for row in record["domain"]) + ".")
+    repeats = record.get("determinism")
+    if repeats:
+        lines.append(f"Determinism: {repeats['repeats']} runs of identical inputs, {repeats['frame_steps_compared']} frame-steps compared: "
+                     + ("bit for bit the same (comparisons may be read bit for bit)." if repeats["deterministic"] else
+                        f"**not deterministic**: {repeats['differing']} frame-steps differ, by up to {repeats['max_distance']:.3g}, "
+                        "the noise floor every bound carries; no verdict is read from a bit-for-bit comparison."))
     for excluded in record["excluded"]:
         lines.append(f"- left out, {excluded['case']}: {excluded['frames']} frame(s): {_escape(excluded['reason'])}")
     for found in record["properties"]:

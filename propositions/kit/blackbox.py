@@ -122,6 +122,9 @@ class Runner:
     excluded: dict = field(default_factory=dict)  # (case, reason) -> frames left out
     calls: int = 0
     local_phi: float = 0.0  # the same since the last `begin`: the feasibility a property is tested at
+    # the largest distance between two runs of identical inputs (properties.determinism): 0 for a
+    # deterministic implementation; else the noise floor that every comparison bound carries
+    noise: float = 0.0
 
     def begin(self) -> None:
         """Start a property: its step sizes and its reason for an untested verdict use the feasibility
@@ -333,7 +336,9 @@ def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradi
     T = S.shape[0]
     steps = np.arange(1, T + 1).reshape((T,) + (1,) * (S.ndim - 1))
     per_step = np.broadcast_to(gradient_error, S.shape) + 2.0 * gamma(2 * d, runner.u) * frobenius(gradients)
-    return S * np.sqrt(np.cumsum(per_step**2, axis=0)) + 2.0 * steps * runner.output_error(phi, d, r) + frame_error
+    # a nondeterministic implementation's two runs differ by up to its measured noise with identical
+    # inputs; twice that, as a measurement of a few repeats sees less than the worst
+    return S * np.sqrt(np.cumsum(per_step**2, axis=0)) + 2.0 * steps * runner.output_error(phi, d, r) + frame_error + 2.0 * runner.noise
 
 
 def absolute_product_norm(A, B) -> np.ndarray:
