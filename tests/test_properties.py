@@ -213,3 +213,15 @@ def test_a_deterministic_box_is_reported_so_and_compared_bit_for_bit():
     assert found["determinism"]["frame_steps_compared"] > 0
     (p5,) = found["properties"]
     assert p5["verdict"] == H
+
+
+def test_figures_come_from_resolved_comparisons_and_are_numbers():
+    """P3's spread is taken over the comparisons that resolve the property only (an unresolved one's
+    residual is its own directions' error); a feasibility that is not finite is None, not "inf"."""
+    check = properties.Comparison("span_warm_step", "test")
+    check.add(np.array([1e-12, 0.3]), np.array([1e-10, 0.5]), np.array([1.0, 1.0]), np.array([True, True]))
+    assert properties.span_spread(check) == pytest.approx(1e-12)
+    unresolved = properties.Comparison("span_warm_step", "test")
+    unresolved.add(np.array([0.3]), np.array([0.5]), np.array([1.0]), np.array([True]))
+    assert properties.span_spread(unresolved) is None
+    assert properties._number(float("inf")) is None and properties._number(0.25) == 0.25

@@ -126,7 +126,8 @@ def implementation_section(spec: str, record: dict) -> list[str]:
     """The details of one implementation below the matrix."""
     described = record["described"]
     lines = [f"### {spec}", "", f"{described.get('description', spec)}; {described.get('calling', 'batched')}; "
-             f"feasibility phi = max ||W^T W - I||_F = {record['phi']:.3g} over {record['calls']} step calls, "
+             + (f"feasibility phi = max ||W^T W - I||_F = {record['phi']:.3g}" if record["phi"] is not None else
+                "feasibility phi not finite (a returned frame's W^T W overflows)") + f" over {record['calls']} step calls, "
              f"{record['seconds']:.1f} s.", ""]
     lines.append("Domain trials: " + "; ".join(f"{row['case']}: {row['failed']} of {row['frames']} frames failed"
                                                + (f" ({_escape(row['reason'])})" if row["reason"] else "") for row in record["domain"]) + ".")
