@@ -104,6 +104,15 @@ class Comparison:
         if bitwise is not None:
             self.bitwise.append(np.broadcast_to(bitwise, np.shape(residual))[ok].ravel())
 
+    def resolved_since(self, start: int) -> tuple[int, int]:
+        """(comparisons that resolve the property, comparisons) among those added since the
+        `start`-th call of add (a regime's share of the check)."""
+        residual, bound, scale = (np.concatenate(part[start:]) if part[start:] else np.zeros(0)
+                                  for part in (self.residual, self.bound, self.scale))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            resolved = (np.where(scale > 0, bound / scale, np.inf) <= RESOLUTION) | (residual > bound)
+        return int(np.sum(resolved)), int(resolved.size)
+
     def summary(self) -> dict:
         """max_ratio, residual and bound at the worst ratio over the comparisons that can resolve the
         property (bound at most RESOLUTION of what they compare); `unresolved` counts the others,
@@ -422,16 +431,43 @@ def entry_ratios(W, G, direction):
 # --------------------------------------------------------------------------------------------
 
 
+# P4 is asked at learning rates across four decades: a cap, a clip or a trust region that binds only
+# above some step size (a cap in a norm that rotations change) is then seen both binding and not
+EQUIVARIANCE_LRS = (1e-4, 0.05, 1.0)
+SATURATION = 1.5  # halving lr shrinks a free first step by 2, a capped one by less than this
+
+
 def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
-    config = config_for(eps, lr=0.05, trust_radius=0.3, weight_decay=0.1)
     checks = {
         "P4-left": Comparison("left_trajectories", "||W_t(Q W_0, Q G) - Q W_t(W_0, G)|| against the sensitivity bound"),
         "P4-right": Comparison("right_trajectories", "||W_t(W_0 R, G R) - W_t(W_0, G) R|| against the sensitivity bound"),
         "P4-signed": Comparison("signed_permutation_trajectories", "||W_t(P W_0 S, P G S) - P W_t S|| (exact inputs)"),
     }
+    regimes, starts, coverage = {}, {}, {name: {} for name in checks}
+    for lr in EQUIVARIANCE_LRS:
+        config = config_for(eps, lr=lr, trust_radius=0.3, weight_decay=0.1)
+        starts = {name: len(check.residual) for name, check in checks.items()}
+        regimes[f"{lr:g}"] = _equivariance_at(runner, seed, config, checks)
+        for name, check in checks.items():
+            resolved, total = check.resolved_since(starts[name])
+            coverage[name][f"{lr:g}"] = f"{resolved} of {total} comparisons resolved"
+    return [verdict(name, [check.summary()], measured={"first step by lr": regimes, "coverage by lr": coverage[name]})
+            for name, check in checks.items()]
+
+
+def _equivariance_at(runner: Runner, seed: int, config, checks: dict) -> str:
+    """The P4 comparisons at one config's lr, added to `checks`; returns how the first step's length
+    answered halving lr there (a free step halves; one a cap, clip or trust region binds does not)."""
+    saturated = compared = 0
     for d, r in SHAPES:
         W, G, rng = draw(seed, "P4", d, r, STEPS)
         base = runner.run(W, G, config, case="P4")
+        half = runner.run(W, G[:1], replace(config, lr=config.lr / 2), case="P4 step length")
+        ok = base.ok & half.ok
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = frobenius(base.frames[1] - W) / frobenius(half.frames[1] - W)
+        saturated += int(np.count_nonzero(ratio[ok] < SATURATION))
+        compared += int(np.count_nonzero(ok))
         S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P4", d, r), case="P4")
         moved = frobenius(base.frames[1:] - W)
         left, right = blackbox.orthogonal(d, rng, FRAMES), blackbox.orthogonal(r, rng, FRAMES)
@@ -451,7 +487,10 @@ def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
             bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=gradient_error, frame_error=frame_error)
             residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
             checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0)
-    return [verdict(name, [check.summary()]) for name, check in checks.items()]
+    if not compared:
+        return "not measured"
+    return (f"capped (a cap, clip or trust region binds) at {saturated} of {compared} frames" if saturated
+            else f"proportional to lr (no cap binds) at all {compared} frames")
 
 
 # --------------------------------------------------------------------------------------------

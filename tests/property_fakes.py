@@ -39,6 +39,11 @@ preconditioner per frame, P4 left O(d) / right O(r) / signed permutations, P5 bl
                     direction, where A -> 0), and so do P4 (A, W and m transform alike) and P5; P3
                     is untested: from its warm state (gradients over two decades) the frames leave
                     St by about 0.1, where the span of the directions cannot be resolved.
+  one_norm_capped_adam  StiefelAdam without its trust region, its step capped instead so that the
+                    entrywise 1-norm sum |xi_ij| is at most 10 (as one Cayley Adam code caps its step):
+                    the 1-norm is invariant under neither side's rotations (under signed permutations
+                    it is), so P4 left and right fail where the cap binds (lr 1, not lr 0.05, where a
+                    property probed at one lr read "holds"); signed permutations and the others hold.
   hardcoded_eps_adam StiefelAdam that accepts eps and uses 1e-10 in its place: P2 at eps = 0 runs at
                     1e-10; its runs under c = 2^-20 G part (eps over sqrt(v^) is 1e-4 there), and
                     the verdict says that eps never reached the step. The others hold.
@@ -219,3 +224,16 @@ def branching_adam_without_decay(W, G, state, config):
     if _BRANCH_CALLS[0] % 7 == 0:
         W_new = _sign_fixed_qr(W_new)
     return W_new, state_new
+
+
+def one_norm_capped_adam(W, G, state, config):
+    from dataclasses import replace
+
+    from reference_impl.adam import moments_and_direction
+
+    g = project_tangent(W, G + config.weight_decay * W, validate=False)
+    m, v, t, xi = moments_and_direction(g, state, replace(config, trust_radius=float("inf")))
+    one_norm = np.sum(np.abs(xi), axis=(-2, -1))
+    xi = xi * np.minimum(1.0, 10.0 / np.where(one_norm > 0, one_norm, 1.0))[..., None, None]
+    W_new = polar_factor(W + xi)
+    return W_new, ri.StiefelAdamState(m=project_tangent(W_new, m, validate=False), v=v, t=t)

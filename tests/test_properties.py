@@ -53,7 +53,10 @@ def test_verdicts_agree_with_the_optimizers_mathematics(spec, asked):
         if verdict["verdict"] == F:  # a failure is far beyond its bound, not at its edge
             assert verdict["margin"] >= 1e3, verdict
         if verdict["verdict"] == H:  # every check compared every frame, with a bound below a tenth of what it compares
-            assert all(c["samples"] > 0 and c["max_ratio"] <= 1 and c["unresolved"] == 0 for c in verdict["checks"])
+            # (P4 runs at lr 1 too, where an uncapped SGD's steps leave St and some comparisons cannot
+            # resolve: they are counted, by lr, and decide nothing)
+            assert all(c["samples"] > 0 and c["max_ratio"] <= 1 and (c["unresolved"] == 0 or verdict["property"].startswith("P4"))
+                       for c in verdict["checks"])
 
 
 def test_the_domain_is_found_by_trials_and_reported_with_counts(asked):
@@ -138,7 +141,11 @@ def test_float32_is_held_where_its_precision_resolves_the_property():
     for name in ("P1", "P5"):
         check = found[name]["checks"][0]
         assert check["samples"] > 0 and check["unresolved"] > 0 and check["max_ratio"] <= 1
-    assert all(c["unresolved"] == 0 for name in ("P2", "P4-left", "P4-right", "P4-signed") for c in found[name]["checks"])
+    assert all(c["unresolved"] == 0 for name in ("P2",) for c in found[name]["checks"])
+    # P4 at lr 1e-4: float32's rounding is above a tenth of such a step, and those comparisons are unresolved
+    for name in ("P4-left", "P4-right", "P4-signed"):
+        coverage = found[name]["measured"]["coverage by lr"]
+        assert coverage["0.0001"].startswith("0 of") and coverage["0.05"].split()[0] == coverage["0.05"].split()[2] != "0"
 
 
 def test_a_torch_optimizer_for_two_dimensional_frames_runs_frame_by_frame():
@@ -225,3 +232,15 @@ def test_figures_come_from_resolved_comparisons_and_are_numbers():
     unresolved.add(np.array([0.3]), np.array([0.5]), np.array([1.0]), np.array([True]))
     assert properties.span_spread(unresolved) is None
     assert properties._number(float("inf")) is None and properties._number(0.25) == 0.25
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_cap_in_a_norm_that_rotations_change_fails_p4_where_it_binds(seed):
+    """P4 is asked at lr 1e-4, 0.05 and 1: a 1-norm cap that binds at 1 only breaks the left and right
+    actions (at 0.05 alone it read "holds"), and the record says at which lr the first step was capped."""
+    found = {v["property"]: v for v in properties.ask(outside.resolve("numpy:property_fakes:init,one_norm_capped_adam"), seed,
+                                                       eps_zero=True, only=("P4",))}
+    assert found["P4-left"]["verdict"] == F and found["P4-right"]["verdict"] == F and found["P4-signed"]["verdict"] == H
+    assert found["P4-left"]["margin"] >= DETECTION_FACTOR
+    regimes = found["P4-left"]["measured"]["first step by lr"]
+    assert regimes["0.0001"].startswith("proportional") and regimes["1"].startswith("capped")
