@@ -184,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--seed", type=_seed, default=DEFAULT_SEED, metavar="S", help=f"seed of every random draw (default {DEFAULT_SEED})")
     compare.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help="how much evidence to collect (default quick)")
     compare.add_argument("--properties", action="store_true", help="instead of the certificates, ask each claim's property of each implementation as a black box: the matrix of which has which property (docs/adapters.md#property-verdicts)")
+    compare.add_argument("--table", metavar="FILE", help="with --properties: also write the matrix between the '<!-- certify properties table: begin/end -->' markers of FILE (README.md's table)")
 
     crosscheck = commands.add_parser("crosscheck", help="the torch kernel against the float64 reference")
     crosscheck.add_argument("--device", choices=claims.CROSSCHECK_DEVICES, default="cpu")

@@ -75,9 +75,11 @@ def command_compare(args, out: Output, command: str) -> int:
     if not specs:
         raise UsageError("name at least one implementation to compare (e.g. certify compare reference_impl torch_impl)")
     specs = list(dict.fromkeys(specs))
+    if args.table and not args.properties:
+        raise UsageError("--table writes the property matrix: give it with --properties")
     if args.properties:
         out_dir = args.out if args.out is not None else str(fresh_folder("properties"))
-        return command_properties(specs, claims.IMPLEMENTATION_CLAIMS, out_dir, args.seed, out, command)
+        return command_properties(specs, claims.IMPLEMENTATION_CLAIMS, out_dir, args.seed, out, command, table=args.table)
     variants = {spec: resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
     out_dir = output_folder(args.out if args.out is not None else str(fresh_folder("compare")))
     results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
@@ -102,7 +104,7 @@ def command_compare(args, out: Output, command: str) -> int:
     return 0 if all(c["verdict"] == "pass" for c in applicable) else 1
 
 
-def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, out: Output, command: str) -> int:
+def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, out: Output, command: str, table: str | None = None) -> int:
     """The property verdicts of `specs` for the claims `claim_ids` (certify.outside.properties): the
     matrix printed and written into OUT/REPORT.md, one record per implementation under OUT/properties/.
     Exit 0 when every property asked holds for every implementation, 1 when one fails, is vacuous or
@@ -115,6 +117,7 @@ def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, ou
     except adapters.AdapterError as error:
         raise UsageError(str(error)) from None
     out_dir = output_folder(out_text)
+    table_path = _table_path(table) if table else None
     records, control_records, wall_seconds = properties.run(variants, seed=seed, claim_ids=claim_ids, out_dir=out_dir, progress=out.line)
     text = properties.markdown(records, control_records, seed=seed, wall_seconds=wall_seconds, command=command)
     try:
@@ -127,7 +130,24 @@ def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, ou
     for spec, record in records.items():
         out.line(f"{spec}: StiefelAdam's step: {record['stiefel_adam_step']['text']}")
     out.line(f"report: {path}; records under {out_dir / 'properties'} ({wall_seconds:.1f} s)")
+    if table_path is not None:
+        properties.write_table(table_path, properties.table(records, command=command))
+        out.line(f"table: {table_path}")
     return 0 if all(v["verdict"] == "holds" for record in records.values() for v in record["properties"]) else 1
+
+
+def _table_path(text: str) -> Path:
+    """The --table page, checked before anything runs: it exists and holds the table markers."""
+    from certify.outside import properties
+
+    path = Path(text)
+    try:
+        existing = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"--table {text}: cannot be read ({error.strerror or error})") from None
+    if properties.TABLE_BEGIN not in existing or properties.TABLE_END not in existing:
+        raise UsageError(f"--table {text}: has no {properties.TABLE_BEGIN} ... {properties.TABLE_END} markers (put them where the table goes)")
+    return path
 
 
 def command_run_or_properties(args, out: Output, command: str) -> int:

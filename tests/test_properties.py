@@ -244,3 +244,25 @@ def test_a_cap_in_a_norm_that_rotations_change_fails_p4_where_it_binds(seed):
     assert found["P4-left"]["margin"] >= DETECTION_FACTOR
     regimes = found["P4-left"]["measured"]["first step by lr"]
     assert regimes["0.0001"].startswith("proportional") and regimes["1"].startswith("capped")
+
+
+def test_readme_table_is_the_one_the_committed_records_give():
+    """README's table of the optimizers people install is written by the command above it
+    (--table README.md), never by hand: its rows are those of reports/properties/*.json."""
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    section = readme.split(outside.TABLE_BEGIN, 1)[1].split(outside.TABLE_END, 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| implementation")]
+    specs = [row.split(" | ")[0][2:] for row in rows]
+    records = {spec: json.loads((root / "reports" / "properties" / f"{spec}.json").read_text()) for spec in specs}
+    expected = [line for line in outside.table(records, command="x").splitlines() if line.startswith("| ") and not line.startswith("| implementation")]
+    assert rows == expected and len(rows) >= 5
+
+
+def test_table_refuses_a_page_without_its_markers(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("# no markers here\n")
+    code, out, err = run_main(capsys, "compare", "--properties", "qr_retraction", "--out", str(tmp_path / "o"), "--table", str(page))
+    assert code == 2 and "has no <!-- certify properties table: begin -->" in err and "running" not in out
+    code, _, err = run_main(capsys, "compare", "qr_retraction", "--table", str(page))
+    assert code == 2 and "give it with --properties" in err

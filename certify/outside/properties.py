@@ -151,9 +151,35 @@ def implementation_section(spec: str, record: dict) -> list[str]:
     return lines
 
 
+TABLE_BEGIN = "<!-- certify properties table: begin -->"
+TABLE_END = "<!-- certify properties table: end -->"
+
+
+def table(records: dict, *, command: str) -> str:
+    """The matrix alone, between TABLE_BEGIN and TABLE_END, for a page of its own (README.md's table of
+    the optimizers people install): the command that wrote it, then one row per implementation."""
+    first = next(iter(records.values()), {"properties": []})
+    header = ["implementation"] + [HEADERS[v["property"]] for v in first["properties"]] + ["StiefelAdam's step"]
+    lines = [TABLE_BEGIN, f"<!-- written by `{command}`: do not edit by hand -->", "",
+             "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in matrix_rows(records)]
+    return "\n".join(lines + ["", TABLE_END]) + "\n"
+
+
+def write_table(path: Path, text: str) -> Path:
+    """Replace what lies between the table markers of `path` by `text`; ValueError naming the markers
+    where the file has none (a table is never appended to a page it was not placed in)."""
+    existing = path.read_text(encoding="utf-8")
+    if TABLE_BEGIN not in existing or TABLE_END not in existing:
+        raise ValueError(f"{path} has no {TABLE_BEGIN} ... {TABLE_END} markers: put them where the table goes")
+    before, rest = existing.split(TABLE_BEGIN, 1)
+    path.write_text(before + text.rstrip("\n") + rest.split(TABLE_END, 1)[1], encoding="utf-8")
+    return path
+
+
 def write(out_dir: Path, text: str) -> Path:
     """Put the matrix into out_dir/REPORT.md: replace the text between the markers, or append it."""
     return write_section(out_dir, text, PROPERTIES_BEGIN, PROPERTIES_END)
 
 
-__all__ = ["HEADERS", "PROPERTIES_BEGIN", "PROPERTIES_END", "cell", "markdown", "matrix_rows", "properties_of", "resolve", "run", "write"]
+__all__ = ["HEADERS", "PROPERTIES_BEGIN", "PROPERTIES_END", "TABLE_BEGIN", "TABLE_END", "table", "write_table", "cell", "markdown", "matrix_rows", "properties_of", "resolve", "run", "write"]
