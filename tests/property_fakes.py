@@ -237,3 +237,4 @@ def one_norm_capped_adam(W, G, state, config):
     xi = xi * np.minimum(1.0, 10.0 / np.where(one_norm > 0, one_norm, 1.0))[..., None, None]
     W_new = polar_factor(W + xi)
     return W_new, ri.StiefelAdamState(m=project_tangent(W_new, m, validate=False), v=v, t=t)
+

@@ -403,3 +403,32 @@ def test_a_schema_1_1_certificate_is_still_read_and_compared(tmp_path):
     path.write_text(json.dumps(certificate_format.seal(bad)))
     with pytest.raises(certificate_format.CertificateError, match="does not match the certificate schema"):
         certificate_format.load(path)
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_an_older_certificate_that_contradicts_itself_is_refused_too(tmp_path, version):
+    """The consistency check reads every schema version: a 1.1 or 1.2 certificate relabelled pass
+    and sealed again is refused like a 1.3 one."""
+    current = _certificate(seed=2)
+    old = _as_schema_1_1(current)
+    if version == "1.2":
+        old = copy.deepcopy(current)
+        run = old["run"]
+        old["schema_version"] = "1.2"
+        old["numerical"].pop("precision")
+        old["provenance"]["git_tree_clean"] = run.pop("git_tree_clean")
+    old["numerical"]["checks"][0].update(max_ratio=3.0, passed=False)
+    old.update(verdict="pass", failures=[], inconclusive=[])
+    path = tmp_path / "P1.json"
+    path.write_text(json.dumps(certificate_format.seal(old)))
+    with pytest.raises(certificate_format.CertificateError, match="contradicts itself"):
+        certificate_format.load(path)
+
+
+def test_a_certificate_records_the_git_state_it_is_given_not_the_one_it_finds():
+    """The command reads the tree's state once, before writing, and passes it to every claim's
+    certificate (also in pool workers, where a fresh read would see the certificates written since)."""
+    given = {"commit": "ab" * 20, "tree_clean": False}
+    built = claims.build_certificate("P1", seed=0, profile="quick", optimizer="stiefel_adam", options={}, command="test", data=None,
+                                     wall_seconds=0.0, git=given)
+    assert built["provenance"]["git_commit"] == given["commit"] and built["run"]["git_tree_clean"] is False

@@ -576,6 +576,9 @@ def _factor_lowered(certificate):
     (lambda c: c.update(verdict="inconclusive"), "verdict 'inconclusive' with no reason recorded"),
     (lambda c: c.update(id="P9"), "reproduce command 'certify run P1 --seed 7 --profile quick', but its id and settings give 'certify run P9"),
     (lambda c: c["numerical"].update(dtype="bfloat16"), "numerical.dtype 'bfloat16', but its precision parts under test are 'float64'"),
+    (lambda c: c["numerical"].update(dtype="float32", precision=[{"role": "under test", "part": "x", "dtypes": ["float64", "float32"]}]),
+     "numerical.dtype 'float32', but its precision parts under test are 'float64, float32'"),
+    (lambda c: c.update(inconclusive=["a reason"]), "verdict 'pass', but its own evidence is inconclusive"),
 ])
 def test_a_resealed_certificate_that_contradicts_itself_is_refused_before_anything_is_shown(certified, capsys, command, doctor, expected):
     """The digest is recomputed after the edit, as anyone can: cite and verify still refuse it, in one

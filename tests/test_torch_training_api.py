@@ -312,6 +312,7 @@ def _stepped(shape=(6, 3)):
     ("other_shape", "the saved exp_avg has shape (6, 3), a frame state of this parameter (7, 3) has (7, 3)"),
     ("adam_state", "the saved exp_avg_sq has shape (6, 3), a frame state of this parameter (6, 3) has ()"),
     ("no_exp_avg", "the saved state has no exp_avg"),
+    ("no_step", "the saved state has no step"),
     ("euclidean_group", "param group 0 is a 'stiefel' group, but the state_dict saved a 'euclidean' group there"),
 ])
 def test_a_state_of_another_parameter_or_optimizer_is_refused_naming_the_parameter(change, expected):
@@ -334,6 +335,8 @@ def test_a_state_of_another_parameter_or_optimizer_is_refused_naming_the_paramet
         saved = adam.state_dict()
     elif change == "no_exp_avg":
         del saved["state"][0]["exp_avg"]
+    elif change == "no_step":
+        del saved["state"][0]["step"]
     else:
         saved["param_groups"][0]["manifold"] = "euclidean"
     fresh = torch_impl.StiefelAdam([target], lr=1e-3)
@@ -341,3 +344,21 @@ def test_a_state_of_another_parameter_or_optimizer_is_refused_naming_the_paramet
         fresh.load_state_dict(saved)
     assert expected in str(refused.value)
     assert fresh.state_dict()["state"] == {}  # nothing was loaded
+
+
+@pytest.mark.parametrize("key", ["exp_avg", "exp_avg_sq"])
+def test_a_step_made_nonfinite_by_a_loaded_moment_says_so(key):
+    """A corrupted state_dict (a moment that is inf) in the error mode: the refusal names the stored
+    moment, not an overflow of the gradient."""
+    import copy
+
+    import torch_impl
+
+    W, optimizer = _stepped()
+    saved = copy.deepcopy(optimizer.state_dict())
+    saved["state"][0][key] = torch.full_like(saved["state"][0][key], math.inf)
+    fresh = torch_impl.StiefelAdam([W], lr=1e-3)
+    fresh.load_state_dict(saved)
+    W.grad = torch.randn_like(W)
+    with pytest.raises(ValueError, match=f"its stored {key} is not finite"):
+        fresh.step()
