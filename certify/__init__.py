@@ -5,7 +5,8 @@ claim's `Claim.run(seed, profile, optimizer)`, wraps the `ClaimResult` into a ce
 file per claim, validated against `certificate.schema.json` and sealed by a sha256 digest), writes
 the human-readable `REPORT.md` with its figures, and re-checks certificates (`certify verify`).
 
-Modules: `cli` (the console script: parsing and dispatch), `run` (running claims and re-running
+Modules: `cli` (the console script: parsing and dispatch), `commands` (list, cite, compare,
+properties, regression, mutate), `run` (running claims and re-running
 certificates: progress, recording, summary), `render` (what the command prints), `execution`
 (where tasks run: this process, a pool, a dask cluster), `claims` (which claims exist and how one is run),
 `certificate` (format, digest, schema validation, citation), `environment` (software and hardware record),
