@@ -266,3 +266,22 @@ def test_table_refuses_a_page_without_its_markers(tmp_path, capsys):
     assert code == 2 and "has no <!-- certify properties table: begin -->" in err and "running" not in out
     code, _, err = run_main(capsys, "compare", "qr_retraction", "--table", str(page))
     assert code == 2 and "give it with --properties" in err
+
+
+def test_a_p4_probed_at_one_learning_rate_lets_its_cap_control_escape(monkeypatch):
+    """The 1-norm cap is a control of P4 (kit/property_controls.py): asking P4 at lr 0.05 alone, as
+    before, lets it read "holds", so the control escapes and P4 is untested for that run."""
+    monkeypatch.setattr(properties, "EQUIVARIANCE_LRS", (0.05,))
+    missed = [r for r in properties.controls(0, only=("P4-left",)) if not r["detected"]]
+    assert [(r["control"], r["verdict"]) for r in missed] == [("one_norm_cap", H)]
+    found = properties.apply_controls([{"property": "P4-left", "verdict": H, "check": None, "margin": None, "reason": ""}], missed)
+    assert found[0]["verdict"] == U and "one_norm_cap" in found[0]["reason"]
+
+
+def test_a_bit_for_bit_vacuity_probe_lets_its_noise_control_escape(monkeypatch):
+    """The hidden QR branch is a control of P5's vacuity probe: a probe that runs once and compares
+    bit for bit (no repeats, no measured noise) reads the branch as weight_decay reaching the step."""
+    monkeypatch.setattr(properties, "PROBE_REPEATS", 1)
+    monkeypatch.setattr(properties, "determinism", lambda runner, seed, eps: {})
+    (record,) = [r for r in properties.controls(0, only=("P5",)) if r["control"] == "hidden_branch_without_decay"]
+    assert record["verdict"] == H and not record["detected"]
