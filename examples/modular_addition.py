@@ -67,27 +67,16 @@ class OneLayerAttention(torch.nn.Module):
         return h @ self.unembed
 
 
-def _at_least(minimum: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be an integer, not {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{what} must be at least {minimum}, not {value}")
-        return value
-
-    return parse
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--p", type=_at_least(2, "the modulus"), default=23, help="the modulus (at least 2; default 23)")
-    parser.add_argument("--steps", type=_at_least(1, "the number of steps"), default=1500)
+    parser.add_argument("--p", type=int, default=23, help="the modulus (at least 2; default 23)")
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--weight-decay", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="PNG of feasibility and norms (needs matplotlib)")
     args = parser.parse_args(argv)
+    if args.p < 2 or args.steps < 1:
+        parser.error(f"--p must be at least 2 and --steps at least 1, not {args.p} and {args.steps}")
     if args.out is not None and not args.out.parent.is_dir():
         parser.error(f"--out {args.out}: directory {args.out.parent} does not exist")
     torch.set_num_threads(1)  # tiny tensors: a thread team costs more than it saves

@@ -129,23 +129,15 @@ def restore(blob: bytes, seed: int, steps: int):
     return model, optimizer, scheduler
 
 
-def _at_least_two(text: str) -> int:
-    try:
-        steps = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, not {text!r}") from None
-    if steps < 2:
-        raise argparse.ArgumentTypeError(f"must be at least 2 (a first half ending in the checkpoint and a second half), not {steps}")
-    return steps
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("--steps", type=_at_least_two, default=200, help="training steps, at least 2: a first half that ends in "
+    parser.add_argument("--steps", type=int, default=200, help="training steps, at least 2: a first half that ends in "
                         "the checkpoint, and a second half trained twice (default 200)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", type=Path, default=None, help="also write the half-way checkpoint here")
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error(f"argument --steps: must be at least 2 (a first half ending in the checkpoint and a second half), not {args.steps}")
     torch.set_num_threads(1)  # small tensors: a thread team costs more than it saves
     half = args.steps // 2
     every = max(args.steps // 10, 1)
