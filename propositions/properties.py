@@ -64,7 +64,8 @@ from propositions.kit import precision as precisions
 from propositions.kit.blackbox import Runner, frobenius, gamma
 from propositions.kit.property_controls import PROPERTY_CONTROLS
 
-SHAPES = ((5, 2), (8, 3), (4, 4), (16, 4))
+# The domain trials, the determinism probe and the vacuity probes draw this many frames (the
+# properties themselves draw their profile's, Regimes.frames)
 FRAMES = 6
 STEPS = 3
 U64 = 2.0**-53
@@ -94,10 +95,14 @@ class Comparison:
     bound: list = field(default_factory=list)
     scale: list = field(default_factory=list)
     bitwise: list = field(default_factory=list)
+    # per call of add: the regime tags of its runs (regime()) and how many frames it offered
+    regimes: list = field(default_factory=list)
 
-    def add(self, residual, bound, scale, ok, bitwise=None) -> None:
+    def add(self, residual, bound, scale, ok, bitwise=None, regime=None) -> None:
         """Frames where ok (broadcast to residual's shape) and the bound is a number (a NaN bound: no
-        bound could be measured for that frame, kit/blackbox.sensitivity) are compared."""
+        bound could be measured for that frame, kit/blackbox.sensitivity) are compared. regime: the
+        tags of the runs compared (regime()), counted by coverage()."""
+        self.regimes.append((dict(regime or {}), int(np.size(residual))))
         ok = np.broadcast_to(ok, np.shape(residual)) & ~np.isnan(np.broadcast_to(bound, np.shape(residual)))
         self.residual.append(np.asarray(residual, dtype=np.float64)[ok].ravel())
         self.bound.append(np.broadcast_to(bound, np.shape(residual))[ok].ravel())
@@ -113,6 +118,25 @@ class Comparison:
         with np.errstate(divide="ignore", invalid="ignore"):
             resolved = (np.where(scale > 0, bound / scale, np.inf) <= RESOLUTION) | (residual > bound)
         return int(np.sum(resolved)), int(resolved.size)
+
+    def coverage(self) -> dict:
+        """{dimension: {value: {"offered", "compared", "resolved", "inert"}}} over the regime tags of
+        the calls of add: offered counts the comparisons the regime asked for, compared those that ran
+        and had a bound, resolved those that can tell the property from its failure (bound at most
+        RESOLUTION of what they compare, or a residual beyond the bound), inert those where the frames
+        did not move beyond the bound itself (a step that vanishes there: nothing to compare)."""
+        table: dict = {}
+        for (tags, offered), residual, bound, scale in zip(self.regimes, self.residual, self.bound, self.scale):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                resolved = (np.where(scale > 0, bound / scale, np.inf) <= RESOLUTION) | (residual > bound)
+            inert = (scale <= bound) & (residual <= bound)
+            for dimension, value in tags.items():
+                cell = table.setdefault(dimension, {}).setdefault(value, {"offered": 0, "compared": 0, "resolved": 0, "inert": 0})
+                cell["offered"] += offered
+                cell["compared"] += int(residual.size)
+                cell["resolved"] += int(np.sum(resolved))
+                cell["inert"] += int(np.sum(inert & ~resolved))
+        return table
 
     def summary(self) -> dict:
         """max_ratio, residual and bound at the worst ratio over the comparisons that can resolve the
@@ -140,11 +164,46 @@ class Comparison:
         return out
 
 
+def uncovered(property_id: str, comparisons, regimes: Regimes) -> str | None:
+    """Why a property was not asked in every regime its dimensions must reach, or None: the first
+    regime value where no comparison of `comparisons` resolved the property, though the frames moved
+    beyond the bound (an inert value, where the step vanishes, has nothing to compare), or where no
+    comparison could be made at all (every frame raised or had no bound)."""
+    merged: dict = {}
+    for comparison in comparisons:
+        for dimension, values in comparison.coverage().items():
+            for value, cell in values.items():
+                total = merged.setdefault(dimension, {}).setdefault(value, dict.fromkeys(cell, 0))
+                for key, count in cell.items():
+                    total[key] += count
+    for dimension in DIMENSIONS[property_id.split("-")[0]]:
+        for value, cell in merged.get(dimension, {}).items():
+            if cell["resolved"]:
+                continue
+            if not cell["compared"]:
+                return f"regime {dimension} = {value}: none of its {cell['offered']} comparisons could be made (the frames raised, were not finite or had no measurable bound)"
+            if cell["inert"] < cell["compared"]:
+                return (f"regime {dimension} = {value}: none of its {cell['compared']} comparisons resolved the property "
+                        f"(each bound above {RESOLUTION:g} of what it compares)")
+    return None
+
+
+def coverage_table(comparisons) -> dict:
+    """The coverage of a property's checks by regime (Comparison.coverage), per check."""
+    return {c.name: c.coverage() for c in comparisons}
+
+
 def verdict(property_id: str, checks: list[dict], *, measured: dict | None = None, untested: str | None = None,
-            vacuous: str | None = None) -> dict:
-    """The verdict of one property from its checks (module docstring)."""
+            vacuous: str | None = None, comparisons=(), regimes: Regimes | None = None) -> dict:
+    """The verdict of one property from its checks (module docstring); comparisons and regimes: its
+    Comparison objects and the profile's regimes, whose coverage is recorded (and a regime its
+    dimensions must reach but did not makes it untested, `uncovered`)."""
     record = {"property": property_id, "statement": PROPERTY_TEXT[property_id], "checks": checks,
               "measured": dict(measured or {}), "check": None, "margin": None, "reason": ""}
+    if comparisons:
+        record["coverage"] = coverage_table(comparisons)
+        if untested is None and regimes is not None:
+            untested = uncovered(property_id, comparisons, regimes)
     if untested is None and (not checks or not all(c["samples"] for c in checks)):
         blunt = [c for c in checks if not c["samples"] and c.get("unresolved")]
         if blunt:
@@ -166,16 +225,98 @@ def verdict(property_id: str, checks: list[dict], *, measured: dict | None = Non
     return record
 
 
+# --------------------------------------------------------------------------------------------
+# Regimes: what the properties draw, by profile
+# --------------------------------------------------------------------------------------------
+
+
+def shape_class(d: int, r: int) -> str:
+    """The class of a frame shape that a property must reach: square (d = r), a column (r = 1), tall."""
+    return "square" if d == r else "column" if r == 1 else "tall"
+
+
+@dataclass(frozen=True)
+class Regimes:
+    """What the property runs draw at one profile (docs/adapters.md#regimes).
+
+    shapes: frame shapes, covering the three classes of shape_class; frames: Haar frames per shape;
+    steps: the length of the trajectories P2, P4 and P5 compare; warm_steps: the steps that build P3's
+    warm state; lrs: learning rates across the decades 1e-4 to 1, so that a cap, a clip or a trust
+    region that binds only above some step size is seen binding and not binding; scale_fractions: the
+    gradient scales, as fractions of the exponent range the implementation's dtype allows (+-
+    Precision.scale_decades decades: 30 for float64, 13 for float32 and bfloat16), rounded to powers of
+    two so that the scaled inputs are exact. Each property must reach every value of its dimensions
+    (DIMENSIONS): a value where no comparison resolves the property (and the frames moved beyond the
+    bound, so there was something to compare) leaves the property untested, naming it.
+    """
+
+    profile: str
+    shapes: tuple
+    frames: int
+    steps: int
+    warm_steps: int
+    lrs: tuple
+    scale_fractions: tuple
+
+    def scales(self, precision=None) -> tuple:
+        """The gradient scales 2^k of this profile for an implementation of `precision` (float64 if None)."""
+        decades = (precision or precisions.FLOAT64).scale_decades
+        return tuple(2.0 ** round(f * decades * math.log2(10.0)) for f in self.scale_fractions)
+
+    def grid(self, scales, *, lrs=None):
+        """(shape index, d, r, lr, scale) of the runs that pair learning rates with scales: every lr on
+        every shape, its scale the (shape index + lr index)-th of `scales` (a Latin pairing: each lr
+        meets min(shapes, scales) scales and each scale several lrs, without the full product)."""
+        lrs = self.lrs if lrs is None else lrs
+        for j, lr in enumerate(lrs):
+            for i, (d, r) in enumerate(self.shapes):
+                yield i, d, r, lr, scales[(i + j) % len(scales)]
+
+    def describe(self, precision=None) -> dict:
+        return {"profile": self.profile, "shapes": [list(s) for s in self.shapes], "shape_classes": sorted({shape_class(*s) for s in self.shapes}),
+                "frames": self.frames, "steps": self.steps, "warm_steps": self.warm_steps, "lrs": list(self.lrs),
+                "gradient_scales": [scale_text(c) for c in self.scales(precision)]}
+
+
+REGIMES = {
+    "quick": Regimes("quick", shapes=((5, 1), (4, 4), (8, 3)), frames=4, steps=3, warm_steps=10, lrs=(1e-4, 1e-2, 1.0),
+                     scale_fractions=(-1.0, 0.0, 1.0)),
+    "default": Regimes("default", shapes=((5, 1), (4, 4), (8, 3), (16, 4)), frames=6, steps=5, warm_steps=20,
+                       lrs=(1e-4, 1e-3, 1e-2, 1e-1, 1.0), scale_fractions=(-1.0, -0.5, 0.0, 0.5, 1.0)),
+    "thorough": Regimes("thorough", shapes=((5, 1), (12, 1), (4, 4), (6, 6), (8, 3), (16, 4), (32, 8)), frames=8, steps=10, warm_steps=50,
+                        lrs=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0), scale_fractions=(-1.0, -0.75, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0)),
+}
+DEFAULT_REGIMES = REGIMES["default"]
+# the dimensions of the regimes each property must reach (the shape class always)
+DIMENSIONS = {"P1": ("shape", "scale"), "P2": ("shape", "lr"), "P3": ("shape", "scale"), "P4": ("shape", "lr", "scale"),
+              "P5": ("shape", "lr", "scale")}
+
+
+def scale_text(c: float) -> str:
+    k = math.log2(c)
+    return f"2^{int(k)}" if k.is_integer() else f"{c:g}"
+
+
+def regime(d: int, r: int, lr: float | None = None, scale: float | None = None) -> dict:
+    """The regime tags of one run: its shape class, and its lr and gradient scale where they vary."""
+    tags = {"shape": shape_class(d, r)}
+    if lr is not None:
+        tags["lr"] = f"{lr:g}"
+    if scale is not None:
+        tags["scale"] = scale_text(scale)
+    return tags
+
+
 def config_for(eps: float, **changes) -> ri.StiefelAdamConfig:
     values = dict(lr=0.02, betas=(0.9, 0.999), eps=eps, trust_radius=0.5, weight_decay=0.0)
     values.update(changes)
     return ri.StiefelAdamConfig(**values)
 
 
-def draw(seed: int, label: str, d: int, r: int, steps: int = 1):
-    """FRAMES Haar frames (FRAMES, d, r) and `steps` standard normal gradients (steps, FRAMES, d, r)."""
+def draw(seed: int, label: str, d: int, r: int, steps: int = 1, frames: int = FRAMES):
+    """`frames` Haar frames (frames, d, r) and `steps` standard normal gradients (steps, frames, d, r)."""
     rng = rng_for(seed, "properties", label, d, r)
-    W = ri.random_point(d, r, rng, (FRAMES,))
+    W = ri.random_point(d, r, rng, (frames,))
     return W, rng.standard_normal((steps,) + W.shape), rng
 
 
@@ -188,25 +329,27 @@ def tangent_dimension_ok(d: int, r: int) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def steepest_descent(runner: Runner, seed: int, eps: float) -> dict:
+def steepest_descent(runner: Runner, seed: int, eps: float, regimes: Regimes = DEFAULT_REGIMES, scales=None) -> dict:
     check = blackbox_check("first_step_direction", "||D - ||D|| n||, n = -P_W(G)/||P_W(G)||, against twice D's error")
     lengths = {"lr sqrt(d r)": [], "lr": [], "lr ||P_W(G)||": []}
-    for d, r in SHAPES:
-        W, G, _ = draw(seed, "P1", d, r)
-        config = config_for(eps, trust_radius=math.inf)
-        lr0 = blackbox.calibrated_lr(runner, W, G[0], config, case="P1")
-        direction = blackbox.first_order_direction(runner, W, G[0], config, lr0, case="P1")
-        g = ri.project_tangent(W, G[0], validate=False)
-        n = -g / frobenius(g)[:, None, None]
-        length = frobenius(direction.D)
-        residual = frobenius(direction.D - length[:, None, None] * n)
-        check.add(residual, 2.0 * direction.error, length, direction.ok)
-        ok = direction.ok
-        lengths["lr sqrt(d r)"].append(length[ok] / (lr0 * math.sqrt(d * r)))
-        lengths["lr"].append(length[ok] / lr0)
-        lengths["lr ||P_W(G)||"].append(length[ok] / (lr0 * frobenius(g)[ok]))
+    config = config_for(eps, trust_radius=math.inf)
+    for d, r in regimes.shapes:
+        W, G, _ = draw(seed, "P1", d, r, frames=regimes.frames)
+        for c in scales or regimes.scales():
+            Gc = c * G[0]
+            lr0 = blackbox.calibrated_lr(runner, W, Gc, config, case="P1")
+            direction = blackbox.first_order_direction(runner, W, Gc, config, lr0, case="P1")
+            g = ri.project_tangent(W, Gc, validate=False)
+            n = -g / frobenius(g)[:, None, None]
+            length = frobenius(direction.D)
+            residual = frobenius(direction.D - length[:, None, None] * n)
+            check.add(residual, 2.0 * direction.error, length, direction.ok, regime=regime(d, r, scale=c))
+            ok = direction.ok
+            lengths["lr sqrt(d r)"].append(length[ok] / (lr0 * math.sqrt(d * r)))
+            lengths["lr"].append(length[ok] / lr0)
+            lengths["lr ||P_W(G)||"].append(length[ok] / (lr0 * frobenius(g)[ok]))
     measured = {"eps": eps, **length_text(lengths)}
-    return verdict("P1", [check.summary()], measured=measured)
+    return verdict("P1", [check.summary()], measured=measured, comparisons=[check], regimes=regimes)
 
 
 def blackbox_check(name: str, description: str) -> Comparison:
@@ -238,33 +381,35 @@ SCAN_EXPONENTS = (50, 100, 200, 400, 600, 900)
 PARTING_SCALES = (2.0**-10, 2.0**-20, 2.0**-30)
 
 
-def scale_independence(runner: Runner, seed: int, eps_zero: bool) -> dict:
+def scale_independence(runner: Runner, seed: int, eps_zero: bool, regimes: Regimes = DEFAULT_REGIMES) -> dict:
     if not eps_zero:
         return verdict("P2", [], untested="the implementation is undefined at eps = 0 (its domain), where the property is stated")
     check = Comparison("scaled_trajectories", "||W_t(c G) - W_t(G)|| against the sensitivity bound (c = 2^k: exact inputs; else rounding u)")
-    config = config_for(0.0)
     scan = parting = None
-    for d, r in SHAPES:
-        W, G, _ = draw(seed, "P2", d, r, STEPS)
-        base = runner.run(W, G, config, case="P2")
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P2", d, r), case="P2")
-        moved = frobenius(base.frames[1:] - W)
-        for c in POWER_SCALES + OTHER_SCALES:
-            scaled = runner.run(W, c * G, config, case="P2")
-            exact = math.log2(c).is_integer()
-            # fl(c G) = c G (1 + delta), |delta| <= u; the scaled run responds to it as the first to G delta
-            # (its Jacobian is the first one's over c): a difference of at most u ||G_t||
-            error = 0.0 if exact else U64 * frobenius(G)
-            # fixed before the comparison: the untransformed run's feasibility only (kit/blackbox.comparison_bound)
-            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=error)
-            residual = frobenius(scaled.frames[1:] - base.frames[1:])
-            check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None)
-        if scan is None:
-            scan = scale_domain(runner, W, G, config, base, S, d, r)
-            parting = eps_parting(runner, W, G, d, r)
+    scan_lr = min(regimes.lrs, key=lambda lr: abs(math.log10(lr / 0.02)))  # the scan and the parting at the lr nearest 0.02
+    for d, r in regimes.shapes:
+        W, G, _ = draw(seed, "P2", d, r, regimes.steps, frames=regimes.frames)
+        for lr in regimes.lrs:
+            config = config_for(0.0, lr=lr)
+            base = runner.run(W, G, config, case="P2")
+            S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P2", d, r, lr), case="P2")
+            moved = frobenius(base.frames[1:] - W)
+            for c in POWER_SCALES + OTHER_SCALES:
+                scaled = runner.run(W, c * G, config, case="P2")
+                exact = math.log2(c).is_integer()
+                # fl(c G) = c G (1 + delta), |delta| <= u; the scaled run responds to it as the first to G delta
+                # (its Jacobian is the first one's over c): a difference of at most u ||G_t||
+                error = 0.0 if exact else U64 * frobenius(G)
+                # fixed before the comparison: the untransformed run's feasibility only (kit/blackbox.comparison_bound)
+                bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=error)
+                residual = frobenius(scaled.frames[1:] - base.frames[1:])
+                check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None, regime=regime(d, r, lr=lr))
+            if scan is None and lr == scan_lr:
+                scan = scale_domain(runner, W, G, config, base, S, d, r)
+                parting = eps_parting(runner, W, G, d, r, lr)
     ignored = eps_ignored(runner, seed)
     record = verdict("P2", [check.summary()], measured={"scale_domain": scan, "eps_parting": parting, "eps_reaches_step": ignored is None},
-                     vacuous=ignored)
+                     vacuous=ignored, comparisons=[check], regimes=regimes)
     if ignored is not None and record["verdict"] != "vacuous":
         record["reason"] += f"; and {ignored}"
     return record
@@ -312,9 +457,9 @@ def previous_exponent(k: int) -> int:
     return earlier[-1] if earlier else 0
 
 
-def eps_parting(runner: Runner, W, G, d, r) -> list:
+def eps_parting(runner: Runner, W, G, d, r, lr: float = 0.02) -> list:
     """How far the runs part at eps = 1e-8: max ||W_T(c G) - W_T(G)|| per c, with eps / (c rms(G))."""
-    config = config_for(1e-8)
+    config = config_for(1e-8, lr=lr)
     base = runner.run(W, G, config, case="P2 at eps > 0")
     rows = []
     for c in PARTING_SCALES:
@@ -354,48 +499,53 @@ def span_residual(D, others, errors, error_x):
     return residual, bound
 
 
-def scalar_preconditioner(runner: Runner, seed: int, eps: float) -> dict:
+def scalar_preconditioner(runner: Runner, seed: int, eps: float, regimes: Regimes = DEFAULT_REGIMES, scales=None) -> dict:
     checks = {phase: Comparison(f"span_{phase}", f"distance of D(G_a + G_b - G_c) to span(D(G_a), D(G_b), D(G_c)), {phase}")
               for phase in ("first_step", "warm_step")}
     ratios = []
-    for d, r in SHAPES:
+    config = config_for(eps, trust_radius=math.inf)
+    for d, r in regimes.shapes:
         if not tangent_dimension_ok(d, r):
             continue
-        W, _, rng = draw(seed, "P3", d, r)
+        W, _, rng = draw(seed, "P3", d, r, frames=regimes.frames)
         Ga, Gb, Gc = (anisotropic(rng, W.shape) for _ in range(3))
-        config = config_for(eps, trust_radius=math.inf)
-        warm = _warm_run(runner, W, anisotropic(rng, W.shape), config)
-        for phase, start, state in (("first_step", W, None), ("warm_step", warm.last, warm.state)):
-            if phase == "warm_step" and not np.any(warm.ok):
-                continue
-            lr0 = blackbox.calibrated_lr(runner, start, Ga, config, state, case="P3")
-            found = [blackbox.first_order_direction(runner, start, G, config, lr0, state, case="P3") for G in (Ga, Gb, Gc, Ga + Gb - Gc)]
-            residual, bound = span_residual(found[3].D, [f.D for f in found[:3]], [f.error for f in found[:3]], found[3].error)
-            ok = np.all([f.ok for f in found], axis=0) & np.isfinite(residual)
-            checks[phase].add(np.nan_to_num(residual), bound, frobenius(np.nan_to_num(found[3].D)), ok)
-            if phase == "first_step":
-                ratios.append(entry_ratios(start, Ga, found[0]))
+        warm_gradients = anisotropic(rng, (regimes.warm_steps,) + W.shape)
+        for c in scales or regimes.scales():
+            warm = _warm_run(runner, W, c * warm_gradients, config)
+            for phase, start, state in (("first_step", W, None), ("warm_step", warm.last, warm.state)):
+                if phase == "warm_step" and not np.any(warm.ok):
+                    continue
+                lr0 = blackbox.calibrated_lr(runner, start, c * Ga, config, state, case="P3")
+                found = [blackbox.first_order_direction(runner, start, c * G, config, lr0, state, case="P3") for G in (Ga, Gb, Gc, Ga + Gb - Gc)]
+                residual, bound = span_residual(found[3].D, [f.D for f in found[:3]], [f.error for f in found[:3]], found[3].error)
+                ok = np.all([f.ok for f in found], axis=0) & np.isfinite(residual)
+                checks[phase].add(np.nan_to_num(residual), bound, frobenius(np.nan_to_num(found[3].D)), ok, regime=regime(d, r, scale=c))
+                if phase == "first_step":
+                    ratios.append(entry_ratios(start, c * Ga, found[0]))
     ratios = [x for x in ratios if x is not None]
     measured = {"relative_span_residual": {phase: span_spread(check) for phase, check in checks.items()},
+                "warm_state": f"{regimes.warm_steps} steps of anisotropic gradients",
                 "first_step_ratio_to_P_W(G)": (f"[{min(x[0] for x in ratios):.6g}, {max(x[1] for x in ratios):.6g}] "
                                                "(entries with |P_W(G)| >= 0.1 max)") if ratios else "not measured"}
-    return verdict("P3", [c.summary() for c in checks.values()], measured=measured)
+    return verdict("P3", [c.summary() for c in checks.values()], measured=measured, comparisons=list(checks.values()), regimes=regimes)
 
 
-WARM_MOVE = 0.1  # the warm start of P3: one step that moves the frames by about this much (median)
+WARM_MOVE = 0.1  # the warm start of P3: steps that move the frames by about this much each (median) at most
 
 
-def _warm_run(runner: Runner, W, G, config):
-    """One step from W to a warm state, at config's lr or less: a step that would move the frames by
-    more than WARM_MOVE (an uncapped SGD on gradients of scale 100 moves them by O(10), where an
-    iterative retraction may leave St) is taken again at the lr that moves them by WARM_MOVE, so that
-    the warm phase starts from a frame the implementation returns in ordinary use."""
-    run = runner.run(W, G[None], config, case="P3 warm step")
-    moved = frobenius(run.last - W)[run.ok]
+def _warm_run(runner: Runner, W, gradients, config):
+    """The steps of `gradients` (T, frames, d, r) from W to a warm state, at config's lr or less: when
+    the first step would move the frames by more than WARM_MOVE (an uncapped SGD on gradients of scale
+    100 moves them by O(10), where an iterative retraction may leave St), all are taken at the lr that
+    moves them by WARM_MOVE, so that the warm phase starts from a frame the implementation returns in
+    ordinary use, its momentum and second moment built over tens of steps."""
+    gradients = np.asarray(gradients)
+    trial = runner.run(W, gradients[:1], config, case="P3 warm step")
+    moved = frobenius(trial.last - W)[trial.ok]
     length = float(np.median(moved)) if moved.size else 0.0
     if math.isfinite(length) and length > WARM_MOVE:
-        run = runner.run(W, G[None], replace(config, lr=config.lr * WARM_MOVE / length), case="P3 warm step")
-    return run
+        config = replace(config, lr=config.lr * WARM_MOVE / length)
+    return runner.run(W, gradients, config, case="P3 warm step")
 
 
 def span_spread(check: Comparison) -> float | None:
@@ -432,36 +582,42 @@ def entry_ratios(W, G, direction):
 # --------------------------------------------------------------------------------------------
 
 
-# P4 is asked at learning rates across four decades: a cap, a clip or a trust region that binds only
-# above some step size (a cap in a norm that rotations change) is then seen both binding and not
-EQUIVARIANCE_LRS = (1e-4, 0.05, 1.0)
+# P4 is asked at the profile's learning rates, across the decades 1e-4 to 1 (Regimes.lrs): a cap, a
+# clip or a trust region that binds only above some step size (a cap in a norm that rotations change)
+# is then seen both binding and not. The runs carry a coupled decay of EQUIVARIANCE_DECAY times the
+# gradients' scale (both sides of each comparison carry it, so the property is asked with decay on).
+EQUIVARIANCE_DECAY = 0.1
 SATURATION = 1.5  # halving lr shrinks a free first step by 2, a capped one by less than this
 
 
-def equivariance(runner: Runner, seed: int, eps: float) -> list[dict]:
+def equivariance(runner: Runner, seed: int, eps: float, regimes: Regimes = DEFAULT_REGIMES, scales=None) -> list[dict]:
     checks = {
         "P4-left": Comparison("left_trajectories", "||W_t(Q W_0, Q G) - Q W_t(W_0, G)|| against the sensitivity bound"),
         "P4-right": Comparison("right_trajectories", "||W_t(W_0 R, G R) - W_t(W_0, G) R|| against the sensitivity bound"),
         "P4-signed": Comparison("signed_permutation_trajectories", "||W_t(P W_0 S, P G S) - P W_t S|| (exact inputs)"),
     }
-    regimes, starts, coverage = {}, {}, {name: {} for name in checks}
-    for lr in EQUIVARIANCE_LRS:
-        config = config_for(eps, lr=lr, trust_radius=0.3, weight_decay=0.1)
-        starts = {name: len(check.residual) for name, check in checks.items()}
-        regimes[f"{lr:g}"] = _equivariance_at(runner, seed, config, checks)
-        for name, check in checks.items():
-            resolved, total = check.resolved_since(starts[name])
-            coverage[name][f"{lr:g}"] = f"{resolved} of {total} comparisons resolved"
-    return [verdict(name, [check.summary()], measured={"first step by lr": regimes, "coverage by lr": coverage[name]})
+    scales = scales or regimes.scales()
+    lengths = {}
+    for lr in regimes.lrs:
+        config = config_for(eps, lr=lr, trust_radius=0.3, weight_decay=EQUIVARIANCE_DECAY)
+        pairs = [(d, r, c) for _, d, r, lr_, c in regimes.grid(scales) if lr_ == lr]
+        lengths[f"{lr:g}"] = _equivariance_at(runner, seed, config, checks, regimes, pairs)
+    return [verdict(name, [check.summary()], measured={"first step by lr": lengths}, comparisons=[check], regimes=regimes)
             for name, check in checks.items()]
 
 
-def _equivariance_at(runner: Runner, seed: int, config, checks: dict) -> str:
-    """The P4 comparisons at one config's lr, added to `checks`; returns how the first step's length
-    answered halving lr there (a free step halves; one a cap, clip or trust region binds does not)."""
+def _equivariance_at(runner: Runner, seed: int, config, checks: dict, regimes: Regimes, pairs) -> str:
+    """The P4 comparisons at one config's lr on the (d, r, gradient scale) of `pairs`, added to
+    `checks`; returns how the first step's length answered halving lr there (a free step halves; one a
+    cap, clip or trust region binds does not)."""
     saturated = compared = 0
-    for d, r in SHAPES:
-        W, G, rng = draw(seed, "P4", d, r, STEPS)
+    unscaled = config
+    for d, r, c in pairs:
+        W, G, rng = draw(seed, "P4", d, r, regimes.steps, frames=regimes.frames)
+        G = c * G
+        # the decay in proportion to the gradients' scale (as P5's): against gradients of scale 2^-100 an
+        # absolute lambda = 0.1 leaves a projected gradient that is all rounding of lambda W
+        config = replace(unscaled, weight_decay=unscaled.weight_decay * c)
         base = runner.run(W, G, config, case="P4")
         half = runner.run(W, G[:1], replace(config, lr=config.lr / 2), case="P4 step length")
         ok = base.ok & half.ok
@@ -469,10 +625,11 @@ def _equivariance_at(runner: Runner, seed: int, config, checks: dict) -> str:
             ratio = frobenius(base.frames[1] - W) / frobenius(half.frames[1] - W)
         saturated += int(np.count_nonzero(ratio[ok] < SATURATION))
         compared += int(np.count_nonzero(ok))
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P4", d, r), case="P4")
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P4", d, r, config.lr), case="P4")
         moved = frobenius(base.frames[1:] - W)
-        left, right = blackbox.orthogonal(d, rng, FRAMES), blackbox.orthogonal(r, rng, FRAMES)
-        P, Sg = blackbox.signed_permutation(d, rng, FRAMES), blackbox.signed_permutation(r, rng, FRAMES)
+        frames = regimes.frames
+        left, right = blackbox.orthogonal(d, rng, frames), blackbox.orthogonal(r, rng, frames)
+        P, Sg = blackbox.signed_permutation(d, rng, frames), blackbox.signed_permutation(r, rng, frames)
         # each action, the length of its inner products (the rounding of A X is within gamma_n || |A||X| ||
         # entry by entry), and its absolute matrices (None: a signed permutation, exact)
         actions = {
@@ -487,7 +644,7 @@ def _equivariance_at(runner: Runner, seed: int, config, checks: dict) -> str:
             frame_error = rounding * (frobenius(magnitude(W)) + frobenius(magnitude(base.frames[1:]))) if magnitude is not None else 0.0
             bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=gradient_error, frame_error=frame_error)
             residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
-            checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0)
+            checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0, regime=regime(d, r, lr=config.lr, scale=c))
     if not compared:
         return "not measured"
     return (f"capped (a cap, clip or trust region binds) at {saturated} of {compared} frames" if saturated
@@ -502,20 +659,27 @@ DECAYS = (1e-3, 1.0, 1e3, 1e6)
 DECAY_STEPS = 2
 
 
-def decay_blindness(runner: Runner, seed: int, eps: float, ignored=()) -> dict:
+def decay_blindness(runner: Runner, seed: int, eps: float, ignored=(), regimes: Regimes = DEFAULT_REGIMES, scales=None) -> dict:
+    """P5 on the profile's grid of shapes, learning rates and gradient scales c, each at the decays
+    DECAYS times c: the decay term lambda W against gradients of scale c is then the same relative to
+    the gradient at every scale (an absolute lambda = 1e-3 against gradients of scale 2^-100 leaves a
+    projected gradient that is all rounding of lambda W, where no implementation's step can show the
+    property)."""
     check = Comparison("decay_trajectories", "||W_t(lambda) - W_t(0)|| against the absolute sensitivity bound of the decay's remainder")
-    for d, r in SHAPES:
-        W, G, _ = draw(seed, "P5", d, r, DECAY_STEPS)
-        config = config_for(eps)
+    for _, d, r, lr, c in regimes.grid(scales or regimes.scales()):
+        W, G, _ = draw(seed, "P5", d, r, DECAY_STEPS, frames=regimes.frames)
+        G = c * G
+        config = config_for(eps, lr=lr)
         base = runner.run(W, G, config, case="P5")
-        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P5", d, r), case="P5")
+        S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P5", d, r, lr), case="P5")
         moved = frobenius(base.frames[1:] - W)
         for decay in DECAYS:
+            decay = decay * c
             decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")
             bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=decay_remainder(runner, W, G, decay, base.phi, d))
-            check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok)
+            check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok, regime=regime(d, r, lr=lr, scale=c))
     reason, untested = weight_decay_reaches_step(runner, seed, eps, ignored)
-    return verdict("P5", [check.summary()], vacuous=reason, untested=untested)
+    return verdict("P5", [check.summary()], vacuous=reason, untested=untested, comparisons=[check], regimes=regimes)
 
 
 def decay_remainder(runner: Runner, W, G, decay, phi, d) -> np.ndarray:
@@ -637,26 +801,29 @@ def domain(runner: Runner, seed: int, declared=()) -> tuple[list[dict], bool]:
     return rows, eps_zero
 
 
-def ask(variant, seed: int, *, eps_zero: bool, ignored=(), only=PROPERTY_IDS, runner: Runner | None = None) -> list[dict]:
+def ask(variant, seed: int, *, eps_zero: bool, ignored=(), only=PROPERTY_IDS, runner: Runner | None = None,
+        regimes: Regimes = DEFAULT_REGIMES) -> list[dict]:
     """The properties `only` (of PROPERTY_IDS, or claim ids: P4 is its three groups) of one variant, as
-    verdict records (without controls); NumPy's floating-point warnings off, as in ask_all."""
+    verdict records (without controls), over `regimes` (the profile's, REGIMES); NumPy's floating-point
+    warnings off, as in ask_all."""
     with np.errstate(**QUIET):
-        return _ask(variant, seed, eps_zero, ignored, only, runner)
+        return _ask(variant, seed, eps_zero, ignored, only, runner, regimes)
 
 
 QUIET = dict(over="ignore", invalid="ignore", divide="ignore", under="ignore")
 
 
-def _ask(variant, seed: int, eps_zero: bool, ignored, only, runner) -> list[dict]:
+def _ask(variant, seed: int, eps_zero: bool, ignored, only, runner, regimes: Regimes) -> list[dict]:
     only = tuple(p for p in PROPERTY_IDS if p in only or p.split("-")[0] in only)
     runner = runner or runner_for(variant)
     eps = 0.0 if eps_zero else 1e-8
+    scales = regimes.scales(precisions.of(variant))  # across the exponent range of the implementation's dtype
     asked = {
-        "P1": lambda: [steepest_descent(runner, seed, eps)],
-        "P2": lambda: [scale_independence(runner, seed, eps_zero)],
-        "P3": lambda: [scalar_preconditioner(runner, seed, eps)],
-        "P4": lambda: [v for v in equivariance(runner, seed, eps) if v["property"] in only],
-        "P5": lambda: [decay_blindness(runner, seed, eps, ignored)],
+        "P1": lambda: [steepest_descent(runner, seed, eps, regimes, scales)],
+        "P2": lambda: [scale_independence(runner, seed, eps_zero, regimes)],
+        "P3": lambda: [scalar_preconditioner(runner, seed, eps, regimes, scales)],
+        "P4": lambda: [v for v in equivariance(runner, seed, eps, regimes, scales) if v["property"] in only],
+        "P5": lambda: [decay_blindness(runner, seed, eps, ignored, regimes, scales)],
     }
     wanted = list(dict.fromkeys(name.split("-")[0] for name in only))
     found = []
@@ -673,7 +840,7 @@ def runner_for(variant) -> Runner:
     return Runner(variant, precisions.of(variant).u)
 
 
-def ask_all(variant, seed: int, *, only=PROPERTY_IDS) -> dict:
+def ask_all(variant, seed: int, *, only=PROPERTY_IDS, regimes: Regimes = DEFAULT_REGIMES) -> dict:
     """Domain trials, then the properties `only` of one variant: {"domain", "eps_zero", "phi",
     "properties", "excluded", "calls"}; every case the implementation could not run is counted in
     "excluded" with its reason, none raises here. NumPy's floating-point warnings are off meanwhile:
@@ -681,14 +848,14 @@ def ask_all(variant, seed: int, *, only=PROPERTY_IDS) -> dict:
     and what an overflow does to a step is read from its output, not from a RuntimeWarning on the
     terminal."""
     with np.errstate(**QUIET):
-        return _ask_all(variant, seed, only)
+        return _ask_all(variant, seed, only, regimes)
 
 
-def _ask_all(variant, seed: int, only) -> dict:
+def _ask_all(variant, seed: int, only, regimes: Regimes) -> dict:
     runner = runner_for(variant)
     rows, eps_zero = domain(runner, seed, tuple(getattr(variant, "domain", ()) or ()))
     repeats = determinism(runner, seed, 0.0 if eps_zero else 1e-8)
-    found = ask(variant, seed, eps_zero=eps_zero, ignored=tuple(getattr(variant, "ignored", ()) or ()), only=only, runner=runner)
+    found = ask(variant, seed, eps_zero=eps_zero, ignored=tuple(getattr(variant, "ignored", ()) or ()), only=only, runner=runner, regimes=regimes)
     for record in found:
         if record["verdict"] == "untested" and "cannot tell" in record["reason"]:
             record["reason"] += (f" (the frames of this property's runs are off St(d, r) by up to phi = {record['phi']:.2g})" if record["phi"] is not None
@@ -696,7 +863,7 @@ def _ask_all(variant, seed: int, only) -> dict:
     excluded = [{"case": case, "reason": reason, "frames": count} for (case, reason), count in runner.excluded.items()
                 if not case.startswith("domain: ")]
     return {"domain": rows, "eps_zero": eps_zero, "determinism": repeats, "phi": _number(runner.phi), "properties": found, "excluded": excluded,
-            "calls": runner.calls}
+            "calls": runner.calls, "regimes": regimes.describe(precisions.of(variant))}
 
 
 def _number(value: float) -> float | None:
@@ -733,7 +900,7 @@ IGNORES_WEIGHT_DECAY = ri.Variant("ignores_weight_decay", "StiefelAdam that drop
                                   ri.init, _ignores_weight_decay_step)
 
 
-def controls(seed: int, only=PROPERTY_IDS) -> list[dict]:
+def controls(seed: int, only=PROPERTY_IDS, regimes: Regimes = DEFAULT_REGIMES) -> list[dict]:
     """Each property of `only` on its controls (CONTROLS): [{property, control, expected, verdict, margin,
     detected}]; a "fails" control is detected when its margin reaches DETECTION_FACTOR."""
     only = tuple(p for p in PROPERTY_IDS if p in only or p.split("-")[0] in only)
@@ -749,11 +916,13 @@ def controls(seed: int, only=PROPERTY_IDS) -> list[dict]:
             variant = ri.VARIANTS[name]
         runner = runner_for(variant)
         determinism(runner, seed, 0.0)  # as for an implementation: its noise measured first
-        (found,) = ask(variant, seed, eps_zero=True, only=(property_id,), runner=runner)
+        (found,) = ask(variant, seed, eps_zero=True, only=(property_id,), runner=runner, regimes=regimes)
         margin = found["margin"]
         detected = found["verdict"] == expected and (expected != "fails" or margin >= DETECTION_FACTOR)
+        failing = next((c for c in found["checks"] if c["name"] == found["check"]), {})
         records.append({"property": property_id, "control": name, "expected": expected, "verdict": found["verdict"],
-                        "margin": margin, "detected": bool(detected)})
+                        "margin": margin, "detected": bool(detected), "check": found["check"], "residual": failing.get("residual"),
+                        "bound": failing.get("bound"), "reason": found["reason"]})
     return records
 
 

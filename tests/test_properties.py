@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -52,11 +53,14 @@ def test_verdicts_agree_with_the_optimizers_mathematics(spec, asked):
     for verdict in asked[spec]["properties"]:
         if verdict["verdict"] == F:  # a failure is far beyond its bound, not at its edge
             assert verdict["margin"] >= 1e3, verdict
-        if verdict["verdict"] == H:  # every check compared every frame, with a bound below a tenth of what it compares
-            # (P4 runs at lr 1 too, where an uncapped SGD's steps leave St and some comparisons cannot
-            # resolve: they are counted, by lr, and decide nothing)
-            assert all(c["samples"] > 0 and c["max_ratio"] <= 1 and (c["unresolved"] == 0 or verdict["property"].startswith("P4"))
-                       for c in verdict["checks"])
+        if verdict["verdict"] == H:  # every check compared frames within its bound, and reached every regime of the profile:
+            # each value of each dimension resolved somewhere, or inert there (an SGD on gradients of scale 2^-100 does not move)
+            assert all(c["samples"] > 0 and c["max_ratio"] <= 1 for c in verdict["checks"])
+            dimensions = properties.DIMENSIONS[verdict["property"].split("-")[0]]
+            for table in verdict["coverage"].values():
+                assert set(dimensions) <= set(table), (verdict["property"], table)
+                for dimension in dimensions:
+                    assert all(cell["resolved"] or cell["inert"] == cell["compared"] > 0 for cell in table[dimension].values()), (dimension, table)
 
 
 def test_the_domain_is_found_by_trials_and_reported_with_counts(asked):
@@ -130,22 +134,23 @@ def test_the_vacuity_probe_needs_a_decay_term_that_would_move_the_step():
 
 
 def test_float32_is_held_where_its_precision_resolves_the_property():
-    """torch_impl in float32: P2 and P4 decided on every frame; P1 on the frames where the borrowed
-    retraction bound stays below a tenth of the direction (not the largest shape, counted as unresolved);
-    P3 untested (its warm-step span is never resolved); P5 decided at lambda <= 1e3, its lambda = 1e6
-    comparisons unresolved (the rounding of G + 1e6 W in float32 is above the step)."""
+    """torch_impl in float32 at the default profile: P1 holds, decided on the frames where the borrowed
+    retraction bound stays below a tenth of the direction (the others counted as unresolved); the
+    trajectory properties are untested, naming lr = 1e-4, where a step is below a tenth of float32's
+    rounding of it and no comparison resolves, though every larger lr resolves; P3 is untested, naming
+    the square frames, where the span of float32 directions is never resolved."""
     pytest.importorskip("torch")
     found = {v["property"]: v for v in properties.ask_all(outside.resolve("torch_impl-float32"), 0)["properties"]}
-    assert {k: v["verdict"] for k, v in found.items()} == {**ALL_HOLD, "P3": U}
-    assert "cannot tell" in found["P3"]["reason"]
-    for name in ("P1", "P5"):
-        check = found[name]["checks"][0]
-        assert check["samples"] > 0 and check["unresolved"] > 0 and check["max_ratio"] <= 1
-    assert all(c["unresolved"] == 0 for name in ("P2",) for c in found[name]["checks"])
-    # P4 at lr 1e-4: float32's rounding is above a tenth of such a step, and those comparisons are unresolved
-    for name in ("P4-left", "P4-right", "P4-signed"):
-        coverage = found[name]["measured"]["coverage by lr"]
-        assert coverage["0.0001"].startswith("0 of") and coverage["0.05"].split()[0] == coverage["0.05"].split()[2] != "0"
+    assert {k: v["verdict"] for k, v in found.items()} == {**dict.fromkeys(properties.PROPERTY_IDS, U), "P1": H}
+    check = found["P1"]["checks"][0]
+    assert check["samples"] > 0 and check["unresolved"] > 0 and check["max_ratio"] <= 1
+    assert found["P3"]["reason"].startswith("regime shape = square: none of its")
+    for name in ("P2", "P4-left", "P4-right", "P4-signed", "P5"):
+        assert found[name]["reason"].startswith("regime lr = 0.0001: none of its"), found[name]["reason"]
+        assert all(c["max_ratio"] <= 1 for c in found[name]["checks"])  # no comparison that resolves fails
+        (table,) = found[name]["coverage"].values()
+        assert table["lr"]["0.0001"]["resolved"] == 0
+        assert all(table["lr"][lr]["resolved"] > 0 for lr in ("0.001", "0.01", "0.1", "1"))
 
 
 def test_a_torch_optimizer_for_two_dimensional_frames_runs_frame_by_frame():
@@ -271,8 +276,8 @@ def test_table_refuses_a_page_without_its_markers(tmp_path, capsys):
 def test_a_p4_probed_at_one_learning_rate_lets_its_cap_control_escape(monkeypatch):
     """The 1-norm cap is a control of P4 (kit/property_controls.py): asking P4 at lr 0.05 alone, as
     before, lets it read "holds", so the control escapes and P4 is untested for that run."""
-    monkeypatch.setattr(properties, "EQUIVARIANCE_LRS", (0.05,))
-    missed = [r for r in properties.controls(0, only=("P4-left",)) if not r["detected"]]
+    one_lr = replace(properties.DEFAULT_REGIMES, lrs=(0.05,))
+    missed = [r for r in properties.controls(0, only=("P4-left",), regimes=one_lr) if not r["detected"]]
     assert [(r["control"], r["verdict"]) for r in missed] == [("one_norm_cap", H)]
     found = properties.apply_controls([{"property": "P4-left", "verdict": H, "check": None, "margin": None, "reason": ""}], missed)
     assert found[0]["verdict"] == U and "one_norm_cap" in found[0]["reason"]

@@ -231,22 +231,35 @@ class Direction:
     lr0: float
 
 
+CALIBRATION_TRIALS = 12
+
+
 def calibrated_lr(runner: Runner, W, G, config, state=None, case: str = "") -> float:
-    """The lr at which one step moves the frames by about runner.step_size() (the median over frames
-    of a trial step at lr = s / sqrt(d r), scaled), so that the directions' two errors balance."""
+    """The lr at which one step moves the frames by about runner.step_size() s (the median over
+    frames), so that the directions' two errors balance. A trial step at lr = s / sqrt(d r) is
+    rescaled by s over the length it moved, and tried again until it moves by s within a factor 2 (at
+    most CALIBRATION_TRIALS trials): one rescaling suffices where the step is proportional to lr, but a
+    step that the retraction saturates (an SGD on gradients of scale 2^50 moves the frames by O(1)
+    whatever its lr) shrinks by the factor s / O(1) per trial until it is proportional again."""
     d, r = W.shape[-2:]
     # the feasibility that decides s is that of these frames at this step: the start's own defect,
     # then the outputs of a trial step (an implementation that leaves St only for long steps, or only
     # in another property's runs, is not held to that here)
     start = float(np.max(gram_defect(W))) if np.size(W) else 0.0
     s = runner.step_size(d, r, phi=start)
-    trial = s / math.sqrt(d * r)
-    run = runner.run(W, G[None], replace(config, lr=trial), state, case)
-    if np.any(run.ok):
-        s = runner.step_size(d, r, phi=max(start, float(np.max(run.phi[run.ok]))))
-    moved = frobenius(run.last - W)[run.ok]
-    length = float(np.median(moved)) if moved.size else 0.0
-    return trial * s / length if length > 0 and math.isfinite(length) else trial
+    lr = s / math.sqrt(d * r)
+    for _ in range(CALIBRATION_TRIALS):
+        run = runner.run(W, G[None], replace(config, lr=lr), state, case)
+        if np.any(run.ok):
+            s = runner.step_size(d, r, phi=max(start, float(np.max(run.phi[run.ok]))))
+        moved = frobenius(run.last - W)[run.ok]
+        length = float(np.median(moved)) if moved.size else 0.0
+        if not (length > 0 and math.isfinite(length)):
+            return lr
+        lr = lr * s / length
+        if 0.5 * s <= length <= 2.0 * s:
+            break
+    return lr
 
 
 def first_order_direction(runner: Runner, W, G, config, lr0: float, state=None, case: str = "") -> Direction:

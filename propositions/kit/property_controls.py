@@ -15,7 +15,7 @@ only, a bit-for-bit vacuity probe) makes the control escape and the property unt
       rotations keep, binding at lr 1 and not at lr 0.05. P4 left and right must fail; probed at one
       learning rate they read "holds".
   hidden_branch_without_decay  StiefelAdam that drops weight_decay and re-orthonormalises its output by
-      the sign-fixed QR on every fifth call (a counter the caller cannot see, standing for an
+      the sign-fixed QR on every second call (a counter the caller cannot see, standing for an
       unseeded random branch): its runs of identical inputs differ in the last bits. P5 must read
       vacuous; a bit-for-bit vacuity probe read the branch as weight_decay reaching the step.
 """
@@ -89,7 +89,7 @@ def one_norm_cap() -> ri.Variant:
 
 def hidden_branch_without_decay() -> ri.Variant:
     return ri.Variant("hidden_branch_without_decay", "StiefelAdam without weight_decay and a hidden QR branch (P5's noise control)",
-                      ("P5",), ri.init, HiddenBranch().step)
+                      ("P5",), ri.init, HiddenBranch(every=2).step)
 
 
 # name -> a function making a fresh variant (a control with a count of its own starts it anew)
