@@ -22,8 +22,10 @@ the stage of docs/algorithm.md it gets wrong), `regression` (pytest files replay
 #      provenance to `run`, which the digest does not cover: the same evidence, the same digest
 # 1.3: git_tree_clean moves from provenance to `run` (read once before anything is written), and
 #      numerical.precision states the dtypes of each part (numerical.dtype: the ones under test)
-SCHEMA_VERSION = "1.3"
-READABLE_SCHEMA_VERSIONS = ("1.1", "1.2", "1.3")  # `certify verify` and `cite` read all three
+# 1.4: the optional `property` member of a property certificate (certify/outside/property_certificate.py):
+#      a claim's property asked of an implementation, sealed and verified as the claims' certificates
+SCHEMA_VERSION = "1.4"
+READABLE_SCHEMA_VERSIONS = ("1.1", "1.2", "1.3", "1.4")  # `certify verify` and `cite` read all four
 
 # The seed used when none is given on the command line: every default certificate is drawn from it.
 DEFAULT_SEED = 0

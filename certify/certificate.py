@@ -203,7 +203,12 @@ def _settings_contradictions(certificate: dict) -> list[str]:
         if provenance.get(name) != numerical.get(name):
             found.append(f"provenance.{name} {provenance.get(name)!r} but numerical.{name} {numerical.get(name)!r}")
     try:
-        expected = reproduce_command(certificate["id"], provenance["seed"], provenance["profile"], provenance["optimizer"], provenance.get("options", {}))
+        if "property" in certificate:  # a property certificate (certify/outside/property_certificate.py)
+            from certify.outside.property_certificate import reproduce_command as property_command
+
+            expected = property_command(certificate["id"], provenance["seed"], provenance["profile"], provenance["optimizer"])
+        else:
+            expected = reproduce_command(certificate["id"], provenance["seed"], provenance["profile"], provenance["optimizer"], provenance.get("options", {}))
     except (KeyError, TypeError):
         expected = None
     if expected is not None and provenance.get("reproduce") != expected:
@@ -226,7 +231,9 @@ def contradictions(certificate: dict) -> list[str]:
       exact checks and symbolic steps (a claim may be stricter, inconclusive for reasons of its own,
       never laxer), a pass lists no failure and no reason to be inconclusive, a fail lists a
       failure and an inconclusive verdict a reason;
-    - the settings stated twice agree (_settings_contradictions).
+    - the settings stated twice agree (_settings_contradictions);
+    - a property certificate's property verdict agrees with its verdict and checks
+      (certify.outside.property_certificate.property_contradictions).
     """
     from propositions.kit.common import DETECTION_FACTOR, decide_verdict
 
@@ -242,6 +249,10 @@ def contradictions(certificate: dict) -> list[str]:
         if control.get("detected") is not (margin >= factor):
             found.append(f"control {control.get('name')} says detected={control.get('detected')} at margin {margin:.3g} (factor {factor:g})")
     found += _settings_contradictions(certificate)
+    if "property" in certificate:
+        from certify.outside.property_certificate import property_contradictions
+
+        found += property_contradictions(certificate)
     derived, failures, _ = decide_verdict(certificate)
     verdict = certificate.get("verdict")
     if verdict == "fail" and not certificate.get("failures"):
@@ -300,7 +311,15 @@ def citation(certificate: dict, style: str = "text") -> str:
     source = f"stiefel-adam-certify {version}" + (f" @ {commit[:12]}" if commit else "")
     docs = certificate["statement"].get("docs")
     precision = precision_text(certificate)
+    stated = certificate.get("property")
+    if stated:  # a property certificate: the property's own verdict first, the title names claim, property and implementation
+        verdict_words = f"the property {stated['verdict']} (certificate {certificate['verdict']})"
+    else:
+        verdict_words = certificate["verdict"]
     if style == "text":
+        if stated:
+            return (f"{certificate['title']}: {verdict_words} in {precision}, sha256 {digest[:16]}, {source}; "
+                    f"reproduce: {provenance['reproduce']}")
         return (
             f"{certificate['id']} ({certificate['title']}): {certificate['verdict']} in {precision}, "
             f"sha256 {digest[:16]}, {source}; reproduce: {provenance['reproduce']}"
@@ -309,7 +328,7 @@ def citation(certificate: dict, style: str = "text") -> str:
         lines = [
             f"**{certificate['id']}: {certificate['title']}**: {certificate['statement']['text']}",
             "",
-            f"Verdict **{certificate['verdict']}** in {precision} · sha256 `{digest}` · {source.replace(' @ ', ', commit `') + ('`' if commit else '')} · "
+            f"Verdict **{verdict_words}** in {precision} · sha256 `{digest}` · {source.replace(' @ ', ', commit `') + ('`' if commit else '')} · "
             f"reproduce: `{provenance['reproduce']}`" + (f" · [{docs}]({docs})" if docs else ""),
         ]
         return "\n".join(lines)
@@ -319,9 +338,9 @@ def citation(certificate: dict, style: str = "text") -> str:
         "author": "{stiefel-adam-certify}",
         "year": f"{{{_bibtex_escape(year)}}}" if year.isdigit() else None,
         "version": f"{{{_bibtex_escape(version)}}}",
-        "howpublished": f"{{certificate {certificate['id']}, verdict {certificate['verdict']} in {precision}, sha256 {digest}}}",
+        "howpublished": f"{{certificate {certificate['id']}, verdict {_bibtex_escape(verdict_words)} in {precision}, sha256 {digest}}}",
         "note": "{" + _bibtex_escape(
-            f"Statement: {certificate['statement']['text']} Verdict: {certificate['verdict']}, computed in {precision}. "
+            f"Statement: {certificate['statement']['text']} Verdict: {verdict_words}, computed in {precision}. "
             f"stiefel-adam-certify {version}" + (f", git commit {commit}" if commit else "") + f". Reproduce: {provenance['reproduce']}"
             + (f". Documentation: {docs}" if docs else "")
         ) + "}",

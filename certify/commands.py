@@ -79,7 +79,7 @@ def command_compare(args, out: Output, command: str) -> int:
         raise UsageError("--table writes the property matrix: give it with --properties")
     if args.properties:
         out_dir = args.out if args.out is not None else str(fresh_folder("properties"))
-        return command_properties(specs, claims.IMPLEMENTATION_CLAIMS, out_dir, args.seed, out, command, table=args.table)
+        return command_properties(specs, claims.IMPLEMENTATION_CLAIMS, out_dir, args.seed, out, command, table=args.table, profile=args.profile)
     variants = {spec: resolve_implementation(spec) for spec in specs}  # unusable input: exit 2 before any run
     out_dir = output_folder(args.out if args.out is not None else str(fresh_folder("compare")))
     results, wall_seconds = compare.run(specs, out_dir=out_dir, seed=args.seed, profile=args.profile, command=command, progress=out.line)
@@ -104,9 +104,11 @@ def command_compare(args, out: Output, command: str) -> int:
     return 0 if all(c["verdict"] == "pass" for c in applicable) else 1
 
 
-def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, out: Output, command: str, table: str | None = None) -> int:
-    """The property verdicts of `specs` for the claims `claim_ids` (certify.outside.properties): the
-    matrix printed and written into OUT/REPORT.md, one record per implementation under OUT/properties/.
+def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, out: Output, command: str, table: str | None = None,
+                       profile: str = "default") -> int:
+    """The property verdicts of `specs` for the claims or properties `claim_ids` (certify.outside.properties),
+    at the profile's regimes: the matrix printed and written into OUT/REPORT.md, one sealed certificate
+    per property and implementation under OUT/properties/<implementation>/.
     Exit 0 when every property asked holds for every implementation, 1 when one fails, is vacuous or
     untested, 2 for an implementation that cannot be used (before anything runs)."""
     from certify.outside import adapters, properties
@@ -118,7 +120,10 @@ def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, ou
         raise UsageError(str(error)) from None
     out_dir = output_folder(out_text)
     table_path = _table_path(table) if table else None
-    records, control_records, wall_seconds = properties.run(variants, seed=seed, claim_ids=claim_ids, out_dir=out_dir, progress=out.line)
+    from certify import environment as environment_record
+
+    records, control_records, wall_seconds = properties.run(variants, seed=seed, claim_ids=claim_ids, out_dir=out_dir, profile=profile,
+                                                            command=command, git=environment_record.git_state(), progress=out.line)
     text = properties.markdown(records, control_records, seed=seed, wall_seconds=wall_seconds, command=command)
     try:
         path = properties.write(out_dir, text)
@@ -129,7 +134,7 @@ def command_properties(specs: list[str], claim_ids, out_text: str, seed: int, ou
     out.table(header, properties.matrix_rows(records), title="which optimizer has which property")
     for spec, record in records.items():
         out.line(f"{spec}: StiefelAdam's step: {record['stiefel_adam_step']['text']}")
-    out.line(f"report: {path}; records under {out_dir / 'properties'} ({wall_seconds:.1f} s)")
+    out.line(f"report: {path}; certificates under {out_dir / 'properties'} ({wall_seconds:.1f} s)")
     if table_path is not None:
         properties.write_table(table_path, properties.table(records, command=command))
         out.line(f"table: {table_path}")
@@ -156,18 +161,27 @@ def command_run_or_properties(args, out: Output, command: str) -> int:
         return command_run(args, out, command)
     from certify.run import _optimizer_from_args
 
-    ids = []
-    for text in args.ids:
-        try:
-            claim_id = claims.normalise_id(text)
-        except claims.UnknownClaim as error:
-            raise UsageError(str(error)) from None
-        if claim_id not in claims.IMPLEMENTATION_CLAIMS:
-            raise UsageError(f"{claim_id} states no property of an optimizer's step; --properties takes {', '.join(claims.IMPLEMENTATION_CLAIMS)}")
-        ids.append(claim_id)
+    ids = [property_or_claim_id(text) for text in args.ids]
     explicit_out = any(token == "--out" or token.startswith("--out=") for token in shlex.split(command))
     out_dir = args.out if explicit_out else str(fresh_folder("properties"))
-    return command_properties([_optimizer_from_args(args)], tuple(dict.fromkeys(ids)), out_dir, args.seed, out, command)
+    return command_properties([_optimizer_from_args(args)], tuple(dict.fromkeys(ids)), out_dir, args.seed, out, command, profile=args.profile)
+
+
+def property_or_claim_id(text: str) -> str:
+    """A property id (P4-left, case as the user likes) or a claim id of IMPLEMENTATION_CLAIMS (its properties)."""
+    from propositions.properties import PROPERTY_IDS
+
+    for property_id in PROPERTY_IDS:
+        if text.lower() == property_id.lower():
+            return property_id
+    try:
+        claim_id = claims.normalise_id(text)
+    except claims.UnknownClaim as error:
+        raise UsageError(str(error)) from None
+    if claim_id not in claims.IMPLEMENTATION_CLAIMS:
+        raise UsageError(f"{claim_id} states no property of an optimizer's step; --properties takes {', '.join(claims.IMPLEMENTATION_CLAIMS)} "
+                         f"or a property ({', '.join(PROPERTY_IDS)})")
+    return claim_id
 
 
 def command_regression(args, out: Output, command: str) -> int:

@@ -185,11 +185,21 @@ def _expected_seconds(path: Path, claim_id: str, profile: str) -> float:
 COMMITTED_REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
+def question(claim_id: str, optimizer: str) -> str:
+    """What a claim's certificate answers: for StiefelAdam the claim itself ("P4"); for any other
+    optimizer whether it is StiefelAdam's step in that claim ("P4, is X StiefelAdam's step?"), which
+    an equivariant SGD fails while it has the property (its property certificates say so)."""
+    if optimizer == claims.DEFAULT_OPTIMIZER or claim_id not in claims.IMPLEMENTATION_CLAIMS:
+        return claim_id
+    return f"{claim_id}, is {optimizer} StiefelAdam's step?"
+
+
 class _Recorder:
     """Writes each certificate as it arrives, prints its line and counts internal errors."""
 
-    def __init__(self, out: Output, out_dir: Path):
+    def __init__(self, out: Output, out_dir: Path, optimizer: str = claims.DEFAULT_OPTIMIZER):
         self.out, self.out_dir = out, out_dir
+        self.optimizer = optimizer
         self.by_id: dict[str, dict] = {}
         # each certificate's figures, drawn as it arrives: with a pool, while the other claims run
         self.drawn: dict[str, tuple] = {}
@@ -208,7 +218,7 @@ class _Recorder:
         except OSError as error:
             raise UsageError(f"cannot write {self.out_dir / (claim_id + '.json')}: {error.strerror or error}") from None
         timing = certificate_format.run_record(sealed)
-        self.out.line(f"{claim_id}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
+        self.out.line(f"{question(claim_id, self.optimizer)}: {sealed['verdict']} in {timing['wall_seconds']:.2f} s ({sealed['numerical']['frames']} frames) -> {path}")
         for reason in sealed["failures"] + sealed["inconclusive"]:
             self.out.line(f"    {reason}")
         from certify.ci.counterexample import block, counterexamples_of
@@ -285,7 +295,7 @@ def _run_and_record(ids: list[str], args, out: Output, command: str, options_for
     out_dir = output_folder(str(args.out if args.out is not None else default_out(optimizer)))
     executor = parallel.current()
     started = time.perf_counter()
-    recorder = _Recorder(out, out_dir)
+    recorder = _Recorder(out, out_dir, optimizer)
     to_run, not_applicable = [], []
     for claim_id in ids:
         reason = claims.not_applicable(claim_id, optimizer)
@@ -316,7 +326,10 @@ def _run_and_record(ids: list[str], args, out: Output, command: str, options_for
     except OSError as error:
         raise UsageError(f"cannot write the report in {out_dir}: {error.strerror or error}") from None
 
-    out.table(report_writer.SUMMARY_HEADER, report_writer.summary_rows(certificates), title="certificates")
+    rows = report_writer.summary_rows(certificates)
+    for row in rows:
+        row[0] = question(row[0], optimizer)
+    out.table(report_writer.SUMMARY_HEADER, rows, title="certificates")
     out.line(f"report: {report_path}" + ("" if plotted else " (plots left out: matplotlib is not installed)"))
     counts = {verdict: sum(c["verdict"] == verdict for c in certificates) for verdict in ("pass", "fail", "inconclusive")}
     outside = f", {len(not_applicable)} not applicable" if not_applicable else ""
@@ -386,7 +399,31 @@ def command_run(args, out: Output, command: str) -> int:
         missing = _missing(claim_id)
         if missing:
             raise UsageError(f"{claim_id} needs {', '.join(missing)}, which is not installed (the '{missing[0]}' extra: pip install -e '.[{missing[0]}]' in this project's checkout)")
-    return _run_and_record(ids, args, out, command, _options_for, [])
+    code = _run_and_record(ids, args, out, command, _options_for, [])
+    stated = [claim_id for claim_id in ids if claim_id in claims.IMPLEMENTATION_CLAIMS]
+    if args.optimizer == claims.DEFAULT_OPTIMIZER or not stated:
+        return code
+    return max(code, _properties_beside(stated, args, out, command))
+
+
+def _properties_beside(claim_ids: list[str], args, out: Output, command: str) -> int:
+    """For an optimizer other than StiefelAdam, each claim's property asked of it as well, stated apart
+    from whether it is StiefelAdam's step (docs/adapters.md#property-verdicts): one property
+    certificate each, under OUT/properties/<implementation>/; 0 when every property holds."""
+    from certify import environment as environment_record
+    from certify.outside import adapters, properties
+
+    spec = adapters.canonical_spec(args.optimizer)
+    out_dir = output_folder(str(args.out if args.out is not None else default_out(args.optimizer)))
+    records, _, seconds = properties.run({spec: properties.resolve(spec)}, seed=args.seed, claim_ids=tuple(claim_ids), out_dir=out_dir,
+                                         profile=args.profile, command=command, git=environment_record.git_state(), progress=lambda line: None)
+    record = records[spec]
+    for claim_id in claim_ids:
+        found = [v for v in record["properties"] if v["property"].split("-")[0] == claim_id]
+        out.line(f"{claim_id}, its property of {spec}: " + "; ".join(f"{v['property']} {properties.cell(v)}" for v in found))
+    out.line(f"properties: certificates under {out_dir / 'properties' / properties.label(spec)} ({seconds:.1f} s); StiefelAdam's step: "
+             f"{record['stiefel_adam_step']['text']}")
+    return 0 if all(v["verdict"] == "holds" for v in record["properties"]) else 1
 
 
 def command_crosscheck(args, out: Output, command: str) -> int:
@@ -447,6 +484,10 @@ def _report_path(text: str | None) -> Path | None:
 
 
 def _rerun(recorded: dict, command: str) -> tuple[dict, str | None]:
+    if "property" in recorded:  # a property certificate: the property asked again of its implementation
+        from certify.outside import properties
+
+        return properties.rerun(recorded, command)
     provenance = recorded["provenance"]
     executor = parallel.current()
     return claims.certify_claim(recorded["id"], seed=provenance["seed"], profile=provenance["profile"], optimizer=provenance["optimizer"], options=provenance["options"], command=command,

@@ -101,6 +101,11 @@ def _outcome_differences(recorded: dict, reproduced: dict) -> list[str]:
         for name in ("dtype", "precision"):
             if _canonical(recorded["numerical"].get(name)) != _canonical(reproduced["numerical"].get(name)):
                 differences.append(f"numerical.{name} {recorded['numerical'].get(name)!r} recorded, {reproduced['numerical'].get(name)!r} reproduced")
+    # a property certificate: which property of which implementation, and the property's own verdict
+    for member in ("id", "claim", "implementation", "verdict", "check"):
+        old, new = (recorded.get("property") or {}).get(member), (reproduced.get("property") or {}).get(member)
+        if old != new:
+            differences.append(f"property {member} {old!r} recorded, {new!r} reproduced")
     if recorded["symbolic"].get("status") != reproduced["symbolic"].get("status"):
         differences.append(f"symbolic status {recorded['symbolic'].get('status')} recorded, {reproduced['symbolic'].get('status')} reproduced")
     pairs = (

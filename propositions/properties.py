@@ -98,12 +98,14 @@ class Comparison:
     # per call of add: the regime tags of its runs (regime()) and how many frames it offered
     regimes: list = field(default_factory=list)
 
-    def add(self, residual, bound, scale, ok, bitwise=None, regime=None) -> None:
+    def add(self, residual, bound, scale, ok, bitwise=None, regime=None, floor=0.0) -> None:
         """Frames where ok (broadcast to residual's shape) and the bound is a number (a NaN bound: no
         bound could be measured for that frame, kit/blackbox.sensitivity) are compared. regime: the
-        tags of the runs compared (regime()), counted by coverage()."""
-        self.regimes.append((dict(regime or {}), int(np.size(residual))))
+        tags of the runs compared (regime()), counted by coverage(); floor: the part of the bound that
+        the declared precision alone gives (the rounding of a perfect implementation in that dtype,
+        precision_floor), by which coverage() tells a step below the dtype's resolution."""
         ok = np.broadcast_to(ok, np.shape(residual)) & ~np.isnan(np.broadcast_to(bound, np.shape(residual)))
+        self.regimes.append((dict(regime or {}), int(np.size(residual)), np.broadcast_to(floor, np.shape(residual))[ok].ravel()))
         self.residual.append(np.asarray(residual, dtype=np.float64)[ok].ravel())
         self.bound.append(np.broadcast_to(bound, np.shape(residual))[ok].ravel())
         self.scale.append(np.broadcast_to(scale, np.shape(residual))[ok].ravel())
@@ -120,22 +122,27 @@ class Comparison:
         return int(np.sum(resolved)), int(resolved.size)
 
     def coverage(self) -> dict:
-        """{dimension: {value: {"offered", "compared", "resolved", "inert"}}} over the regime tags of
-        the calls of add: offered counts the comparisons the regime asked for, compared those that ran
-        and had a bound, resolved those that can tell the property from its failure (bound at most
-        RESOLUTION of what they compare, or a residual beyond the bound), inert those where the frames
-        did not move beyond the bound itself (a step that vanishes there: nothing to compare)."""
+        """{dimension: {value: {"offered", "compared", "resolved", "inert", "below_precision"}}} over the
+        regime tags of the calls of add: offered counts the comparisons the regime asked for, compared
+        those that ran and had a bound, resolved those that can tell the property from its failure
+        (bound at most RESOLUTION of what they compare, or a residual beyond the bound), inert those
+        where the frames did not move beyond the bound itself (a step that vanishes there: nothing to
+        compare), below_precision the others whose step is below DETECTION_FACTOR times what the
+        declared precision alone rounds (no implementation in that dtype could resolve them)."""
         table: dict = {}
-        for (tags, offered), residual, bound, scale in zip(self.regimes, self.residual, self.bound, self.scale):
+        for (tags, offered, floor), residual, bound, scale in zip(self.regimes, self.residual, self.bound, self.scale):
             with np.errstate(divide="ignore", invalid="ignore"):
                 resolved = (np.where(scale > 0, bound / scale, np.inf) <= RESOLUTION) | (residual > bound)
-            inert = (scale <= bound) & (residual <= bound)
+                below = np.where(scale > 0, floor / scale, np.inf) > RESOLUTION
+            inert = (scale <= bound) & (residual <= bound) & ~resolved
             for dimension, value in tags.items():
-                cell = table.setdefault(dimension, {}).setdefault(value, {"offered": 0, "compared": 0, "resolved": 0, "inert": 0})
+                cell = table.setdefault(dimension, {}).setdefault(value, {"offered": 0, "compared": 0, "resolved": 0, "inert": 0,
+                                                                          "below_precision": 0})
                 cell["offered"] += offered
                 cell["compared"] += int(residual.size)
                 cell["resolved"] += int(np.sum(resolved))
-                cell["inert"] += int(np.sum(inert & ~resolved))
+                cell["inert"] += int(np.sum(inert))
+                cell["below_precision"] += int(np.sum(~resolved & ~inert & below))
         return table
 
     def summary(self) -> dict:
@@ -167,7 +174,9 @@ class Comparison:
 def uncovered(property_id: str, comparisons, regimes: Regimes) -> str | None:
     """Why a property was not asked in every regime its dimensions must reach, or None: the first
     regime value where no comparison of `comparisons` resolved the property, though the frames moved
-    beyond the bound (an inert value, where the step vanishes, has nothing to compare), or where no
+    beyond the bound (an inert value, where the step vanishes, has nothing to compare) and the step
+    was within the resolution of the declared precision (a float32 step of lr 1e-4 is below a tenth of
+    float32's own rounding of it, for any implementation: reported, not required), or where no
     comparison could be made at all (every frame raised or had no bound)."""
     merged: dict = {}
     for comparison in comparisons:
@@ -182,7 +191,7 @@ def uncovered(property_id: str, comparisons, regimes: Regimes) -> str | None:
                 continue
             if not cell["compared"]:
                 return f"regime {dimension} = {value}: none of its {cell['offered']} comparisons could be made (the frames raised, were not finite or had no measurable bound)"
-            if cell["inert"] < cell["compared"]:
+            if cell["inert"] + cell["below_precision"] < cell["compared"]:
                 return (f"regime {dimension} = {value}: none of its {cell['compared']} comparisons resolved the property "
                         f"(each bound above {RESOLUTION:g} of what it compares)")
     return None
@@ -307,6 +316,15 @@ def regime(d: int, r: int, lr: float | None = None, scale: float | None = None) 
     return tags
 
 
+def precision_floor(runner: Runner, S, d: int, r: int) -> np.ndarray:
+    """The part of a trajectory comparison's bound (kit/blackbox.comparison_bound) that the declared
+    precision alone gives, shape S.shape (T, frames): the output error of each of the t steps of both
+    runs at feasibility 0, 2 t (E_polar at the dtype's u), what a perfect implementation in that dtype
+    rounds; a step shorter than DETECTION_FACTOR times it cannot resolve a property in that dtype."""
+    steps = np.arange(1, S.shape[0] + 1).reshape((S.shape[0],) + (1,) * (S.ndim - 1))
+    return np.broadcast_to(2.0 * steps * float(runner.output_error(0.0, d, r)), S.shape)
+
+
 def config_for(eps: float, **changes) -> ri.StiefelAdamConfig:
     values = dict(lr=0.02, betas=(0.9, 0.999), eps=eps, trust_radius=0.5, weight_decay=0.0)
     values.update(changes)
@@ -403,7 +421,8 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool, regimes: Regim
                 # fixed before the comparison: the untransformed run's feasibility only (kit/blackbox.comparison_bound)
                 bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=error)
                 residual = frobenius(scaled.frames[1:] - base.frames[1:])
-                check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None, regime=regime(d, r, lr=lr))
+                check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None, regime=regime(d, r, lr=lr),
+                          floor=precision_floor(runner, S, d, r))
             if scan is None and lr == scan_lr:
                 scan = scale_domain(runner, W, G, config, base, S, d, r)
                 parting = eps_parting(runner, W, G, d, r, lr)
@@ -644,7 +663,8 @@ def _equivariance_at(runner: Runner, seed: int, config, checks: dict, regimes: R
             frame_error = rounding * (frobenius(magnitude(W)) + frobenius(magnitude(base.frames[1:]))) if magnitude is not None else 0.0
             bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=gradient_error, frame_error=frame_error)
             residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
-            checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0, regime=regime(d, r, lr=config.lr, scale=c))
+            checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0, regime=regime(d, r, lr=config.lr, scale=c),
+                             floor=precision_floor(runner, S, d, r))
     if not compared:
         return "not measured"
     return (f"capped (a cap, clip or trust region binds) at {saturated} of {compared} frames" if saturated
@@ -677,7 +697,8 @@ def decay_blindness(runner: Runner, seed: int, eps: float, ignored=(), regimes: 
             decay = decay * c
             decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")
             bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=decay_remainder(runner, W, G, decay, base.phi, d))
-            check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok, regime=regime(d, r, lr=lr, scale=c))
+            check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok, regime=regime(d, r, lr=lr, scale=c),
+                      floor=precision_floor(runner, S, d, r))
     reason, untested = weight_decay_reaches_step(runner, seed, eps, ignored)
     return verdict("P5", [check.summary()], vacuous=reason, untested=untested, comparisons=[check], regimes=regimes)
 
@@ -927,7 +948,9 @@ def controls(seed: int, only=PROPERTY_IDS, regimes: Regimes = DEFAULT_REGIMES) -
 
 
 def apply_controls(found: list[dict], control_records: list[dict]) -> list[dict]:
-    """A property whose check missed one of its controls is untested in this run (module docstring)."""
+    """A property whose check missed one of its controls is untested in this run (module docstring),
+    unless it fails: a control that escaped shows a check too blunt to tell a failure, and says
+    nothing against a residual beyond its bound."""
     missed = {}
     for record in control_records:
         if not record["detected"]:
@@ -935,7 +958,7 @@ def apply_controls(found: list[dict], control_records: list[dict]) -> list[dict]
     out = []
     for record in found:
         miss = missed.get(record["property"])
-        if miss is not None:
+        if miss is not None and record["verdict"] != "fails":
             record = {**record, "verdict": "untested", "check": None, "margin": None,
                       "reason": f"the check did not tell its control {miss['control']} (expected {miss['expected']}, got "
                                 f"{miss['verdict']}" + (f", margin {miss['margin']:.3g}" if miss["margin"] is not None else "") + ")"}

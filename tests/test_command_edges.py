@@ -47,7 +47,7 @@ def test_properties_without_out_write_a_fresh_folder(in_tmp, capsys, argv):
     folders = [path for path in in_tmp.iterdir() if path.name.startswith("properties-")]
     assert len(folders) == 1, sorted(p.name for p in in_tmp.iterdir())
     assert (folders[0] / "REPORT.md").is_file()
-    assert list((folders[0] / "properties").glob("*.json"))
+    assert list((folders[0] / "properties").rglob("*.json"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
     def test_my_optimizer(certify_claim):
         certify_claim("P1", implementation="mypkg.optim:step")
 
+    def test_my_optimizer_is_equivariant(certify_property):
+        certify_property("P4-left", implementation="mypkg.optim:step")
+
     @pytest.mark.certify("P3", torch_optimizer="mypkg.optim:MyAdam")
     def test_my_torch_optimizer():
         pass
@@ -19,6 +22,11 @@ deterministic search of certify.ci.counterexample, and the test fails with the m
 its first diverging step and the first stage of docs/algorithm.md that differs. An implementation
 that cannot be used (a module that does not import, a wrong signature) fails the test in one line.
 The full certificate stays `certify run ID --implementation ...`.
+
+`certify_property` asks one claim's property of the implementation instead (whether it holds, not
+whether the implementation is StiefelAdam's step: propositions/properties.py), at a profile's regimes
+with the property's controls, and fails the test with the verdict and its reason (fails, vacuous,
+untested) unless the property holds; it returns the sealed property certificate.
 """
 
 from __future__ import annotations
@@ -112,6 +120,47 @@ def certify_claim():
 
     def certify(claim: str, implementation: str | None = None, torch_optimizer: str | None = None, optimizer: str | None = None) -> None:
         run_claim(claim, _spec(implementation, torch_optimizer, optimizer))
+
+    return certify
+
+
+def run_property(property_id: str, spec: str, *, profile: str = "quick", seed: int = 0) -> dict:
+    """Ask one property (P1, P2, P3, P4-left, P4-right, P4-signed, P5) of the implementation, at the
+    profile's regimes, with its controls; pytest.fail with the verdict and its reason unless it holds.
+    Returns the sealed property certificate (certify.outside.property_certificate), which a test may
+    write with certify.certificate.write and `certify verify` re-runs."""
+    from certify.outside import adapters, properties
+    from propositions.properties import PROPERTY_IDS, REGIMES
+
+    wanted = next((p for p in PROPERTY_IDS if p.lower() == str(property_id).lower()), None)
+    if wanted is None:
+        raise pytest.UsageError(f"certify_property: {property_id!r} is not a property; one of {', '.join(PROPERTY_IDS)}")
+    if profile not in REGIMES:
+        raise pytest.UsageError(f"certify_property: profile {profile!r}; one of {', '.join(REGIMES)}")
+    try:
+        variant = properties.resolve(spec)
+    except adapters.AdapterError as error:
+        pytest.fail(f"certify: {error}", pytrace=False)
+    records, _, _ = properties.run({spec: variant}, seed=seed, claim_ids=(wanted,), out_dir=None, profile=profile,
+                                   command=f"certify_property({wanted!r}, optimizer={spec!r}, profile={profile!r}, seed={seed})",
+                                   progress=lambda line: None)
+    (found,) = records[spec]["properties"]
+    sealed = records[spec]["sealed"][wanted]
+    if found["verdict"] != "holds":
+        pytest.fail(f"certify: {spec}: property {wanted} {properties.cell(found)} (certificate {sealed['verdict']}, "
+                    f"reproduce: {sealed['provenance']['reproduce']})", pytrace=False)
+    return sealed
+
+
+@pytest.fixture
+def certify_property():
+    """certify_property(property, implementation="mod:step" | torch_optimizer="mod:Class[:JSON]" | optimizer=SPEC,
+    profile="quick", seed=0): fail the test unless the implementation has the property (docs/ci.md);
+    returns its sealed property certificate."""
+
+    def certify(property_id: str, implementation: str | None = None, torch_optimizer: str | None = None, optimizer: str | None = None,
+                profile: str = "quick", seed: int = 0) -> dict:
+        return run_property(property_id, _spec(implementation, torch_optimizer, optimizer), profile=profile, seed=seed)
 
     return certify
 

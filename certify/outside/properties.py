@@ -32,9 +32,10 @@ HEADERS = {"P1": "P1 steepest descent", "P2": "P2 scale free", "P3": "P3 scalar 
 
 
 def properties_of(claim_ids) -> tuple[str, ...]:
-    """The property ids of PROPERTY_IDS that claims `claim_ids` (P1..P5) state (P4: its three groups)."""
+    """The property ids of PROPERTY_IDS that claims `claim_ids` (P1..P5) state (P4: its three groups), and
+    the property ids among `claim_ids` themselves (P4-left)."""
     wanted = set(claim_ids)
-    return tuple(p for p in properties.PROPERTY_IDS if p.split("-")[0] in wanted)
+    return tuple(p for p in properties.PROPERTY_IDS if p in wanted or p.split("-")[0] in wanted)
 
 
 def resolve(spec: str):
@@ -52,35 +53,88 @@ def stiefel_adam_line(variant, seed: int) -> dict:
     return {"same": not differing, "text": text, "probes": found}
 
 
-def ask(spec: str, variant, seed: int, only, control_records: list) -> dict:
-    """One implementation's record: its description, domain, feasibility, verdicts and probes."""
+def ask(spec: str, variant, seed: int, only, control_records: list, regimes=properties.DEFAULT_REGIMES) -> dict:
+    """One implementation's record: its description, domain, determinism, verdicts (after the controls)
+    and probes. What a property certificate seals of it (implementation_record) is what a run of that
+    property alone finds too: nothing here depends on which other properties ran in the same runner."""
     started = time.perf_counter()
-    found = properties.ask_all(variant, seed, only=only)
+    found = properties.ask_all(variant, seed, only=only, regimes=regimes)
     found["properties"] = properties.apply_controls(found["properties"], control_records)
     described = adapters.describe(variant) if hasattr(variant, "spec") else {"name": spec, "description": variant.description}
     return {"implementation": spec, "described": described, "precision": precisions.of(variant).describe(), **found,
             "stiefel_adam_step": stiefel_adam_line(variant, seed), "seconds": time.perf_counter() - started}
 
 
-def run(variants: dict, *, seed: int, claim_ids, out_dir: Path, progress=print) -> tuple[dict, list, float]:
-    """Ask every implementation of `variants` ({spec: unchecked Variant}); write OUT/properties/<label>.json.
-    Returns ({spec: record}, the control records, wall seconds)."""
+def implementation_record(record: dict, property_id: str) -> dict:
+    """What a property certificate records of its implementation: the description, precision, domain,
+    determinism, regimes, the frames left out in this property's runs, and whether its step is
+    StiefelAdam's (a separate statement)."""
+    claim = property_id.split("-")[0]
+    excluded = [row for row in record["excluded"] if row["case"].split(":")[0].split()[0] == claim]
+    return {key: record[key] for key in ("described", "precision", "domain", "eps_zero", "determinism", "regimes", "stiefel_adam_step")} | {
+        "excluded": excluded}
+
+
+def run(variants: dict, *, seed: int, claim_ids, out_dir: Path, profile: str = "default", command: str = "certify compare --properties",
+        git: dict | None = None, progress=print) -> tuple[dict, list, float]:
+    """Ask every implementation of `variants` ({spec: unchecked Variant}) at the profile's regimes;
+    write one sealed certificate per property to OUT/properties/<label>/<property>.json. Returns
+    ({spec: record}, the control records, wall seconds); each record's "certificates" maps a property
+    to its certificate's path."""
+    from certify import certificate as certificate_format
+    from certify import environment as environment_record
+    from certify.outside import property_certificate
+
     started = time.perf_counter()
+    git = git if git is not None else environment_record.git_state()
+    regimes = properties.REGIMES[profile]
     only = properties_of(claim_ids)
-    control_records = properties.controls(seed, only)
+    control_records = properties.controls(seed, only, regimes)
     missed = [c for c in control_records if not c["detected"]]
     progress(f"controls: {len(control_records) - len(missed)} of {len(control_records)} told apart"
              + (f"; missed: {', '.join(c['property'] + ' ' + c['control'] for c in missed)}" if missed else ""))
-    directory = out_dir / "properties"
-    directory.mkdir(parents=True, exist_ok=True)
     records = {}
     for spec, variant in variants.items():
-        record = ask(spec, variant, seed, only, control_records)
+        record = ask(spec, variant, seed, only, control_records, regimes)
+        record["certificates"], record["sealed"] = {}, {}
+        for found in record["properties"]:
+            sealed = property_certificate.build(found, implementation_record(record, found["property"]), control_records, spec=spec,
+                                                variant=variant, seed=seed, profile=profile, command=command, git=git,
+                                                wall_seconds=record["seconds"])
+            record["sealed"][found["property"]] = sealed
+            found["certificate_verdict"] = sealed["verdict"]
+            if out_dir is not None:  # None: verify's re-run, which writes nothing
+                path = Path(out_dir) / "properties" / label(spec) / f"{found['property']}.json"
+                record["certificates"][found["property"]] = certificate_format.write(sealed, path, validated=True)
         records[spec] = record
-        (directory / f"{label(spec)}.json").write_text(json.dumps(to_jsonable({**record, "seed": seed, "controls": control_records}),
-                                                                  indent=1, sort_keys=True) + "\n", encoding="utf-8")
         progress(f"{spec}: " + "; ".join(f"{v['property']} {cell(v)}" for v in record["properties"]) + f" ({record['seconds']:.1f} s)")
     return records, control_records, time.perf_counter() - started
+
+
+def rerun(recorded: dict, command: str) -> tuple[dict, str | None]:
+    """A property certificate made again from its recorded property, implementation, seed and profile
+    (`certify verify`): (the sealed certificate, None)."""
+    from certify import environment as environment_record
+
+    provenance, property_id = recorded["provenance"], recorded["property"]["id"]
+    spec = provenance["optimizer"]
+    records, _, _ = run({spec: resolve(spec)}, seed=provenance["seed"], claim_ids=(property_id,), out_dir=None, profile=provenance["profile"],
+                        command=command, git=environment_record.git_state(), progress=lambda line: None)
+    return records[spec]["sealed"][property_id], None
+
+
+def records_from_certificates(certificates: list[dict]) -> dict:
+    """{implementation: record} as run() returns them, from property certificates (loaded with
+    certificate.load): what the matrix and README's table are written from."""
+    records: dict = {}
+    for certificate in certificates:
+        stated = certificate["property"]
+        record = records.setdefault(stated["implementation"], {"properties": [], "stiefel_adam_step": certificate["extra"]["implementation"]["stiefel_adam_step"]})
+        record["properties"].append({"property": stated["id"], "verdict": stated["verdict"], "check": stated["check"], "margin": stated["margin"],
+                                     "reason": stated["reason"], "certificate_verdict": certificate["verdict"]})
+    for record in records.values():
+        record["properties"].sort(key=lambda v: properties.PROPERTY_IDS.index(v["property"]))
+    return records
 
 
 def cell(found: dict) -> str:
