@@ -98,14 +98,17 @@ class Comparison:
     # per call of add: the regime tags of its runs (regime()) and how many frames it offered
     regimes: list = field(default_factory=list)
 
-    def add(self, residual, bound, scale, ok, bitwise=None, regime=None, floor=0.0) -> None:
+    def add(self, residual, bound, scale, ok, bitwise=None, regime=None, floor=0.0, modelled=True) -> None:
         """Frames where ok (broadcast to residual's shape) and the bound is a number (a NaN bound: no
         bound could be measured for that frame, kit/blackbox.sensitivity) are compared. regime: the
         tags of the runs compared (regime()), counted by coverage(); floor: the part of the bound that
         the declared precision alone gives (the rounding of a perfect implementation in that dtype,
-        precision_floor), by which coverage() tells a step below the dtype's resolution."""
-        ok = np.broadcast_to(ok, np.shape(residual)) & ~np.isnan(np.broadcast_to(bound, np.shape(residual)))
-        self.regimes.append((dict(regime or {}), int(np.size(residual)), np.broadcast_to(floor, np.shape(residual))[ok].ravel()))
+        precision_floor), by which coverage() tells a step below the dtype's resolution; modelled: False
+        where the untransformed run took a step beyond the black box's rounding model (within_model),
+        which is not compared and is counted apart."""
+        beyond = ~np.broadcast_to(modelled, np.shape(residual)) & np.broadcast_to(ok, np.shape(residual))
+        ok = np.broadcast_to(ok, np.shape(residual)) & ~np.isnan(np.broadcast_to(bound, np.shape(residual))) & ~beyond
+        self.regimes.append((dict(regime or {}), int(np.size(residual)), np.broadcast_to(floor, np.shape(residual))[ok].ravel(), int(np.sum(beyond))))
         self.residual.append(np.asarray(residual, dtype=np.float64)[ok].ravel())
         self.bound.append(np.broadcast_to(bound, np.shape(residual))[ok].ravel())
         self.scale.append(np.broadcast_to(scale, np.shape(residual))[ok].ravel())
@@ -128,17 +131,20 @@ class Comparison:
         (bound at most RESOLUTION of what they compare, or a residual beyond the bound), inert those
         where the frames did not move beyond the bound itself (a step that vanishes there: nothing to
         compare), below_precision the others whose step is below DETECTION_FACTOR times what the
-        declared precision alone rounds (no implementation in that dtype could resolve them)."""
+        declared precision alone rounds (no implementation in that dtype could resolve them), and
+        beyond_model those left uncompared because the untransformed run stepped beyond the rounding
+        model of a black box (within_model)."""
         table: dict = {}
-        for (tags, offered, floor), residual, bound, scale in zip(self.regimes, self.residual, self.bound, self.scale):
+        for (tags, offered, floor, beyond), residual, bound, scale in zip(self.regimes, self.residual, self.bound, self.scale):
             with np.errstate(divide="ignore", invalid="ignore"):
                 resolved = (np.where(scale > 0, bound / scale, np.inf) <= RESOLUTION) | (residual > bound)
                 below = np.where(scale > 0, floor / scale, np.inf) > RESOLUTION
             inert = (scale <= bound) & (residual <= bound) & ~resolved
             for dimension, value in tags.items():
                 cell = table.setdefault(dimension, {}).setdefault(value, {"offered": 0, "compared": 0, "resolved": 0, "inert": 0,
-                                                                          "below_precision": 0})
+                                                                          "below_precision": 0, "beyond_model": 0})
                 cell["offered"] += offered
+                cell["beyond_model"] += beyond
                 cell["compared"] += int(residual.size)
                 cell["resolved"] += int(np.sum(resolved))
                 cell["inert"] += int(np.sum(inert))
@@ -189,6 +195,8 @@ def uncovered(property_id: str, comparisons, regimes: Regimes) -> str | None:
         for value, cell in merged.get(dimension, {}).items():
             if cell["resolved"]:
                 continue
+            if not cell["compared"] and cell["beyond_model"]:
+                continue  # every step there is beyond what a black box's rounding can be bounded by: reported, not required
             if not cell["compared"]:
                 return f"regime {dimension} = {value}: none of its {cell['offered']} comparisons could be made (the frames raised, were not finite or had no measurable bound)"
             if cell["inert"] + cell["below_precision"] < cell["compared"]:
@@ -288,7 +296,7 @@ class Regimes:
 
 
 REGIMES = {
-    "quick": Regimes("quick", shapes=((5, 1), (4, 4), (8, 3)), frames=4, steps=3, warm_steps=10, lrs=(1e-4, 1e-2, 1.0),
+    "quick": Regimes("quick", shapes=((5, 1), (4, 4), (16, 4)), frames=4, steps=3, warm_steps=10, lrs=(1e-4, 1e-2, 1.0),
                      scale_fractions=(-1.0, 0.0, 1.0)),
     "default": Regimes("default", shapes=((5, 1), (4, 4), (8, 3), (16, 4)), frames=6, steps=5, warm_steps=20,
                        lrs=(1e-4, 1e-3, 1e-2, 1e-1, 1.0), scale_fractions=(-1.0, -0.5, 0.0, 0.5, 1.0)),
@@ -314,6 +322,15 @@ def regime(d: int, r: int, lr: float | None = None, scale: float | None = None) 
     if scale is not None:
         tags["scale"] = scale_text(scale)
     return tags
+
+
+def within_model(run, W0) -> np.ndarray:
+    """(T, frames): whether every step of `run` up to t retracted a W + xi of bounded condition
+    (kit/blackbox.step_condition: a step that moved its frame by less than sqrt(2)), where the rounding
+    model of a black box's output holds. A longer step (an uncapped SGD on gradients of scale 2^100)
+    rounds by more than anything the box shows can bound; its comparisons are counted apart
+    (beyond_model), not compared."""
+    return np.isfinite(blackbox.step_condition(run, W0))
 
 
 def precision_floor(runner: Runner, S, d: int, r: int) -> np.ndarray:
@@ -419,10 +436,11 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool, regimes: Regim
                 # (its Jacobian is the first one's over c): a difference of at most u ||G_t||
                 error = 0.0 if exact else U64 * frobenius(G)
                 # fixed before the comparison: the untransformed run's feasibility only (kit/blackbox.comparison_bound)
-                bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=error)
+                bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=error,
+                                              condition=blackbox.step_condition(base, W))
                 residual = frobenius(scaled.frames[1:] - base.frames[1:])
                 check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None, regime=regime(d, r, lr=lr),
-                          floor=precision_floor(runner, S, d, r))
+                          floor=precision_floor(runner, S, d, r), modelled=within_model(base, W))
             if scan is None and lr == scan_lr:
                 scan = scale_domain(runner, W, G, config, base, S, d, r)
                 parting = eps_parting(runner, W, G, d, r, lr)
@@ -661,10 +679,11 @@ def _equivariance_at(runner: Runner, seed: int, config, checks: dict, regimes: R
             rounding = gamma(n, U64) if magnitude is not None else 0.0
             gradient_error = rounding * frobenius(magnitude(G)) if magnitude is not None else 0.0
             frame_error = rounding * (frobenius(magnitude(W)) + frobenius(magnitude(base.frames[1:]))) if magnitude is not None else 0.0
-            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=gradient_error, frame_error=frame_error)
+            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=gradient_error, frame_error=frame_error,
+                                              condition=blackbox.step_condition(base, W))
             residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
             checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0, regime=regime(d, r, lr=config.lr, scale=c),
-                             floor=precision_floor(runner, S, d, r))
+                             floor=precision_floor(runner, S, d, r), modelled=within_model(base, W))
     if not compared:
         return "not measured"
     return (f"capped (a cap, clip or trust region binds) at {saturated} of {compared} frames" if saturated
@@ -696,9 +715,10 @@ def decay_blindness(runner: Runner, seed: int, eps: float, ignored=(), regimes: 
         for decay in DECAYS:
             decay = decay * c
             decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")
-            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=decay_remainder(runner, W, G, decay, base.phi, d))
+            bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=decay_remainder(runner, W, G, decay, base.phi, d),
+                                              condition=blackbox.step_condition(base, W))
             check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok, regime=regime(d, r, lr=lr, scale=c),
-                      floor=precision_floor(runner, S, d, r))
+                      floor=precision_floor(runner, S, d, r), modelled=within_model(base, W))
     reason, untested = weight_decay_reaches_step(runner, seed, eps, ignored)
     return verdict("P5", [check.summary()], vacuous=reason, untested=untested, comparisons=[check], regimes=regimes)
 

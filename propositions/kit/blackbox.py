@@ -206,11 +206,14 @@ class Runner:
         frames = np.full((len(gradients) + 1,) + W0.shape, np.nan)
         return Run(frames, None, np.zeros(lead, dtype=bool), np.full(lead, np.inf))
 
-    def output_error(self, phi, d: int, r: int):
-        """A returned frame's error beyond the exact step (module docstring), per frame."""
+    def output_error(self, phi, d: int, r: int, condition=OUTPUT_CONDITION):
+        """A returned frame's error beyond the exact step (module docstring), per frame; condition: that
+        of W + xi (step_condition), OUTPUT_CONDITION unless a step's length says it is larger."""
         from .bounds import polar_error_bound
 
-        return np.asarray(phi) + float(polar_error_bound(d, r, OUTPUT_CONDITION, u_c=self.u))
+        if np.ndim(condition) == 0:
+            return np.asarray(phi) + float(polar_error_bound(d, r, condition, u_c=self.u))
+        return np.asarray(phi) + polar_error_bound(d, r, np.asarray(condition, dtype=np.float64), u_c=self.u)
 
     def step_size(self, d: int, r: int, phi: float | None = None) -> float:
         """The step length s of the first-order directions on (d, r) frames: 4 e^(1/3), e the output
@@ -325,7 +328,25 @@ def _response(runner, W0, gradients, direction, eta, config, base, state) -> np.
         return frobenius(moved.frames[1:] - base.frames[1:]) / eta
 
 
-def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradient_error=0.0, frame_error=0.0) -> np.ndarray:
+def step_condition(run: Run, W0) -> np.ndarray:
+    """(T, *lead): the condition of W + xi that each step of `run` retracted, as its length shows, at
+    least OUTPUT_CONDITION: the polar retraction (the model of a returned frame's rounding) moves W by
+    m = ||R_W(xi) - W||_F >= (2 (1 - cos theta))^(1/2) for the largest principal angle theta =
+    arctan ||xi||_2, so cos theta >= 1 - m^2 / 2 and cond(W + xi) <= sqrt(1 + tan^2 theta) = 1 / cos
+    theta <= 1 / (1 - m^2 / 2); a step of m <= 1 is within OUTPUT_CONDITION = 2, one of m >= sqrt(2)
+    has no bounded condition (inf: an uncapped SGD on gradients of scale 2^100 retracts W + xi of
+    condition about 2^100), and no rounding bound of it can be given. A step is never shorter than
+    its predecessors' conditions make it: the condition of step t is the largest up to t."""
+    frames = np.concatenate([np.asarray(W0, dtype=np.float64)[None], run.frames[1:]])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = frobenius(np.diff(frames, axis=0))
+        cosine = 1.0 - 0.5 * m**2
+        condition = np.where(cosine > 0, 1.0 / cosine, np.inf)
+    condition = np.where(np.isnan(condition), np.inf, np.maximum(condition, OUTPUT_CONDITION))
+    return np.maximum.accumulate(condition, axis=0)
+
+
+def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradient_error=0.0, frame_error=0.0, condition=None) -> np.ndarray:
     """Bound on ||W_t - W'_t|| for two runs of the same frames (module docstring), shape (T, *lead):
 
     S (T, *lead) the absolute sensitivity ||J_t||_F of W_t to the gradients G_1..G_t (`sensitivity`,
@@ -336,7 +357,8 @@ def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradi
     add in quadrature (they are entries of one perturbation of (G_1, ..., G_t)). frame_error: an
     absolute difference of the frames, carried forward; phi (lead,) the feasibility of the
     untransformed run (the one S was measured on): each step's output error, of both runs, carried
-    forward too.
+    forward too, at OUTPUT_CONDITION or, where condition (step_condition of the untransformed run) is
+    given, at the condition each step's length shows (NaN, no bound, past the model's reach).
 
     The bound is fixed before the comparison: it is made of the inputs' rounding, the untransformed
     run's measurements (S, phi) and the declared precision (u), never of a quantity of the other run.
@@ -351,7 +373,13 @@ def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradi
     per_step = np.broadcast_to(gradient_error, S.shape) + 2.0 * gamma(2 * d, runner.u) * frobenius(gradients)
     # a nondeterministic implementation's two runs differ by up to its measured noise with identical
     # inputs; twice that, as a measurement of a few repeats sees less than the worst
-    return S * np.sqrt(np.cumsum(per_step**2, axis=0)) + 2.0 * steps * runner.output_error(phi, d, r) + frame_error + 2.0 * runner.noise
+    if condition is None:
+        carried = 2.0 * steps * runner.output_error(phi, d, r)
+    else:  # each step's output error at the condition its length shows (step_condition)
+        with np.errstate(invalid="ignore"):
+            carried = 2.0 * np.cumsum(runner.output_error(phi, d, r, np.where(np.isfinite(condition), condition, OUTPUT_CONDITION)), axis=0)
+        carried = np.where(np.isfinite(condition), carried, np.nan)  # no bound beyond the model
+    return S * np.sqrt(np.cumsum(per_step**2, axis=0)) + carried + frame_error + 2.0 * runner.noise
 
 
 def absolute_product_norm(A, B) -> np.ndarray:
