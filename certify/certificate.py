@@ -193,6 +193,51 @@ def reproduce_command(claim_id: str, seed: int, profile: str, optimizer: str, op
     return command
 
 
+def property_reproduce_command(property_id: str, seed: int, profile: str, optimizer: str) -> str:
+    """The command line that re-creates a property certificate (certify/outside/property_certificate.py)."""
+    command = f"certify run {property_id} --properties --seed {seed} --profile {profile}"
+    if optimizer != DEFAULT_OPTIMIZER:
+        command += f" --optimizer {shlex.quote(optimizer)}"
+    return command
+
+
+def property_contradictions(certificate: dict) -> list[str]:
+    """Where a property certificate's own members disagree (certificate.contradictions calls this): the
+    property's id and claim against the certificate's id; its verdict against the certificate's verdict
+    (holds: pass; fails: fail, with the failing check and margin it names among the checks; vacuous:
+    inconclusive; untested: inconclusive, or fail where a control escaped and no check failed)."""
+    record = certificate.get("property")
+    if record is None:
+        return []
+    found = []
+    if record.get("id") != certificate.get("id") or record.get("claim") != str(certificate.get("id")).split("-")[0]:
+        found.append(f"property {record.get('id')!r} of claim {record.get('claim')!r} in a certificate of id {certificate.get('id')!r}")
+    if record.get("implementation") != certificate.get("provenance", {}).get("optimizer"):
+        found.append(f"property of {record.get('implementation')!r}, but the certificate ran {certificate.get('provenance', {}).get('optimizer')!r}")
+    verdict, stated = certificate.get("verdict"), record.get("verdict")
+    checks = certificate.get("numerical", {}).get("checks", [])
+    failing = [c for c in checks if c.get("samples", 0) > 0 and as_float(c.get("max_ratio")) > 1.0]
+    escaped = [c for c in certificate.get("controls", []) if not c.get("detected")] + [e for e in certificate.get("exact", []) if not e.get("passed")]
+    if stated == "fails":
+        named = [c for c in failing if c.get("name") == record.get("check")]
+        if verdict != "fail" or not named:
+            found.append(f"property verdict 'fails' at check {record.get('check')!r}, but the certificate reads {verdict!r} and its failing checks are "
+                         f"{[c.get('name') for c in failing]}")
+        elif as_float(record.get("margin")) != max(as_float(c.get("max_ratio")) for c in failing):
+            found.append(f"property margin {record.get('margin')!r}, but its failing checks' worst residual/bound is "
+                         f"{max(as_float(c.get('max_ratio')) for c in failing)!r}")
+    elif failing:
+        found.append(f"property verdict {stated!r} beside a failing check {failing[0].get('name')} (residual/bound {failing[0].get('max_ratio')})")
+    elif stated == "holds" and verdict != "pass":
+        found.append(f"property verdict 'holds', but the certificate reads {verdict!r}")
+    elif stated in ("vacuous", "untested"):
+        if verdict == "pass" or (verdict == "fail" and not (stated == "untested" and escaped)):
+            found.append(f"property verdict {stated!r}, but the certificate reads {verdict!r}")
+        elif verdict == "inconclusive" and not any(str(reason).startswith(stated) for reason in certificate.get("inconclusive", [])):
+            found.append(f"property verdict {stated!r}, but no reason of the certificate says so")
+    return found
+
+
 def _settings_contradictions(certificate: dict) -> list[str]:
     """The settings a certificate states twice must agree: the seed and profile of its provenance and
     of its numerical part, its id and settings and the reproduce command that `verify` prints (and
@@ -204,9 +249,7 @@ def _settings_contradictions(certificate: dict) -> list[str]:
             found.append(f"provenance.{name} {provenance.get(name)!r} but numerical.{name} {numerical.get(name)!r}")
     try:
         if "property" in certificate:  # a property certificate (certify/outside/property_certificate.py)
-            from certify.outside.property_certificate import reproduce_command as property_command
-
-            expected = property_command(certificate["id"], provenance["seed"], provenance["profile"], provenance["optimizer"])
+            expected = property_reproduce_command(certificate["id"], provenance["seed"], provenance["profile"], provenance["optimizer"])
         else:
             expected = reproduce_command(certificate["id"], provenance["seed"], provenance["profile"], provenance["optimizer"], provenance.get("options", {}))
     except (KeyError, TypeError):
@@ -233,7 +276,7 @@ def contradictions(certificate: dict) -> list[str]:
       failure and an inconclusive verdict a reason;
     - the settings stated twice agree (_settings_contradictions);
     - a property certificate's property verdict agrees with its verdict and checks
-      (certify.outside.property_certificate.property_contradictions).
+      (property_contradictions).
     """
     from propositions.kit.common import DETECTION_FACTOR, decide_verdict
 
@@ -249,10 +292,7 @@ def contradictions(certificate: dict) -> list[str]:
         if control.get("detected") is not (margin >= factor):
             found.append(f"control {control.get('name')} says detected={control.get('detected')} at margin {margin:.3g} (factor {factor:g})")
     found += _settings_contradictions(certificate)
-    if "property" in certificate:
-        from certify.outside.property_certificate import property_contradictions
-
-        found += property_contradictions(certificate)
+    found += property_contradictions(certificate)
     derived, failures, _ = decide_verdict(certificate)
     verdict = certificate.get("verdict")
     if verdict == "fail" and not certificate.get("failures"):

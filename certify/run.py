@@ -387,6 +387,8 @@ def command_run(args, out: Output, command: str) -> int:
             ids.append(claim_id)
     args.optimizer = _optimizer_from_args(args)
     _check_optimizer(args.optimizer)
+    if args.out is None and args.optimizer != claims.DEFAULT_OPTIMIZER:
+        args.out = str(default_out(args.optimizer))  # one fresh folder for the certificates and the property certificates beside them
     if claims.is_adapter_spec(args.optimizer):
         outside = [claim_id for claim_id in ids if claim_id not in claims.COMPARE_CLAIMS]
         if outside:

@@ -38,7 +38,8 @@ step from a fresh state, m tangent where declared); the optimizer is then no bla
 read and build its state (warm starts write m, v, t into those keys) and run their moment checks.
 
 and the named shortcuts of SHORTCUTS (reference_impl, torch_impl, torch_impl-float32,
-geoopt-euclidean, geoopt-canonical, and every name of reference_impl.VARIANTS: the real step
+torch_impl-bfloat16, geoopt-euclidean, geoopt-canonical, geoopt-sgd-euclidean, geoopt-sgd-canonical,
+geotorch-adam, geotorch-sgd, and every name of reference_impl.VARIANTS: the real step
 "stiefel_adam" and its controls).
 
 Observability (propositions.kit.observability): a NumPy implementation whose init returns a
@@ -99,6 +100,19 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
         'torch:geoopt.optim:RiemannianAdam:{"manifold": "geoopt:CanonicalStiefel"}',
         "geoopt RiemannianAdam on a ManifoldParameter of geoopt.CanonicalStiefel (float64)",
     ),
+    "geoopt-sgd-euclidean": (
+        'torch:geoopt.optim:RiemannianSGD:{"manifold": "geoopt:EuclideanStiefel"}',
+        "geoopt RiemannianSGD on a ManifoldParameter of geoopt.EuclideanStiefel (float64)",
+    ),
+    "geoopt-sgd-canonical": (
+        'torch:geoopt.optim:RiemannianSGD:{"manifold": "geoopt:CanonicalStiefel"}',
+        "geoopt RiemannianSGD on a ManifoldParameter of geoopt.CanonicalStiefel (float64)",
+    ),
+    # geotorch keeps the frame on St by a parametrisation, under a plain torch optimizer (certify/outside/geotorch_steps.py)
+    "geotorch-adam": ("numpy:certify.outside.geotorch_steps:adam:per_frame,black_box",
+                      "geotorch.orthogonal (matrix exponential) under torch.optim.Adam, the gradient through the parametrisation (float64)"),
+    "geotorch-sgd": ("numpy:certify.outside.geotorch_steps:sgd:per_frame,black_box",
+                     "geotorch.orthogonal (matrix exponential) under torch.optim.SGD, the gradient through the parametrisation (float64)"),
 }
 
 TORCH_DTYPES = ("float64", "float32", "bfloat16")

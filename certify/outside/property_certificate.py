@@ -28,11 +28,12 @@ are recorded beside it, in extra.implementation.stiefel_adam_step.
 from __future__ import annotations
 
 import platform
-import shlex
 import time
 
-from certify import DEFAULT_OPTIMIZER, SCHEMA_VERSION
+from certify import SCHEMA_VERSION
 from certify import certificate as certificate_format
+from certify.certificate import property_contradictions
+from certify.certificate import property_reproduce_command as reproduce_command
 from certify import environment as environment_record
 from propositions import properties
 from propositions._common import DETECTION_FACTOR, to_jsonable
@@ -58,13 +59,6 @@ BOUND_DERIVATIONS = {
                           "and the rounding of G + lambda W (propositions/properties.py, decay_remainder)",
 }
 NO_SYMBOLIC = {"method": "none: a property of a black box is measured, not derived", "status": "not_applicable", "steps": []}
-
-
-def reproduce_command(property_id: str, seed: int, profile: str, optimizer: str) -> str:
-    command = f"certify run {property_id} --properties --seed {seed} --profile {profile}"
-    if optimizer != DEFAULT_OPTIMIZER:
-        command += f" --optimizer {shlex.quote(optimizer)}"
-    return command
 
 
 def title(property_id: str, spec: str) -> str:
@@ -177,43 +171,6 @@ def build(found: dict, implementation: dict, control_records: list, *, spec: str
     sealed = certificate_format.seal(to_jsonable(certificate))
     certificate_format.validate(sealed)
     return sealed
-
-
-def property_contradictions(certificate: dict) -> list[str]:
-    """Where a property certificate's own members disagree (certificate.contradictions calls this): the
-    property's id and claim against the certificate's id; its verdict against the certificate's verdict
-    (holds: pass; fails: fail, with the failing check and margin it names among the checks; vacuous:
-    inconclusive; untested: inconclusive, or fail where a control escaped and no check failed)."""
-    record = certificate.get("property")
-    if record is None:
-        return []
-    found = []
-    if record.get("id") != certificate.get("id") or record.get("claim") != str(certificate.get("id")).split("-")[0]:
-        found.append(f"property {record.get('id')!r} of claim {record.get('claim')!r} in a certificate of id {certificate.get('id')!r}")
-    if record.get("implementation") != certificate.get("provenance", {}).get("optimizer"):
-        found.append(f"property of {record.get('implementation')!r}, but the certificate ran {certificate.get('provenance', {}).get('optimizer')!r}")
-    verdict, stated = certificate.get("verdict"), record.get("verdict")
-    checks = certificate.get("numerical", {}).get("checks", [])
-    failing = [c for c in checks if c.get("samples", 0) > 0 and certificate_format.as_float(c.get("max_ratio")) > 1.0]
-    escaped = [c for c in certificate.get("controls", []) if not c.get("detected")] + [e for e in certificate.get("exact", []) if not e.get("passed")]
-    if stated == "fails":
-        named = [c for c in failing if c.get("name") == record.get("check")]
-        if verdict != "fail" or not named:
-            found.append(f"property verdict 'fails' at check {record.get('check')!r}, but the certificate reads {verdict!r} and its failing checks are "
-                         f"{[c.get('name') for c in failing]}")
-        elif certificate_format.as_float(record.get("margin")) != max(certificate_format.as_float(c.get("max_ratio")) for c in failing):
-            found.append(f"property margin {record.get('margin')!r}, but its failing checks' worst residual/bound is "
-                         f"{max(certificate_format.as_float(c.get('max_ratio')) for c in failing)!r}")
-    elif failing:
-        found.append(f"property verdict {stated!r} beside a failing check {failing[0].get('name')} (residual/bound {failing[0].get('max_ratio')})")
-    elif stated == "holds" and verdict != "pass":
-        found.append(f"property verdict 'holds', but the certificate reads {verdict!r}")
-    elif stated in ("vacuous", "untested"):
-        if verdict == "pass" or (verdict == "fail" and not (stated == "untested" and escaped)):
-            found.append(f"property verdict {stated!r}, but the certificate reads {verdict!r}")
-        elif verdict == "inconclusive" and not any(str(reason).startswith(stated) for reason in certificate.get("inconclusive", [])):
-            found.append(f"property verdict {stated!r}, but no reason of the certificate says so")
-    return found
 
 
 __all__ = ["BOUND_DERIVATIONS", "DOCS", "VERDICTS", "build", "property_contradictions", "reproduce_command", "title"]
