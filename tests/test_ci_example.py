@@ -60,7 +60,7 @@ def test_the_ci_example_fails_with_a_counterexample_when_broken_and_passes_when_
     step_file.write_text(correct.replace(CORRECT_LINE, BROKEN_LINE))
     failing = _pytest(project)
     assert failing.returncode == 1, failing.stdout + failing.stderr
-    assert "2 failed, 3 passed" in failing.stdout
+    assert "2 failed, 4 passed" in failing.stdout
     assert "numpy:mystep:init,step fails P1; minimal counterexample:" in failing.stdout
     assert "P1 trajectory_model_W fails at d=2, r=1, a bare frame, one step" in failing.stdout
     assert "first stage that differs: moments (stages 3-4)" in failing.stdout
@@ -78,7 +78,7 @@ def test_the_ci_example_fails_with_a_counterexample_when_broken_and_passes_when_
 
     step_file.write_text(correct)
     fixed = _pytest(project)
-    assert fixed.returncode == 0 and "6 passed" in fixed.stdout, fixed.stdout + fixed.stderr
+    assert fixed.returncode == 0 and "7 passed" in fixed.stdout, fixed.stdout + fixed.stderr
 
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "ci.md"

@@ -112,3 +112,26 @@ def test_the_plugin_asks_a_property_and_returns_its_certificate():
         pytest_plugin.run_property("P4-right", "numpy:property_fakes:qr_adam")
     with pytest.raises(pytest.UsageError, match="not a property"):
         pytest_plugin.run_property("P6", POLAR_SGD)
+
+
+def test_the_worked_adapter_of_the_docs_gives_the_verdicts_of_its_mathematics(tmp_path, monkeypatch):
+    """examples/transposed_frames.py (docs/adapters.md#a-worked-adapter): momentum SGD on frames stored
+    as tagged (r, d) rows, polar retraction: steepest descent, not scale free, no preconditioner,
+    equivariant on every side, blind to coupled decay; and the tag it asks for is set."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
+    spec = "numpy:transposed_frames:adapter:per_frame,black_box"
+    found = _certificates(spec, 0, tmp_path, claim_ids=("P1", "P2", "P3", "P4", "P5"))
+    verdicts = {key: certificate["property"]["verdict"] for key, certificate in found.items()}
+    assert verdicts == {"P1": "holds", "P2": "fails", "P3": "holds", "P4-left": "holds", "P4-right": "holds", "P4-signed": "holds",
+                        "P5": "holds"}, {key: c["property"]["reason"] for key, c in found.items()}
+    import numpy as np
+    import torch
+    import transposed_frames
+
+    state = transposed_frames.adapter.init(np.eye(4, 2))
+    assert tuple(state["parameter"].shape) == (2, 4) and state["parameter"].manifold == "stiefel_rows"
+    state["parameter"].manifold = None  # the optimizer refuses what the adapter must tag
+    state["parameter"].grad = torch.zeros(2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="tagged"):
+        state["optimizer"].step()

@@ -20,3 +20,7 @@ def test_float32_step_is_steepest_descent(certify_claim):
 
 def test_float32_step_is_scale_free(certify_claim):
     certify_claim("P2", implementation="mystep32:init,step")
+
+
+def test_numpy_step_is_left_equivariant(certify_property):
+    certify_property("P4-left", implementation="mystep:init,step")
