@@ -428,6 +428,7 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool, regimes: Regim
             config = config_for(0.0, lr=lr)
             base = runner.run(W, G, config, case="P2")
             S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P2", d, r, lr), case="P2")
+            R = blackbox.rounding_response(runner, W, G, config, base, seed=seed, key=("P2", d, r, lr))
             moved = frobenius(base.frames[1:] - W)
             for c in POWER_SCALES + OTHER_SCALES:
                 scaled = runner.run(W, c * G, config, case="P2")
@@ -437,7 +438,7 @@ def scale_independence(runner: Runner, seed: int, eps_zero: bool, regimes: Regim
                 error = 0.0 if exact else U64 * frobenius(G)
                 # fixed before the comparison: the untransformed run's feasibility only (kit/blackbox.comparison_bound)
                 bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=error,
-                                              condition=blackbox.step_condition(base, W))
+                                              condition=blackbox.step_condition(base, W), rounding=R)
                 residual = frobenius(scaled.frames[1:] - base.frames[1:])
                 check.add(residual, bound, moved, base.ok & scaled.ok, bitwise=(residual == 0) if exact else None, regime=regime(d, r, lr=lr),
                           floor=precision_floor(runner, S, d, r), modelled=within_model(base, W))
@@ -663,6 +664,7 @@ def _equivariance_at(runner: Runner, seed: int, config, checks: dict, regimes: R
         saturated += int(np.count_nonzero(ratio[ok] < SATURATION))
         compared += int(np.count_nonzero(ok))
         S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P4", d, r, config.lr), case="P4")
+        R = blackbox.rounding_response(runner, W, G, config, base, seed=seed, key=("P4", d, r, config.lr))
         moved = frobenius(base.frames[1:] - W)
         frames = regimes.frames
         left, right = blackbox.orthogonal(d, rng, frames), blackbox.orthogonal(r, rng, frames)
@@ -680,7 +682,7 @@ def _equivariance_at(runner: Runner, seed: int, config, checks: dict, regimes: R
             gradient_error = rounding * frobenius(magnitude(G)) if magnitude is not None else 0.0
             frame_error = rounding * (frobenius(magnitude(W)) + frobenius(magnitude(base.frames[1:]))) if magnitude is not None else 0.0
             bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=gradient_error, frame_error=frame_error,
-                                              condition=blackbox.step_condition(base, W))
+                                              condition=blackbox.step_condition(base, W), rounding=R)
             residual = frobenius(moved_run.frames[1:] - act(base.frames[1:]))
             checks[name].add(residual, bound, moved, base.ok & moved_run.ok, bitwise=residual == 0, regime=regime(d, r, lr=config.lr, scale=c),
                              floor=precision_floor(runner, S, d, r), modelled=within_model(base, W))
@@ -711,12 +713,13 @@ def decay_blindness(runner: Runner, seed: int, eps: float, ignored=(), regimes: 
         config = config_for(eps, lr=lr)
         base = runner.run(W, G, config, case="P5")
         S = blackbox.sensitivity(runner, W, G, config, base, relative=False, seed=seed, key=("P5", d, r, lr), case="P5")
+        R = blackbox.rounding_response(runner, W, G, config, base, seed=seed, key=("P5", d, r, lr))
         moved = frobenius(base.frames[1:] - W)
         for decay in DECAYS:
             decay = decay * c
             decayed = runner.run(W, G, replace(config, weight_decay=decay), case="P5")
             bound = blackbox.comparison_bound(runner, S, G, d, r, base.phi, gradient_error=decay_remainder(runner, W, G, decay, base.phi, d),
-                                              condition=blackbox.step_condition(base, W))
+                                              condition=blackbox.step_condition(base, W), rounding=R)
             check.add(frobenius(decayed.frames[1:] - base.frames[1:]), bound, moved, base.ok & decayed.ok, regime=regime(d, r, lr=lr, scale=c),
                       floor=precision_floor(runner, S, d, r), modelled=within_model(base, W))
     reason, untested = weight_decay_reaches_step(runner, seed, eps, ignored)

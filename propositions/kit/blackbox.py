@@ -322,6 +322,28 @@ def sensitivity(runner: Runner, W0, gradients, config, base: Run, *, relative: b
     return np.where(usable[None], estimate, np.nan)
 
 
+ROUNDING_PROBE_ULPS = 4.0
+
+
+def rounding_response(runner: Runner, W0, gradients, config, base: Run, *, seed: int, key: tuple, state=None) -> np.ndarray:
+    """(T, *lead): how far the run moves when each gradient entry moves by about its own rounding, a
+    relative 4 u (the implementation's u) with random signs: ||W_t(G (1 + 4 u z)) - W_t(G)||.
+
+    comparison_bound models each run's rounding as a backward error of gamma_2d(u) in its gradient
+    entries and the polar factor's rounding of its output. An implementation that rounds so is moved
+    here by its sensitivity times the perturbation, far below the bound. One whose own rounding
+    errors exceed the model shows them here instead: two runs whose inputs differ by a rounding part
+    by the difference of their own errors (a gradient through torch's matrix_exp backward errs
+    relatively by about u times the cotangent's norm, 6e-10 at a gradient of scale 2^20, where the
+    model allows 1e-15). The probe runs on the untransformed run, in the regime of the comparison, so
+    that it is fixed before the comparison and never grows with a transformed run's deviation."""
+    gradients = np.asarray(gradients, dtype=np.float64)
+    signs = rng_for(seed, "rounding", *key).choice([-1.0, 1.0], size=gradients.shape)
+    moved = runner.run(W0, gradients * (1.0 + ROUNDING_PROBE_ULPS * runner.u * signs), config, state, case="rounding response")
+    with np.errstate(invalid="ignore"):
+        return frobenius(moved.frames[1:] - base.frames[1:])
+
+
 def _response(runner, W0, gradients, direction, eta, config, base, state) -> np.ndarray:
     moved = runner.run(W0, gradients + eta * direction, config, state, case="finite differences")
     with np.errstate(invalid="ignore"):
@@ -346,7 +368,8 @@ def step_condition(run: Run, W0) -> np.ndarray:
     return np.maximum.accumulate(condition, axis=0)
 
 
-def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradient_error=0.0, frame_error=0.0, condition=None) -> np.ndarray:
+def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradient_error=0.0, frame_error=0.0, condition=None,
+                     rounding=0.0) -> np.ndarray:
     """Bound on ||W_t - W'_t|| for two runs of the same frames (module docstring), shape (T, *lead):
 
     S (T, *lead) the absolute sensitivity ||J_t||_F of W_t to the gradients G_1..G_t (`sensitivity`,
@@ -358,7 +381,9 @@ def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradi
     absolute difference of the frames, carried forward; phi (lead,) the feasibility of the
     untransformed run (the one S was measured on): each step's output error, of both runs, carried
     forward too, at OUTPUT_CONDITION or, where condition (step_condition of the untransformed run) is
-    given, at the condition each step's length shows (NaN, no bound, past the model's reach).
+    given, at the condition each step's length shows (NaN, no bound, past the model's reach);
+    rounding (T, *lead): rounding_response of the untransformed run, twice, for an implementation whose
+    own rounding exceeds the model.
 
     The bound is fixed before the comparison: it is made of the inputs' rounding, the untransformed
     run's measurements (S, phi) and the declared precision (u), never of a quantity of the other run.
@@ -379,7 +404,9 @@ def comparison_bound(runner: Runner, S, gradients, d: int, r: int, phi, *, gradi
         with np.errstate(invalid="ignore"):
             carried = 2.0 * np.cumsum(runner.output_error(phi, d, r, np.where(np.isfinite(condition), condition, OUTPUT_CONDITION)), axis=0)
         carried = np.where(np.isfinite(condition), carried, np.nan)  # no bound beyond the model
-    return S * np.sqrt(np.cumsum(per_step**2, axis=0)) + carried + frame_error + 2.0 * runner.noise
+    # rounding: the untransformed run's measured response to a rounding of its inputs (rounding_response),
+    # twice, as for the noise: where the implementation rounds beyond the model, its own errors
+    return S * np.sqrt(np.cumsum(per_step**2, axis=0)) + carried + frame_error + 2.0 * runner.noise + 2.0 * np.asarray(rounding)
 
 
 def absolute_product_norm(A, B) -> np.ndarray:
