@@ -73,9 +73,53 @@ def _normalized_columns(A: np.ndarray) -> np.ndarray:
     return A / np.linalg.norm(A, axis=-2, keepdims=True)
 
 
+def _gram_projection(A: np.ndarray) -> np.ndarray:
+    """A (A^T A)^(-1/2) by the eigendecomposition of the Gram matrix in float64: the nearest frame in
+    exact arithmetic, but the Gram matrix squares the condition number, so at cond 1e8 (1e16, about
+    1 / u) no digit of its small eigenvalues is left; at cond 1e2 it is as good as the SVD route. It
+    is told apart only where the claim draws conditioning near 1e8 (CONDITION_LOG10): a range
+    shortened to 1e2 lets it pass."""
+    values, vectors = np.linalg.eigh(np.swapaxes(A, -1, -2) @ A)
+    inverse_root = (vectors / np.sqrt(np.maximum(values, np.finfo(np.float64).tiny))[..., None, :]) @ np.swapaxes(vectors, -1, -2)
+    return A @ inverse_root
+
+
+def _transposed_factor(A: np.ndarray) -> np.ndarray:
+    U, _, Vh = np.linalg.svd(A, full_matrices=False)
+    return U @ np.swapaxes(Vh, -1, -2)  # V where V^T was meant
+
+
+def _one_newton_step(A: np.ndarray) -> np.ndarray:
+    """One Newton-Schulz step from A, as if A were already close to St(d, r)."""
+    return A @ (1.5 * np.eye(A.shape[-1]) - 0.5 * np.swapaxes(A, -1, -2) @ A)
+
+
+def _unscaled_qr(A: np.ndarray) -> np.ndarray:
+    return np.linalg.qr(A)[0]
+
+
+def _near_frames_kept(A: np.ndarray) -> np.ndarray:
+    """A batch whose every member is already close to St returned as it is (a shortcut)."""
+    close = np.allclose(np.swapaxes(A, -1, -2) @ A, np.eye(A.shape[-1]), atol=1e-6)
+    return A if close else ref.project_to_manifold(A)
+
+
+def _float32_polar(A: np.ndarray) -> np.ndarray:
+    """The polar factor computed in float32 (overflows at the large scales, loses digits at all)."""
+    return ref.project_to_manifold(A.astype(np.float32)).astype(np.float64)
+
+
 CONTROLS = {
     "qr_projection": ("the sign-fixed QR factor of A: a frame, but not the nearest one (X^T A is triangular)", _qr_projection),
     "normalized_columns": ("the columns of A normalised one by one: not a frame", _normalized_columns),
+    "gram_projection": ("A (A^T A)^(-1/2) through the Gram matrix's eigendecomposition: the nearest frame in exact arithmetic, "
+                        "no digit left at cond 1e8 (the range the claim must draw)", _gram_projection),
+    # projections written wrong the way real ones are, each a bug a check must catch
+    "transposed_factor": ("U V where U V^T was meant: a frame only where V is symmetric", _transposed_factor),
+    "one_newton_step": ("one Newton-Schulz step from A, as if A were already near St(d, r)", _one_newton_step),
+    "unscaled_qr": ("numpy's QR factor without the sign fix: a frame, not the nearest, not equivariant", _unscaled_qr),
+    "near_frames_kept": ("a batch whose every member is within 1e-6 of St returned as it is (a shortcut for drifted frames)", _near_frames_kept),
+    "float32_polar": ("the polar factor computed in float32: digits lost at every scale, overflow at 2^128", _float32_polar),
 }
 
 

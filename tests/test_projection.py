@@ -22,45 +22,24 @@ def test_project_to_manifold_passes_and_every_control_is_detected():
     assert all(step.reduced for step in result.symbolic.steps)
 
 
-def _eigh_polar(A):
-    """polar(A) = A (A^T A)^(-1/2) by eigh: right in exact arithmetic, but forming A^T A squares the
-    condition number (no digit left at cond 1e8, which the claim's graded matrices reach) and overflows
-    at 2^512."""
-    eigenvalues, vectors = np.linalg.eigh(np.swapaxes(A, -1, -2) @ A)
-    return A @ (vectors * (1 / np.sqrt(eigenvalues))[..., None, :]) @ np.swapaxes(vectors, -1, -2)
-
-
-def _transposed_factor(A):
-    U, _, Vh = np.linalg.svd(A, full_matrices=False)
-    return U @ np.swapaxes(Vh, -1, -2)  # V where V^T was meant
-
-
-def _one_newton_step(A):
-    """One Newton-Schulz step from A, as if A were already close to St(d, r)."""
-    return A @ (1.5 * np.eye(A.shape[-1]) - 0.5 * np.swapaxes(A, -1, -2) @ A)
-
-
-def _unscaled_qr(A):
-    return np.linalg.qr(A)[0]
-
-
-_polar = ref.project_to_manifold
-
-
-def _near_frames_kept(A):
-    """A batch whose every member is already close to St returned as it is (a shortcut)."""
-    close = np.allclose(np.swapaxes(A, -1, -2) @ A, np.eye(A.shape[-1]), atol=1e-6)
-    return A if close else _polar(A)
-
-
-def _float32_polar(A):
-    """The polar factor computed in float32 (overflows at the large scales, loses digits at all)."""
-    return _polar(A.astype(np.float32)).astype(np.float64)
-
-
-@pytest.mark.parametrize("broken", [_eigh_polar, _transposed_factor, _one_newton_step, _unscaled_qr, _near_frames_kept, _float32_polar])
-def test_a_wrong_project_to_manifold_fails(monkeypatch, broken):
+@pytest.mark.parametrize("name", list(projection.CONTROLS))
+def test_a_wrong_project_to_manifold_fails(monkeypatch, name):
+    """Each projection written wrong is a control of the certificate (projection.CONTROLS), used from there;
+    put in project_to_manifold's place, it fails the checks by the detection factor."""
+    broken = projection.CONTROLS[name][1]
+    if name == "near_frames_kept":  # it falls back to the real projection, which the patch replaces
+        real = ref.project_to_manifold
+        broken = lambda A: A if np.allclose(np.swapaxes(A, -1, -2) @ A, np.eye(A.shape[-1]), atol=1e-6) else real(A)  # noqa: E731
     monkeypatch.setattr(ref, "project_to_manifold", broken)
     evidence = projection.projection_checks(2, get_profile("quick"), frames=400)
     worst = max(check.max_ratio for check in evidence.checks)
     assert worst >= DETECTION_FACTOR or np.isnan(worst)
+
+
+def test_a_condition_range_shortened_to_1e2_lets_the_gram_control_escape(monkeypatch):
+    """The claim must draw conditioning up to 1e8: shortened to 1e2 (where A (A^T A)^(-1/2) still has
+    digits), its Gram-route control passes every check, and the certificate fails on it."""
+    monkeypatch.setattr(projection, "CONDITION_LOG10", (0.0, 2.0))
+    profile = get_profile("default")
+    evidence = projection.projection_checks(0, profile, "gram_projection", "gram_projection:", profile.control_frames)  # as the certificate runs it
+    assert max(check.max_ratio for check in evidence.checks) < DETECTION_FACTOR
