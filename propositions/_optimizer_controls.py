@@ -4,6 +4,8 @@ no CLAIM). Each must fail one of the claim's checks by at least DETECTION_FACTOR
 
 from __future__ import annotations
 
+import math
+
 
 def broken_classes() -> dict:
     """name -> StiefelAdam subclass (propositions.optimizer_class.CONTROLS describes each)."""
@@ -205,7 +207,33 @@ def broken_classes() -> dict:
             for p in nonfinite:
                 self.state[p]["step"].add_(1)
 
+    class TensorLrInParameterDtype(StiefelAdam):
+        # a 0-d tensor lr rounded to the parameter's dtype before the product (a float lr is not)
+        def step(self, closure=None):
+            saved = [(group, group["lr"]) for group in self.param_groups if torch.is_tensor(group["lr"]) and group["params"]]
+            for group, lr in saved:
+                group["lr"] = lr.to(group["params"][0].dtype)
+            try:
+                return super().step(closure)
+            finally:
+                for group, lr in saved:
+                    group["lr"] = lr
+
+    class MetaSkippedWithoutGradient(StiefelAdam):
+        # a parameter on the meta device without a gradient is left out of the step without a word
+        def step(self, closure=None):
+            saved = [(group, group["params"]) for group in self.param_groups]
+            for group, params in saved:
+                group["params"] = [p for p in params if not (p.device.type == "meta" and p.grad is None)]
+            try:
+                return super().step(closure)
+            finally:
+                for group, params in saved:
+                    group["params"] = params
+
     return {
+        "tensor_lr_in_parameter_dtype": TensorLrInParameterDtype,
+        "meta_skipped_without_gradient": MetaSkippedWithoutGradient,
         "first_group_settings": FirstGroupSettings,
         "bucket_ignores_eps": BucketIgnoresEps,
         "count_advances_on_skip": CountAdvancesOnSkip,
@@ -268,7 +296,43 @@ def broken_functions() -> dict:
     def untransported(W, m):
         return m
 
+    def clip_ignores_norm_type(parameters, max_norm, norm_type=2.0):
+        # the total always the 2-norm, whatever norm_type asks
+        return torch_impl.clip_grad_norm_finite_(parameters, max_norm, 2.0)
+
+    from torch_impl import functional
+
+    def gradient_norm_squared_without_sharper_test(W, G_decayed, WtG, drift, sync_free=False):
+        # the sync-free route without the sharper test: more frames take the explicit g than on the default route
+        if not sync_free:
+            return real_gradient_norm_squared(W, G_decayed, WtG, drift, sync_free)
+        d, r = W.shape[-2], W.shape[-1]
+        drift_per_u = drift / functional.unit_roundoff(W.dtype)
+        sigma = functional._sym(WtG)
+        if not functional.gram_identity_worth_testing(d, r, drift_per_u):
+            return torch.linalg.vector_norm(torch.baddbmm(G_decayed, W, sigma, alpha=-1.0), dim=(-2, -1)).square()
+        gradient_norm = torch.linalg.vector_norm(G_decayed, dim=(-2, -1))
+        sigma_norm = torch.linalg.vector_norm(sigma, dim=(-2, -1))
+        gradient_sq, sigma_sq = gradient_norm.square(), sigma_norm.square()
+        identity = gradient_sq - sigma_sq
+        rounding = (d * r + 3) * gradient_sq + 2 * (d + 2) * math.sqrt(r) * sigma_norm * gradient_norm + (r * r + 3) * sigma_sq + identity.abs()
+        explicit_error = d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * identity.clamp(min=0).sqrt() * gradient_norm
+        identity_ok = rounding + drift_per_u * sigma_sq <= explicit_error
+        g = torch.baddbmm(G_decayed, W, sigma, alpha=-1.0)
+        return torch.where(identity_ok, identity, torch.linalg.vector_norm(g, dim=(-2, -1)).square())
+
+    real_gradient_norm_squared = functional.gradient_norm_squared
+
+    def sync_free_without_sharper_test(*args, **kwargs):
+        functional.gradient_norm_squared = gradient_norm_squared_without_sharper_test
+        try:
+            return functional.stiefel_adam_step(*args, **kwargs)
+        finally:
+            functional.gradient_norm_squared = real_gradient_norm_squared
+
     return {
+        "clip_ignores_norm_type": ("clip", clip_ignores_norm_type),
+        "sync_free_without_sharper_test": ("kernel", sync_free_without_sharper_test),
         "untransported_moment_reported": ("transported_moment", untransported),
         "clip_counts_inf_units": ("clip", clip_counts_inf_units),
         "clip_groups_default_to_frames": ("clip", clip_groups_default_to_frames),

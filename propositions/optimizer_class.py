@@ -345,14 +345,15 @@ class Subject:
     init: object = None
     project: object = None
     name: str = REAL_OPTIMIZER
+    kernel: object = None  # functional.stiefel_adam_step, whose sync_free route the promises part compares
 
 
 def real_subject() -> Subject:
     import torch_impl
-    from torch_impl.functional import transported_moment
+    from torch_impl.functional import stiefel_adam_step, transported_moment
 
     return Subject(torch_impl.StiefelAdam, transported_moment, torch_impl.clip_grad_norm_finite_, torch_impl.stiefel_init_,
-                   torch_impl.stiefel_project_)
+                   torch_impl.stiefel_project_, kernel=stiefel_adam_step)
 
 
 def _overflow_exponent(dtype_name: str) -> int:
@@ -1279,6 +1280,15 @@ def refusal_part(ctx: Context) -> Evidence:
     return Evidence(checks=[refused, accepted])
 
 
+def promises_part(ctx: Context) -> Evidence:
+    """The promises torch_impl's documentation states bit for bit or against torch: a float against a
+    tensor lr, the sync-free against the default route, clip_grad_norm_finite_ against torch's for every
+    norm type and dtype mix, a refused meta parameter (propositions/optimizer_promises.py)."""
+    from .optimizer_promises import promise_checks
+
+    return Evidence(checks=promise_checks(_subject(ctx.optimizer), ctx.seed))
+
+
 def public_functions_part(ctx: Context) -> Evidence:
     """The public functions beside the class, as users call them outside its own groups:
     clip_grad_norm_finite_ on another optimizer's param groups (no "manifold" key: every tensor one
@@ -1459,6 +1469,8 @@ def control_part(ctx: Context) -> Evidence:
         return refusal_part(ctx)
     if spec.part == "public":
         return public_functions_part(ctx)
+    if spec.part == "promises":
+        return promises_part(ctx)
     subject = _subject(ctx.optimizer)
     runs = list(_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile))[0])
     checks = _new_checks(spec.dtype)
@@ -1502,6 +1514,14 @@ def broken_subjects() -> dict:
 
 
 CONTROLS = {
+    # the promises the documentation states bit for bit, or against torch (propositions/optimizer_promises.py)
+    "tensor_lr_in_parameter_dtype": ControlSpec("a 0-d tensor lr is rounded to the parameter's dtype before the product: a float lr and a "
+                                                "tensor lr of the same value give different bfloat16 steps", part="promises"),
+    "meta_skipped_without_gradient": ControlSpec("a parameter still on the meta device without a gradient is skipped without a word",
+                                                 part="promises"),
+    "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises"),
+    "sync_free_without_sharper_test": ControlSpec("the sync-free route drops the sharper route test: its values differ from the default "
+                                                  "route's where the route test runs", part="promises"),
     "first_group_settings": ControlSpec("every frame stepped with the first param group's hyper-parameters"),
     "bucket_ignores_eps": ControlSpec("parameters of groups that differ only in eps are joined into one call with the first one's eps", feature="siblings_differ_in_eps"),
     "count_advances_on_skip": ControlSpec("a frame skipped for a non-finite step still advances its step count", feature="nan_frame"),
@@ -1568,15 +1588,18 @@ CLAIM = Claim(
         "untouched; skips exactly the non-finite frames under skip_nonfinite and refuses, naming a parameter, a "
         "non-finite step in a group that does not skip, with nothing written; counts what it skipped in one float64 "
         "count per frame; restores on load exactly what it saved; calls the closure once and returns its loss; steps ordinary tensors "
-        "exactly as torch.optim.AdamW; and refuses every option it does not implement and every bad setting or tensor "
-        "with a ValueError naming it."
+        "exactly as torch.optim.AdamW; refuses every option it does not implement and every bad setting or tensor "
+        "with a ValueError naming it; and keeps the promises its documentation states bit for bit or against torch: a float "
+        "and a tensor lr give the same step, the sync-free route the default route's values, clip_grad_norm_finite_ "
+        "torch's total for every norm type, and a parameter on the meta device is refused."
     ),
     latex=(
         r"\|W^{+}_{\mathrm{class}} - \mathrm{step}_{\mathrm{ref}}(W, G, m, v, t; h_{\mathrm{group}})\|_F \le "
         r"\beta(d, r, u_W, u_{mv}, u_c),\quad t_{\mathrm{frame}}^{+} = t_{\mathrm{frame}} + [\mathrm{step\ finite}]"
     ),
     symbolic=Symbolic("not applicable: bookkeeping of an implementation"),
-    parts=tuple(_part(name) for name in DTYPE_NAMES) + (Part("refusals", refusal_part), Part("public_functions", public_functions_part)),
+    parts=tuple(_part(name) for name in DTYPE_NAMES) + (Part("refusals", refusal_part), Part("public_functions", public_functions_part),
+                                                         Part("promises", promises_part)),
     controls=tuple(Control(name, control_part, spec.description) for name, spec in CONTROLS.items()),
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,
