@@ -270,6 +270,21 @@ def _run_record(command: str, wall_seconds: float, frames: int, workers: int | N
     }
 
 
+def _with_promise_coverage(claim_id: str, data: dict, options: dict) -> dict:
+    """The claim's promises of the ledger (propositions/ledger.py) and their coverage in this run, in
+    extra.promises; with the claim's default options (the certificate the ledger names), a promise none
+    of whose checks compared anything makes the claim inconclusive, and says so."""
+    from propositions import ledger
+
+    table, reasons = ledger.coverage(claim_id, data.get("numerical", {}).get("checks", []), data.get("exact", []))
+    if not table:
+        return data
+    data = {**data, "extra": {**data.get("extra", {}), "promises": table}}
+    if dict(options) == default_options(claim_id):
+        data["inconclusive"] = list(data.get("inconclusive", [])) + reasons
+    return data
+
+
 def build_certificate(
     claim_id: str,
     *,
@@ -299,6 +314,8 @@ def build_certificate(
     reproduce = reproduce_command(claim_id, seed, profile, optimizer, options)
     if data is None:
         data = _result_without_evidence("none (the claim did not run)", verdict="inconclusive", inconclusive=[problem or "the claim produced no result"])
+    elif optimizer == DEFAULT_OPTIMIZER:
+        data = _with_promise_coverage(claim_id, data, options)
     verdict, failures, inconclusive = _audited_verdict(data)
     extra, claim_timings = split_run_record(data.get("extra", {}))
     numerical = _numerical_part(data.get("numerical", {}), seed, profile, reproduce)
