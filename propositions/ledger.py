@@ -105,8 +105,11 @@ PROMISES = (
        "crosscheck:frame crosscheck:first_moment crosscheck:second_moment crosscheck:*/frame crosscheck:*/first_moment crosscheck:*/second_moment "
        "crosscheck:*/frame_rounding crosscheck:input_frames crosscheck:*/input_frames crosscheck:stage_bounds_hold crosscheck:drift_correction "
        "crosscheck:long_run_feasibility crosscheck:P4_left crosscheck:P4_right"),
-    _p("kernel-scale-free", "torch_impl.stiefel_adam_step.G", "docs/claims.md", "P2 and P4 on the kernel", "bit for bit",
-       "crosscheck:P2_bitwise crosscheck:P2_bounded crosscheck:*/P2_exponent_range crosscheck:*/P2_subnormal_band"),
+    _p("kernel-scale-free-bitwise", "torch_impl.stiefel_adam_step.G", "docs/claims.md",
+       "bit-identical wherever\nthe predicted domain says every stage quantity is normal and finite", "bit for bit",
+       "crosscheck:P2_bitwise crosscheck:*/P2_exponent_range"),
+    _p("kernel-scale-free", "torch_impl.stiefel_adam_step.G", "docs/claims.md", "P2 and P4 on the kernel", "bound",
+       "crosscheck:P2_bounded crosscheck:*/P2_subnormal_band"),
     _p("sync-free-bit-for-bit", "torch_impl.stiefel_adam_step.sync_free", FUNC, "the values are the same bit for bit", "bit for bit",
        "optimizer:promise/sync_free_bit_for_bit"),
     _p("kernel-functions", "torch_impl.polar_factor.A torch_impl.polar_factor.trust_radius torch_impl.polar_factor.method "
@@ -126,7 +129,7 @@ PROMISES = (
        "reference_impl.StiefelAdamConfig.lr reference_impl.StiefelAdamConfig.betas reference_impl.StiefelAdamConfig.eps "
        "reference_impl.StiefelAdamConfig.trust_radius reference_impl.StiefelAdamConfig.weight_decay", ADAM,
        "One StiefelAdam step (docs/algorithm.md). Returns (W_new, state_new); inputs unchanged.", "bound",
-       "P*:trajectory_model_* P3:model_highprec P3:trajectory_highprec* P3:direction_matches_state* P3:state_stays_tangent* "
+       "P[1-5]:trajectory_model_* P3:model_highprec P3:trajectory_highprec* P3:direction_matches_state* P3:state_stays_tangent* "
        "P3:step_stays_tangent* P3:step_reconstruction* P3:long_run_feasibility*"),
     _p("P1-steepest-descent", "reference_impl.project_tangent.W reference_impl.project_tangent.G reference_impl.project_tangent.validate "
        "reference_impl.sym.A reference_impl.skew.A reference_impl.riemannian_gradient.W reference_impl.riemannian_gradient.G "
@@ -135,8 +138,10 @@ PROMISES = (
        "P1:projector_* P1:exact:exact_* P1:first_step_is_steepest_descent* P1:minimiser_independent_basis P1:minimum_gap_identity "
        "P1:slope_* P1:tangent_basis_dimension"),
     _p("P2-scale-free", "reference_impl.scale_free_direction.m_hat reference_impl.scale_free_direction.v_hat "
-       "reference_impl.scale_free_direction.lr reference_impl.scale_free_direction.eps", ADAM, "and 0 where v^ = 0 (never 0/0)", "bit for bit",
-       "P2:power_of_two_bitwise P2:power_of_two_moments_bitwise P2:trajectory_scale_invariance* P2:eps_deviation P2:exact:scaled_projection_rational"),
+       "reference_impl.scale_free_direction.lr reference_impl.scale_free_direction.eps", ADAM, "and 0 where v^ = 0 (never 0/0)", "bound",
+       "P2:trajectory_scale_invariance* P2:eps_deviation P2:exact:scaled_projection_rational"),
+    _p("P2-powers-of-two-bitwise", "reference_impl.step.G", "docs/claims.md", "For c a power of two the float64 trajectories are bit-identical",
+       "bit for bit", "P2:power_of_two_bitwise P2:power_of_two_moments_bitwise"),
     _p("P3-conditioning", "reference_impl.clip_to_trust_region.xi reference_impl.clip_to_trust_region.trust_radius reference_impl.frobenius.A "
        "reference_impl.polar_retract.W reference_impl.polar_retract.xi reference_impl.polar_retract.method reference_impl.polar_retract.validate "
        "reference_impl.polar_factor.A reference_impl.retraction_agreement.W reference_impl.retraction_agreement.xi "
