@@ -151,12 +151,16 @@ PROMISES = (
     _p("P4-equivariance", "reference_impl.random_signed_permutation.n reference_impl.random_signed_permutation.rng "
        "reference_impl.random_signed_permutation.batch reference_impl.random_orthogonal.n reference_impl.random_orthogonal.rng "
        "reference_impl.random_orthogonal.batch", MAN, "orthogonal and exact in float64", "bound",
-       "P4:left_* P4:right_* P4:sign_flip_* P4:exact:*"),
+       "P4:left_* P4:right_* P4:sign_flip_* P4:exact:left_projection_rational P4:exact:norm_invariance_rational "
+       "P4:exact:right_projection_rational"),
     _p("P5-weight-decay", "reference_impl.StiefelAdamConfig.weight_decay", "docs/claims.md", "## P5: weight decay has identically zero Riemannian gradient",
        "bound", "P5:decay_projection_zero P5:decoupled_decay_polar P5:norm_constant P5:step_weight_decay_invariance "
-       "P5:trajectory_weight_decay_invariance P5:exact:*"),
+       "P5:trajectory_weight_decay_invariance P5:exact:decay_projection_zero P5:exact:decoupled_decay_polar P5:exact:norm_constant "
+       "P5:exact:step_weight_decay_invariance"),
     _p("P6-gauge", "reference_impl.random_tangent.W reference_impl.random_tangent.rng reference_impl.random_tangent.scale", "docs/claims.md",
-       "## P6 (negative result): gauge directions carry no gradient", "bound", "P6:*"),
+       "## P6 (negative result): gauge directions carry no gradient", "bound",
+       "P6:finite_difference_gradient P6:gauge_inner_product P6:gauge_residual P6:exact:anchored_query_loss_nonzero P6:exact:gauge_inner_product "
+       "P6:exact:gauge_residual"),
     _p("projection-nearest", "reference_impl.project_to_manifold.A", MAN, "Nearest frame to A in the Frobenius norm: its polar factor.", "bound",
        "projection:on_manifold projection:polar_symmetry projection:polar_factor projection:idempotent projection:equivariance projection:scale_free"),
     _p("samplers-haar", "reference_impl.random_point.d reference_impl.random_point.r reference_impl.random_point.rng reference_impl.random_point.batch "

@@ -22,14 +22,15 @@ FIGURES = {
 
 
 def _certificate(claim_id: str, passing: bool, figures: dict = FIGURES) -> dict:
+    # a double of the claim: its check is none the ledger names (propositions/ledger.py), so no promise coverage is asked of it
     def run(seed, profile, optimizer="stiefel_adam"):
         rng = np.random.default_rng(seed)
-        check = NumericalCheck("projector_idempotent", "P(P(G)) against P(G)", "2 gamma_n with n = d")
+        check = NumericalCheck("fake_idempotent", "P(P(G)) against P(G)", "2 gamma_n with n = d")
         residual = rng.uniform(0.0, 1e-16, 32)
         if not passing:
             residual[0] = 1e-12
         check.add(residual, 1e-15, shape=(4, 2), key=("p", 4, 2), seed=seed)
-        broken = NumericalCheck("projector_idempotent", "broken", "same")
+        broken = NumericalCheck("fake_idempotent", "broken", "same")
         broken.add(np.full(4, 1e-3), 1e-15, shape=(4, 2), key=("c", 4, 2), seed=seed)
         return ClaimResult(
             symbolic=SymbolicResult("sympy", [SymbolicStep("idempotent", r"P_W(P_W(G)) - P_W(G) = 0", True)]),
@@ -115,9 +116,9 @@ def test_report_contents(certificates, tmp_path, monkeypatch):
     assert "The statement of P1." in text
     assert "$$\nP_W^2 = P_W\n$$" in text
     assert "$$\nP_W(P_W(G)) - P_W(G) = 0\n$$" in text
-    assert "| projector_idempotent | 32 |" in text
-    assert "| projection_without_sym | G - W W^T G | projector_idempotent | 0.001 | 1e-15 | 1e+12 | yes |" in text
-    assert "check projector_idempotent: worst residual/bound = 1e+03 > 1" in text
+    assert "| fake_idempotent | 32 |" in text
+    assert "| projection_without_sym | G - W W^T G | fake_idempotent | 0.001 | 1e-15 | 1e+12 | yes |" in text
+    assert "check fake_idempotent: worst residual/bound = 1e+03 > 1" in text
     assert "- the note of P2" in text
     assert "reproduce: `certify run P1 --seed 0 --profile quick`" in text
 
