@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--properties", action="store_true", help="ask each claim's property (P1..P5) of the optimizer as a black box: holds / fails / vacuous / untested (docs/adapters.md#property-verdicts); default --out a fresh folder properties-<UTC time>")
 
     compare = commands.add_parser("compare", help="run P1..P5 on several implementations: certificates per pair and a matrix in REPORT.md")
-    compare.add_argument("implementations", nargs="*", metavar="IMPL", help="names (reference_impl, torch_impl, torch_impl-float32, geoopt-euclidean, geoopt-canonical, stiefel_adam, the controls) or numpy:/torch: specs")
+    compare.add_argument("implementations", nargs="*", metavar="IMPL", help="names (reference_impl, torch_impl, torch_impl-float32, geoopt-euclidean, geoopt-canonical, geoopt-sgd-euclidean, geoopt-sgd-canonical, geotorch-adam, geotorch-sgd, stiefel_adam, the controls) or numpy:/torch: specs")
     compare.add_argument("--implementation", action="append", default=[], metavar="MODULE:CALLABLE", help="add a NumPy step (numpy:MODULE:CALLABLE)")
     compare.add_argument("--torch-optimizer", action="append", default=[], metavar="MODULE:CLASS[:JSON]", help="add a torch optimizer (torch:MODULE:CLASS[:JSON])")
     compare.add_argument("--out", default=None, metavar="DIR", help="certificates go to DIR/compare/<impl>/<claim>.json, the matrix into DIR/REPORT.md (default: a fresh folder compare-<UTC time> here, so that no report is overwritten)")
