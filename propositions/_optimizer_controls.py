@@ -231,7 +231,26 @@ def broken_classes() -> dict:
                 for group, params in saved:
                     group["params"] = params
 
+    class MetaRefusedInFrameGroupsOnly(StiefelAdam):
+        # a parameter on the meta device in a manifold="euclidean" group is left out without a word
+        def step(self, closure=None):
+            saved = [(group, group["params"]) for group in self.param_groups if group.get("manifold") == "euclidean"]
+            for group, params in saved:
+                group["params"] = [p for p in params if p.device.type != "meta"]
+            try:
+                return super().step(closure)
+            finally:
+                for group, params in saved:
+                    group["params"] = params
+
+    class ZeroGradKeepsZeros(StiefelAdam):
+        # zero_grad() fills the gradients with zeros (set_to_none=False) unless asked: the next step moves frames
+        def zero_grad(self, set_to_none: bool = False) -> None:
+            super().zero_grad(set_to_none=set_to_none)
+
     return {
+        "meta_refused_in_frame_groups_only": MetaRefusedInFrameGroupsOnly,
+        "zero_grad_keeps_zeros": ZeroGradKeepsZeros,
         "tensor_lr_in_parameter_dtype": TensorLrInParameterDtype,
         "meta_skipped_without_gradient": MetaSkippedWithoutGradient,
         "first_group_settings": FirstGroupSettings,

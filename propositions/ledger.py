@@ -78,8 +78,10 @@ PROMISES = (
     _p("class-checkpoints", "torch_impl.StiefelAdam.state_dict torch_impl.StiefelAdam.load_state_dict "
        "torch_impl.StiefelAdam.load_state_dict.state_dict", OPT, "their values bit for bit", "bit for bit",
        "optimizer:*/checkpoint_round_trip optimizer:*/checkpoints_change_nothing bookkeeping:checkpoint bookkeeping:rebuilt"),
+    _p("zero-grad-as-torch", "torch_impl.StiefelAdam.zero_grad torch_impl.StiefelAdam.zero_grad.set_to_none", OPT,
+       "As torch.optim.Optimizer.zero_grad", "bit for bit", "optimizer:promise/zero_grad_sets_none"),
     _p("class-refuses-options", "torch_impl.StiefelAdam.options torch_impl.StiefelAdam.add_param_group "
-       "torch_impl.StiefelAdam.add_param_group.param_group torch_impl.StiefelAdam.zero_grad torch_impl.StiefelAdam.zero_grad.set_to_none",
+       "torch_impl.StiefelAdam.add_param_group.param_group",
        OPT, "are accepted only with the value that asks for nothing; any other raises", "refused",
        "optimizer:bad_options_refused optimizer:benign_options_accepted"),
     _p("lr-tensor-bit-for-bit", "torch_impl.StiefelAdam.lr torch_impl.StiefelAdam.eps", ALGO,

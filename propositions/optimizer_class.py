@@ -1519,6 +1519,10 @@ CONTROLS = {
                                                 "tensor lr of the same value give different bfloat16 steps", part="promises"),
     "meta_skipped_without_gradient": ControlSpec("a parameter still on the meta device without a gradient is skipped without a word",
                                                  part="promises"),
+    "meta_refused_in_frame_groups_only": ControlSpec("a parameter on the meta device is refused in a frame group only: in a "
+                                                     "manifold='euclidean' group it is left out without a word", part="promises"),
+    "zero_grad_keeps_zeros": ControlSpec("zero_grad() fills the gradients with zeros unless asked (torch's default is None): a frame "
+                                         "without a new gradient is then stepped", part="promises"),
     "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises"),
     "sync_free_without_sharper_test": ControlSpec("the sync-free route drops the sharper route test: its values differ from the default "
                                                   "route's where the route test runs", part="promises"),

@@ -20,8 +20,11 @@ optimizer claim, propositions/optimizer_class.py).
                             dtype mixes float64, float32, float32 + bfloat16, float64 + float32: the totals
                             within their rounding (below) and every clipped gradient within it too.
   meta_parameter_refused    docs/algorithm.md: "a step over a parameter still on the meta device raises a
-                            ValueError that says so, instead of training nothing": with and without a
-                            gradient, beside a parameter that has values.
+                            ValueError that says so, instead of training nothing": in a frame group and in a
+                            manifold="euclidean" one, with and without a gradient, beside a parameter that
+                            has values.
+  zero_grad_sets_none       StiefelAdam.zero_grad: "As torch.optim.Optimizer.zero_grad": with no argument the
+                            gradients become None, and the next step leaves the parameter untouched.
 
 Bound of clip_matches_torch. Both sum the same N = sum of entries |x_i|^p terms in the accumulation
 dtype of unit roundoff u (float32 for a float32 or bfloat16 gradient, float64 for float64), in two
@@ -66,9 +69,12 @@ def _checks() -> dict:
                                "the same finite gradients, norm_type 1, 2, 3, inf, four dtype mixes: |total - total_torch| / total and "
                                "||G - G_torch|| / ||G_torch|| per tensor", "2 (gamma_N(u) + 2 u_t) for the totals (exact for the inf-norm), plus 2 u_g "
                                "for a clipped gradient (module docstring)"),
-        "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, with and without a gradient, "
-                               "beside one with values: a ValueError that names the meta device (0; inf otherwise)", "exact: the documented refusal",
-                               tightness_note="an exact equality: 0 by design"),
+        "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
+                               "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
+                               "meta device (0; inf otherwise)", "exact: the documented refusal", tightness_note="an exact equality: 0 by design"),
+        "zero_grad": NumericalCheck("promise/zero_grad_sets_none", "zero_grad() with no argument leaves .grad None, and the next step leaves "
+                                    "the parameter untouched (0; inf otherwise)", "exact: torch.optim.Optimizer.zero_grad's default",
+                                    tightness_note="an exact equality: 0 by design"),
     }
 
 
@@ -204,24 +210,46 @@ def clip_matches_torch(subject, check, seed: int) -> None:
 def meta_parameter_refused(subject, check, seed: int) -> None:
     import torch
 
-    for with_gradient in (False, True):
-        meta = torch.nn.Parameter(torch.empty(5, 2, device="meta", dtype=torch.float64))
-        if with_gradient:
-            meta.grad = torch.empty(5, 2, device="meta", dtype=torch.float64)
-        real = torch.nn.Parameter(_frames(torch, (5, 2), torch.float64, torch.Generator().manual_seed(seed)))
-        real.grad = torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-        error = None
-        try:
-            with contextlib.redirect_stderr(None):
-                subject.optimizer_class([meta, real], lr=0.01).step()
-        except Exception as caught:  # what a user would meet
-            error = caught
-        ok = isinstance(error, ValueError) and "meta" in str(error)
-        check.add([0.0 if ok else math.inf], 0.5, key=("promise", "meta", with_gradient), seed=seed,
-                  extra={"gradient": with_gradient, "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
+    for manifold in ("stiefel", "euclidean"):
+        for with_gradient in (False, True):
+            meta = torch.nn.Parameter(torch.empty(5, 2, device="meta", dtype=torch.float64))
+            if with_gradient:
+                meta.grad = torch.empty(5, 2, device="meta", dtype=torch.float64)
+            real = torch.nn.Parameter(_frames(torch, (5, 2), torch.float64, torch.Generator().manual_seed(seed)))
+            real.grad = torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+            error = None
+            try:
+                with contextlib.redirect_stderr(None):
+                    subject.optimizer_class([{"params": [real]}, {"params": [meta], "manifold": manifold}], lr=0.01).step()
+            except Exception as caught:  # what a user would meet
+                error = caught
+            ok = isinstance(error, ValueError) and "meta" in str(error)
+            check.add([0.0 if ok else math.inf], 0.5, key=("promise", "meta", manifold, with_gradient), seed=seed,
+                      extra={"manifold": manifold, "gradient": with_gradient,
+                             "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
 
 
-PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "meta": meta_parameter_refused}
+def zero_grad_sets_none(subject, check, seed: int) -> None:
+    """zero_grad() as torch.optim.Optimizer.zero_grad: set_to_none=True unless asked, so that a frame whose
+    gradient is then not set again is left untouched by the next step (not stepped with a zero gradient)."""
+    import torch
+
+    W = _frames(torch, (2, 5, 2), torch.float64, torch.Generator().manual_seed(seed))
+    p = torch.nn.Parameter(W.clone())
+    optimizer = subject.optimizer_class([p], lr=0.05)
+    p.grad = torch.randn(p.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 2))
+    optimizer.step()
+    optimizer.zero_grad()
+    after_zero = p.detach().clone()
+    none = p.grad is None
+    optimizer.step()
+    moved = _ulps(p, after_zero)
+    check.add([0.0 if none and moved == 0 else math.inf], 0.5, key=("promise", "zero_grad"), seed=seed,
+              extra={"grad_is_none": none, "ulps_moved_by_the_next_step": moved})
+
+
+PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "meta": meta_parameter_refused,
+            "zero_grad": zero_grad_sets_none}
 
 
 def promise_checks(subject, seed: int) -> list:

@@ -18,6 +18,8 @@ CAUGHT_BY = {
     "meta_skipped_without_gradient": "promise/meta_parameter_refused",
     "clip_ignores_norm_type": "promise/clip_matches_torch",
     "sync_free_without_sharper_test": "promise/sync_free_bit_for_bit",
+    "meta_refused_in_frame_groups_only": "promise/meta_parameter_refused",
+    "zero_grad_keeps_zeros": "promise/zero_grad_sets_none",
 }
 
 
