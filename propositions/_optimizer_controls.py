@@ -219,29 +219,30 @@ def broken_classes() -> dict:
                 for group, lr in saved:
                     group["lr"] = lr
 
-    class MetaSkippedWithoutGradient(StiefelAdam):
-        # a parameter on the meta device without a gradient is left out of the step without a word
+    class ParametersLeftOut(StiefelAdam):
+        # the parameters `left_out` says, left out of the step without a word
+        def left_out(self, group, p) -> bool:
+            raise NotImplementedError
+
         def step(self, closure=None):
             saved = [(group, group["params"]) for group in self.param_groups]
             for group, params in saved:
-                group["params"] = [p for p in params if not (p.device.type == "meta" and p.grad is None)]
+                group["params"] = [p for p in params if not self.left_out(group, p)]
             try:
                 return super().step(closure)
             finally:
                 for group, params in saved:
                     group["params"] = params
 
-    class MetaRefusedInFrameGroupsOnly(StiefelAdam):
-        # a parameter on the meta device in a manifold="euclidean" group is left out without a word
-        def step(self, closure=None):
-            saved = [(group, group["params"]) for group in self.param_groups if group.get("manifold") == "euclidean"]
-            for group, params in saved:
-                group["params"] = [p for p in params if p.device.type != "meta"]
-            try:
-                return super().step(closure)
-            finally:
-                for group, params in saved:
-                    group["params"] = params
+    class MetaSkippedWithoutGradient(ParametersLeftOut):
+        # a parameter on the meta device without a gradient
+        def left_out(self, group, p) -> bool:
+            return p.device.type == "meta" and p.grad is None
+
+    class MetaRefusedInFrameGroupsOnly(ParametersLeftOut):
+        # a parameter on the meta device in a manifold="euclidean" group
+        def left_out(self, group, p) -> bool:
+            return group.get("manifold") == "euclidean" and p.device.type == "meta"
 
     class ZeroGradKeepsZeros(StiefelAdam):
         # zero_grad() fills the gradients with zeros (set_to_none=False) unless asked: the next step moves frames

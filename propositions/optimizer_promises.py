@@ -16,7 +16,8 @@ optimizer claim, propositions/optimizer_class.py).
                             taken): W, m and v bit for bit.
   clip_matches_torch        clipping.clip_grad_norm_finite_: "the total that torch.nn.utils.clip_grad_norm_
                             computes when every unit is finite (up to the order of the reduction)". Both
-                            on copies of the same finite gradients, for norm_type 1, 2, 3 and inf and the
+                            on copies of the same finite gradients, as tensors and as a frame group (units the
+                            (d, r) slices), for norm_type 1, 2, 3 and inf and the
                             dtype mixes float64, float32, float32 + bfloat16, float64 + float32: the totals
                             within their rounding (below) and every clipped gradient within it too.
   meta_parameter_refused    docs/algorithm.md: "a step over a parameter still on the meta device raises a
@@ -31,14 +32,14 @@ dtype of unit roundoff u (float32 for a float32 or bfloat16 gradient, float64 fo
 orders (one (d, r) slice, or one tensor, at a time against torch's per-tensor norms), then the
 total's p-norm over the units in the total's dtype (u_t); each sum errs relatively by at most gamma_N(u)
 (Higham 4.3), the p-th root divides that by p and adds u_t, so the two totals differ relatively by
-at most 2 (gamma_N(u) + 2 u_t). The inf-norm is a maximum: exact, bit for bit. A clipped gradient is
+at most 2 (gamma_N(u) + 2 u_t). The inf-norm is a maximum of the same entries: exact, so the
+totals must agree within half a unit roundoff of the total's dtype (that is, bit for bit). A clipped gradient is
 the gradient times min(1, max_norm / (total + 1e-6)), which moves relatively with the total, plus
 one rounding to the gradient's dtype on each side (2 u_g).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -50,6 +51,8 @@ EXACT = "exact equality: max |x - y| / ulp(y) over the compared values, bound 0.
 DTYPES = ("float64", "float32", "bfloat16")
 NORM_TYPES = (1.0, 2.0, 3.0, math.inf)
 DTYPE_MIXES = (("float64",), ("float32",), ("float32", "bfloat16"), ("float64", "float32"))
+# clip_grad_norm_finite_ on a list of tensors (each one unit) and on a frame group (each (d, r) slice one unit)
+CLIP_FORMS = ("tensors", "frame_group")
 # shape classes, and shapes where gradient_norm_squared runs its route test in float64 and float32
 # (gram_identity_worth_testing: r small against d), checked by sync_free_bit_for_bit to be so
 SYNC_SHAPES = ((4, 4), (6, 1), (9, 3), (16, 4), (64, 2), (32, 8))
@@ -67,7 +70,7 @@ def _checks() -> dict:
                                tightness_note="an exact equality: 0 by design"),
         "clip": NumericalCheck("promise/clip_matches_torch", "clip_grad_norm_finite_ against torch.nn.utils.clip_grad_norm_ on copies of "
                                "the same finite gradients, norm_type 1, 2, 3, inf, four dtype mixes: |total - total_torch| / total and "
-                               "||G - G_torch|| / ||G_torch|| per tensor", "2 (gamma_N(u) + 2 u_t) for the totals (exact for the inf-norm), plus 2 u_g "
+                               "||G - G_torch|| / ||G_torch|| per tensor", "2 (gamma_N(u) + 2 u_t) for the totals (the inf-norm exact: u_t / 2), plus 2 u_g "
                                "for a clipped gradient (module docstring)"),
         "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
                                "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
@@ -176,35 +179,36 @@ def _route_test_runs(functional, d: int, r: int, dtype) -> bool:
 def clip_matches_torch(subject, check, seed: int) -> None:
     import torch
 
-    for mix in DTYPE_MIXES:
-        for norm_type in NORM_TYPES:
-            generator = torch.Generator().manual_seed(seed)
-            shapes = ((5,), (3, 4), (2, 3, 2), (7, 3))
-            dtypes = [getattr(torch, mix[i % len(mix)]) for i in range(len(shapes))]
-            values = [(torch.randn(shape, generator=generator, dtype=torch.float64) * 3.0).to(dt) for shape, dt in zip(shapes, dtypes)]
-            gradients = [(torch.randn(shape, generator=generator, dtype=torch.float64) * 4.0).to(dt) for shape, dt in zip(shapes, dtypes)]
-            runs = []
-            for clip in (subject.clip, torch.nn.utils.clip_grad_norm_):
-                params = [torch.nn.Parameter(v.clone()) for v in values]
-                for p, g in zip(params, gradients):
-                    p.grad = g.clone()
-                total = clip(params, 1.0, norm_type=norm_type)
-                runs.append((float(total), [p.grad.to(torch.float64).numpy().copy() for p in params]))
-            (total, grads), (total_torch, grads_torch) = runs
-            entries = sum(int(np.prod(shape)) for shape in shapes)
-            u = max(UNIT["float32" if name != "float64" else "float64"] for name in mix)
-            u_t = UNIT["float64" if "float64" in mix else "float32"]
-            gamma = entries * u / (1 - entries * u)
-            total_bound = 0.0 if math.isinf(norm_type) else 2.0 * (gamma + 2.0 * u_t)
-            relative = abs(total - total_torch) / total_torch if total_torch > 0 else abs(total)
-            extra = {"dtypes": list(mix), "norm_type": norm_type}
-            check.add([relative], max(total_bound, 1e-300) if total_bound else 0.5 * math.ulp(1.0) / max(1.0, total_torch),
-                      key=("promise", "clip_total", mix, norm_type), seed=seed, extra={**extra, "compared": "total"})
-            for g, g_torch, dt in zip(grads, grads_torch, dtypes):
-                u_g = UNIT[str(dt).split(".")[-1]]
-                scale = float(np.linalg.norm(g_torch)) or 1.0
-                check.add([float(np.linalg.norm(g - g_torch)) / scale], total_bound + 2.0 * u_g, key=("promise", "clip_grad", mix, norm_type),
-                          seed=seed, extra={**extra, "compared": "gradient"})
+    for mix, norm_type, form in ((m, n, f) for m in DTYPE_MIXES for n in NORM_TYPES for f in CLIP_FORMS):
+        generator = torch.Generator().manual_seed(seed)
+        # a frame group's units are its (d, r) slices; the norm of their p-norms is the p-norm of all entries, torch's total
+        shapes = ((5,), (3, 4), (2, 3, 2), (7, 3)) if form == "tensors" else ((2, 5, 2), (4, 4), (3, 6, 1))
+        dtypes = [getattr(torch, mix[i % len(mix)]) for i in range(len(shapes))]
+        values = [(torch.randn(shape, generator=generator, dtype=torch.float64) * 3.0).to(dt) for shape, dt in zip(shapes, dtypes)]
+        gradients = [(torch.randn(shape, generator=generator, dtype=torch.float64) * 4.0).to(dt) for shape, dt in zip(shapes, dtypes)]
+        runs = []
+        for clip in (subject.clip, torch.nn.utils.clip_grad_norm_):
+            params = [torch.nn.Parameter(v.clone()) for v in values]
+            for p, g in zip(params, gradients):
+                p.grad = g.clone()
+            given = [{"params": params, "manifold": "stiefel"}] if form == "frame_group" and clip is subject.clip else params
+            total = clip(given, 1.0, norm_type=norm_type)
+            runs.append((float(total), [p.grad.to(torch.float64).numpy().copy() for p in params]))
+        (total, grads), (total_torch, grads_torch) = runs
+        entries = sum(int(np.prod(shape)) for shape in shapes)
+        u = max(UNIT["float32" if name != "float64" else "float64"] for name in mix)
+        u_t = UNIT["float64" if "float64" in mix else "float32"]
+        gamma = entries * u / (1 - entries * u)
+        # the inf-norm is a maximum of the same entries: exact, so the totals are equal (half a unit roundoff of the total's dtype)
+        total_bound = 0.5 * u_t if math.isinf(norm_type) else 2.0 * (gamma + 2.0 * u_t)
+        relative = abs(total - total_torch) / total_torch if total_torch > 0 else abs(total)
+        extra = {"dtypes": list(mix), "norm_type": norm_type, "form": form}
+        check.add([relative], total_bound, key=("promise", "clip_total", mix, norm_type, form), seed=seed, extra={**extra, "compared": "total"})
+        for g, g_torch, dt in zip(grads, grads_torch, dtypes):
+            u_g = UNIT[str(dt).split(".")[-1]]
+            scale = float(np.linalg.norm(g_torch)) or 1.0
+            check.add([float(np.linalg.norm(g - g_torch)) / scale], total_bound + 2.0 * u_g, key=("promise", "clip_grad", mix, norm_type, form),
+                      seed=seed, extra={**extra, "compared": "gradient"})
 
 
 def meta_parameter_refused(subject, check, seed: int) -> None:
@@ -219,8 +223,7 @@ def meta_parameter_refused(subject, check, seed: int) -> None:
             real.grad = torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
             error = None
             try:
-                with contextlib.redirect_stderr(None):
-                    subject.optimizer_class([{"params": [real]}, {"params": [meta], "manifold": manifold}], lr=0.01).step()
+                subject.optimizer_class([{"params": [real]}, {"params": [meta], "manifold": manifold}], lr=0.01).step()
             except Exception as caught:  # what a user would meet
                 error = caught
             ok = isinstance(error, ValueError) and "meta" in str(error)
