@@ -14,6 +14,17 @@ port or a "simplification" of the kernel makes:
 * unscaled_square: ||g||^2 formed at the gradient's scale, which overflows before v does;
 * floor_on_v: v floored at the smallest normal number (a guard against 0 / 0);
 * hidden_eps: 1e-30 added to the denominator whatever eps is.
+* first_correction_in_float32, per_frame_counts_in_float32: 1 - beta1^t, or both corrections of the
+  per-frame counts, formed in the compute dtype;
+* clamped_denominator, eps_in_float32: a guard at 1e-20 on sqrt(v^) + eps; eps taken in float32;
+* projection_in_storage_dtype, square_in_storage_dtype, second_moment_in_storage_dtype,
+  coefficient_in_storage_dtype: one stage's result rounded to the storage dtype;
+* flush_subnormal_v: a subnormal v flushed to 0;
+* drift_not_corrected_in_bfloat16: drift_not_corrected's retraction for bfloat16 frames only.
+
+Each runs through the check where it shows (propositions.crosscheck.CONTROL_RUNS): the float64
+lock-step, the declared-precision lock-step in the dtype where it differs, the drift correction, or
+the exponent-range scan. The tests use them from here.
 
 A variant is called as variant(W, G, m, v, t, config) with the arguments of
 functional.stiefel_adam_step (t an int or a per-frame float64 tensor) and returns (W+, m, v) as it
@@ -259,6 +270,137 @@ def _hidden_eps_kernel(W, G, m, v, t, config):
     return _production_from_second_moment(W, W_c, m_new, v_c, t, config, eps=config.eps + 1e-30)
 
 
+def _capped(m, coefficient, trust_radius):
+    """Stage 7, the trust-region cap of the coefficient, as the production kernel applies it."""
+    import torch
+
+    if not math.isinf(trust_radius):
+        norm = torch.linalg.vector_norm(m, dim=(-2, -1)) * coefficient.abs()
+        coefficient = coefficient * torch.where(norm > trust_radius, trust_radius / norm, 1.0)
+    return coefficient
+
+
+def _first_correction_in_float32(m, v, count, lr, beta1, beta2, eps, trust_radius):
+    """Stages 5-7 with only 1 - beta1^t formed in the compute dtype (beta2's in float64, as declared)."""
+    import torch
+
+    work = v.dtype
+    t = count.to(torch.float64) if torch.is_tensor(count) else count
+    power1 = torch.tensor(beta1, dtype=work, device=v.device) ** (t.to(work) if torch.is_tensor(t) else t)
+    bias_correction2 = (1 - torch.pow(beta2, t)).to(work) if torch.is_tensor(t) else 1 - beta2**t
+    root_v_hat = torch.sqrt(v / bias_correction2)
+    return _capped(m, torch.where(root_v_hat > 0, (-lr / (1 - power1)) / (root_v_hat + eps), 0.0), trust_radius)
+
+
+def _per_frame_counts_in_float32(m, v, count, lr, beta1, beta2, eps, trust_radius):
+    """Stages 5-7 with the per-frame count (the optimizer's form) raised by torch.pow in the compute
+    dtype; the int form as declared."""
+    import torch
+    from torch_impl import functional
+
+    if not torch.is_tensor(count):
+        return functional.step_coefficient(m, v, count, lr, beta1, beta2, eps, trust_radius)
+    t = count.to(v.dtype)
+    root_v_hat = torch.sqrt(v / (1 - torch.pow(beta2, t)))
+    numerator = -lr / (1 - torch.pow(beta1, t))
+    return _capped(m, torch.where(root_v_hat > 0, torch.reciprocal(root_v_hat + eps) * numerator, 0.0), trust_radius)
+
+
+def _clamped_denominator(m, v, count, lr, beta1, beta2, eps, trust_radius):
+    """Stages 5-7 with the denominator clamped at 1e-20, a guard against a tiny v that changes every
+    step whose sqrt(v^) + eps is below it."""
+    import torch
+
+    work = v.dtype
+    t = count.to(torch.float64) if torch.is_tensor(count) else count
+    bias_correction1 = (1 - torch.pow(beta1, t)).to(work) if torch.is_tensor(t) else 1 - beta1**t
+    bias_correction2 = (1 - torch.pow(beta2, t)).to(work) if torch.is_tensor(t) else 1 - beta2**t
+    root_v_hat = torch.sqrt(v / bias_correction2)
+    denominator = torch.clamp(root_v_hat + eps, min=1e-20)
+    return _capped(m, torch.where(root_v_hat > 0, (-lr / bias_correction1) / denominator, 0.0), trust_radius)
+
+
+def _eps_in_float32(m, v, count, lr, beta1, beta2, eps, trust_radius):
+    """Stages 5-7 with eps made a float32 tensor whatever the compute dtype: 1e-8 then differs from
+    the float64 eps by about 1e-16, a relative 1e-8 of the step wherever sqrt(v^) is near eps."""
+    import torch
+    from torch_impl import functional
+
+    return functional.step_coefficient(m, v, count, lr, beta1, beta2, torch.tensor(eps, dtype=torch.float32), trust_radius)
+
+
+def _coefficient_kernel(coefficient_function):
+    """The production stages, with stages 5-7 (step_coefficient) replaced by coefficient_function."""
+
+    def kernel(W, G, m, v, t, config):
+        import torch
+        from torch_impl import functional
+
+        beta1, beta2 = config.betas
+        W_c, G_decayed, m_new, WtG = _stages_1_to_3(W, G, m, config)
+        v_c = _second_moment(W, W_c, G_decayed, m_new, WtG, v, config)
+        count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
+        coefficient = coefficient_function(m_new, v_c, count, config.lr, beta1, beta2, config.eps, config.trust_radius)
+        W_new = functional.polar_factor(torch.addcmul(W_c, m_new, coefficient[:, None, None]), config.trust_radius)
+        return W_new.reshape(W.shape).to(W.dtype), m_new.reshape(W.shape), v_c.reshape(W.shape[:-2])
+
+    kernel.__doc__ = coefficient_function.__doc__
+    return kernel
+
+
+def _storage_rounding_kernel(stage: str):
+    """The production step with one stage's result rounded to the storage dtype (as a port that keeps
+    that value in a buffer of the parameter's dtype), where the kernel declares the compute dtype:
+
+    * projection: W, G~ and m rounded before stage 3, and its m after it;
+    * square: stage 4's increment (1 - beta2) / (d r) ||g||^2 formed from G~ and W^T G~ in storage;
+    * second_moment: v after stage 4;
+    * coefficient: the coefficient c of xi = c m after stage 7;
+    * subnormal_v: (not a storage rounding) v flushed to 0 below the compute dtype's smallest normal
+      number, as a flush-to-zero mode does;
+    * retraction_bfloat16: for bfloat16 frames only, the retraction (W + xi)(I + xi^T xi)^(-1/2),
+      which never corrects the drift of the frame it is given."""
+
+    def kernel(W, G, m, v, t, config):
+        import torch
+        from torch_impl import functional as F
+
+        beta1, beta2 = config.betas
+        storage, work = W.dtype, F.compute_dtype(W.dtype)
+        d, r = W.shape[-2], W.shape[-1]
+        W_c = F._as_batch3(W.to(work))
+        G_c = F.decayed_gradient(W_c, F._as_batch3(G.to(work)), config.weight_decay)
+        if stage == "projection":
+            m_c, WtG = F.project_moment(W_c.to(storage).to(work), G_c.to(storage).to(work), F._as_batch3(m.to(storage).to(work)), beta1)
+            m_c = m_c.to(storage).to(work)
+        else:
+            m_c, WtG = F.project_moment(W_c, G_c, F._as_batch3(m.to(work)), beta1)
+        drift = F.frame_drift_bound(d, r, storage, config.trust_radius)
+        if stage == "square":
+            scale = F.increment_scale(beta2, d * r)
+            increment = F.gradient_norm_squared(W_c, (G_c * scale).to(storage).to(work), (WtG * scale).to(storage).to(work), drift)
+            v_c = torch.add(v.to(work).reshape(-1) * beta2, increment)
+        else:
+            v_c = F.updated_second_moment(W_c, G_c, WtG, v.to(work).reshape(-1), beta2, drift)
+        if stage == "second_moment":
+            v_c = v_c.to(storage).to(work)
+        if stage == "subnormal_v":
+            v_c = torch.where(v_c < torch.finfo(work).tiny, torch.zeros_like(v_c), v_c)
+        count = t.reshape(-1) + 1 if torch.is_tensor(t) else t + 1
+        coefficient = F.step_coefficient(m_c, v_c, count, config.lr, beta1, beta2, config.eps, config.trust_radius)
+        if stage == "coefficient":
+            coefficient = coefficient.to(storage).to(work)
+        xi = m_c * coefficient[:, None, None]
+        if stage == "retraction_bfloat16" and storage == torch.bfloat16:
+            eigenvalues, eigenvectors = torch.linalg.eigh(torch.eye(r, dtype=work, device=W.device) + xi.mT @ xi)
+            W_new = (W_c + xi) @ ((eigenvectors * eigenvalues.rsqrt().unsqueeze(-2)) @ eigenvectors.mT)
+        else:
+            W_new = F.polar_factor(torch.addcmul(W_c, m_c, coefficient[:, None, None]), config.trust_radius)
+        return W_new.reshape(W.shape).to(W.dtype), m_c.reshape(W.shape), v_c.reshape(W.shape[:-2])
+
+    return kernel
+
+
 REAL_KERNEL = "stiefel_adam"
 
 KERNEL_VARIANTS = {
@@ -271,6 +413,16 @@ KERNEL_VARIANTS = {
     "unscaled_square": _unscaled_square_kernel,
     "floor_on_v": _floor_on_v_kernel,
     "hidden_eps": _hidden_eps_kernel,
+    "first_correction_in_float32": _coefficient_kernel(_first_correction_in_float32),
+    "per_frame_counts_in_float32": _coefficient_kernel(_per_frame_counts_in_float32),
+    "clamped_denominator": _coefficient_kernel(_clamped_denominator),
+    "eps_in_float32": _coefficient_kernel(_eps_in_float32),
+    "projection_in_storage_dtype": _storage_rounding_kernel("projection"),
+    "square_in_storage_dtype": _storage_rounding_kernel("square"),
+    "second_moment_in_storage_dtype": _storage_rounding_kernel("second_moment"),
+    "coefficient_in_storage_dtype": _storage_rounding_kernel("coefficient"),
+    "flush_subnormal_v": _storage_rounding_kernel("subnormal_v"),
+    "drift_not_corrected_in_bfloat16": _storage_rounding_kernel("retraction_bfloat16"),
 }
 
 CONTROL_DESCRIPTIONS = {
@@ -283,4 +435,15 @@ CONTROL_DESCRIPTIONS = {
     "unscaled_square": "the torch kernel forming ||g||^2 at the gradient's scale before (1 - beta2) / (d r): it overflows before v",
     "floor_on_v": "the torch kernel flooring v at the compute dtype's smallest normal number, max(v, tiny)",
     "hidden_eps": "the torch kernel dividing by sqrt(v^) + eps + 1e-30, an eps that eps = 0 does not remove",
+    "first_correction_in_float32": "the torch kernel forming 1 - beta1^t alone in the compute dtype (float32), not float64",
+    "per_frame_counts_in_float32": "the torch kernel raising beta to the per-frame step counts in the compute dtype (float32), not float64",
+    "clamped_denominator": "the torch kernel clamping sqrt(v^) + eps at 1e-20, a guard against tiny v",
+    "eps_in_float32": "the torch kernel taking eps as a float32 tensor whatever the compute dtype",
+    "projection_in_storage_dtype": "the torch kernel projecting the first moment in the storage dtype (bfloat16 for bfloat16 frames)",
+    "square_in_storage_dtype": "the torch kernel forming v's increment (1 - beta2) ||g||^2 / (d r) from inputs rounded to the storage dtype",
+    "second_moment_in_storage_dtype": "the torch kernel keeping v alone in the storage dtype (bfloat16 for bfloat16 frames)",
+    "coefficient_in_storage_dtype": "the torch kernel rounding the step coefficient c of xi = c m to the storage dtype",
+    "flush_subnormal_v": "the torch kernel flushing a subnormal v to 0, as a flush-to-zero mode does",
+    "drift_not_corrected_in_bfloat16": ("the torch kernel retracting bfloat16 frames by (W + xi)(I + xi^T xi)^(-1/2), which never "
+                                        "corrects the stored frame's drift (the other dtypes as declared)"),
 }

@@ -2,14 +2,9 @@
 kernel that evaluates a stage more coarsely than declared, lets drift accumulate, or breaks P2 far
 from scale 1 fails the cross-check by at least DETECTION_FACTOR, at the check that names the stage.
 
-The broken kernels (tests/broken_kernels.py) are copies of torch_impl.functional's step with one
-mistake each, installed over the real functions; some are written differently from the
-cross-check's controls and some are of kinds its controls do not show."""
+The broken kernels are the cross-check's controls (propositions.kernel_variants), used from there."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,9 +15,6 @@ from propositions._common import DETECTION_FACTOR, Profile  # noqa: E402
 from propositions.kit import precision as precisions  # noqa: E402
 from propositions.kit import step_analysis  # noqa: E402
 from torch_impl import functional  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import broken_kernels  # noqa: E402
 
 # small enough for a test, large enough that every part runs: 4 frames per shape and configuration in
 # the declared-precision lock-step, 1000 steps of long run (a drift that is not corrected reaches 37
@@ -72,26 +64,27 @@ def test_the_real_kernel_passes_at_this_profile():
     assert result.verdict == "pass", result.failures()
 
 
-def _run_until(expected: str):
-    """The cross-check part by part, in the claim's order, until a part makes the check `expected`:
-    that part's result (with the setting part before it, as in the claim). Each part draws from its
-    own keys of the seed, so it computes what it computes in the whole claim; the controls are left
-    out, as the planted kernel is the one under test."""
-    import dataclasses
+@pytest.mark.parametrize("name", crosscheck.CLAIM.control_names)
+def test_each_broken_kernel_fails_the_check_that_names_its_stage(name):
+    """Every broken kernel (propositions.kernel_variants, the cross-check's controls) is caught by the
+    control run of crosscheck.CONTROL_RUNS, by at least DETECTION_FACTOR; a port's mistake in one stage
+    shows at a check of that stage's dtype or of the property it breaks."""
+    from propositions.kit.common import ControlResult
+    from propositions.kit.protocol import Context
 
-    setting, *rest = crosscheck.CLAIM.parts
-    for part in rest:
-        result = dataclasses.replace(crosscheck.CLAIM, parts=(setting, part), controls=()).run(seed=0, profile=PROFILE)
-        if any(check.name == expected for check in result.checks):
-            return result
-    raise AssertionError(f"no part of the cross-check makes the check {expected!r}")
+    control = {c.name: c for c in crosscheck.CLAIM.controls}[name]
+    ctx = Context(0, PROFILE, "stiefel_adam", {})
+    ctx = crosscheck._prepare(ctx) or ctx
+    evidence = control.run(ctx.with_optimizer(name))
+    result = ControlResult.from_checks(name, control.describe(), evidence.checks)
+    assert result.detected and result.margin >= DETECTION_FACTOR, (name, result.to_dict())
+    if name in crosscheck.DECLARED_CONTROL_DTYPES:
+        assert result.check.startswith(crosscheck.DECLARED_CONTROL_DTYPES[name] + "/"), result.check
 
 
-@pytest.mark.parametrize("bug", sorted(broken_kernels.BUGS))
-def test_a_planted_bug_fails_the_crosscheck_at_its_stage(bug, monkeypatch):
-    expected = broken_kernels.install(monkeypatch, bug)
-    result = _run_until(expected)
-    assert result.verdict == "fail"
-    checks = {c.name: c for c in result.checks}
-    assert not checks[expected].passed, (bug, result.failures())
-    assert checks[expected].max_ratio >= DETECTION_FACTOR, (bug, checks[expected].max_ratio)
+def test_every_broken_kernel_is_a_control_of_the_certificate():
+    """No broken kernel is kept outside the certificate: every variant but the real kernel is a control,
+    so the certificate fails when any of them escapes."""
+    from propositions.kernel_variants import KERNEL_VARIANTS, REAL_KERNEL
+
+    assert set(crosscheck.CLAIM.control_names) == set(KERNEL_VARIANTS) - {REAL_KERNEL}
