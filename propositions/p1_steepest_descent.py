@@ -51,13 +51,15 @@ from reference_impl.manifold import feasibility, polar_retract, project_tangent
 
 from ._common import LARGE_SHAPES, SMALL_SHAPES, NumericalCheck, Profile, SymbolicStep
 from ._common import batch_chunks, chunk_frames, chunk_sizes, rng_for, shape_plan, u, wide_scale_gradients
+from .kit import float32_step
 from .kit import precision as precisions
 from .kit import tightness
 from .kit.bounds import gamma, polar_error_bound, polar_perturbation_bound, projection_error_bound
 from .kit.figures import LineFigure, Series
 from .kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic, map_evidence
 from .kit.symbolic import is_zero, reduce_with
-from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_part
+from .kit.common import ControlResult
+from .kit.trajectories import TrajectoryPlan, TrajectorySetting, trajectory_evidence, trajectory_part
 
 CLAIM_ID = "P1"
 
@@ -788,6 +790,23 @@ def first_step_control(ctx: Context) -> Evidence:
     return Evidence(checks=evidence.checks)
 
 
+def float32_control(ctx: Context) -> Evidence | None:
+    """A float32 port's mistake (kit/float32_step.CONTROLS), run where the optimizer under test is held
+    to bounds at float32 (compute dtype float32): through the first-step check on the control plan,
+    then, where that does not detect it (a mistake that shows from the second step on), through the
+    trajectories against the model on P1's plan. Not run for a float64 optimizer, whose bounds the
+    float64 controls hold."""
+    under_test = precisions.of(get_variant(ctx.under_test)) if ctx.under_test is not None else precisions.FLOAT64
+    if under_test.compute != "float32":
+        return None
+    variant = float32_step.CONTROLS[ctx.optimizer]
+    found = first_step_check(ctx.seed, ctx.profile, variant, frames=ctx.profile.control_frames, large=CONTROL_LARGE_SHAPES)
+    if ControlResult.from_checks(variant.name, "", found.checks).detected:
+        return Evidence(checks=found.checks)
+    trajectories = trajectory_evidence(ctx.with_optimizer(variant), TRAJECTORIES)
+    return Evidence(checks=found.checks + trajectories.checks)
+
+
 CLAIM = Claim(
     id=CLAIM_ID,
     title="Steepest descent in the embedded metric",
@@ -805,6 +824,7 @@ CLAIM = Claim(
     controls=(
         Control("canonical_metric_gradient", first_step_control),
         Control("projection_without_sym", first_step_control),
+        *(Control(name, float32_control, variant.description) for name, variant in float32_step.CONTROLS.items()),
     ),
     notes=(
         f"The independent minimiser (null-space basis of T_W) runs on the small shapes with d r <= "

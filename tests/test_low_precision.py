@@ -5,17 +5,15 @@ passes, five broken ones fail with the check that names the broken stage."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from certify import claims
 from certify.outside import adapters
+from propositions.kit import float32_step
 from propositions.kit import precision as precisions
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # float32_step
-import float32_step  # noqa: E402
+FLOAT32_STEP = "numpy:propositions.kit.float32_step"
 
 
 def certify(claim_id: str, optimizer: str) -> dict:
@@ -53,7 +51,7 @@ def test_precision_of_an_adapted_implementation():
 
 def test_the_correct_float32_numpy_step_passes():
     for claim_id in claims.IMPLEMENTATION_CLAIMS:
-        sealed = certify(claim_id, "numpy:float32_step:step")
+        sealed = certify(claim_id, f"{FLOAT32_STEP}:step")
         assert sealed["verdict"] == "pass", (claim_id, sealed["failures"], sealed["inconclusive"])
         assert sealed["extra"]["precision"]["storage"] == "float32"
 
@@ -63,7 +61,7 @@ def test_float32_trajectories_are_compared_where_their_bound_is_informative_and_
     """P2 and P4 at float32: the running bound of a long trajectory reaches 2 sqrt(r) on some frames
     (it then certifies nothing); those frames are compared over their first steps, the certificate
     counts them and its notes say how far the shortest went, and the verdict is a pass, not inconclusive."""
-    sealed = certify(claim_id, "numpy:float32_step:step")
+    sealed = certify(claim_id, f"{FLOAT32_STEP}:step")
     assert sealed["verdict"] == "pass", sealed["failures"] + sealed["inconclusive"]
     certified = sealed["extra"][key]
     assert certified["replayed_at_high_precision"] == 0  # the replay runs the reference's mathematics only
@@ -81,8 +79,8 @@ def test_float32_trajectories_are_compared_where_their_bound_is_informative_and_
     ("step_count_not_advanced", "trajectory_model_W"),
 ])
 def test_a_broken_float32_numpy_step_fails_at_its_stage(name, first_failing):
-    assert name in float32_step.BROKEN
-    sealed = certify("P1", f"numpy:float32_step:{name}")
+    assert name in float32_step.CONTROL_DESCRIPTIONS
+    sealed = certify("P1", f"{FLOAT32_STEP}:{name}")
     assert sealed["verdict"] == "fail"
     assert sealed["failures"][0].startswith(f"check {first_failing}["), sealed["failures"]
 
@@ -128,7 +126,7 @@ def test_a_float32_stage_error_is_named_at_its_stage(name, stage):
     """The stage probes read a float32 step at float32's resolution (certify/ci/stages.ProbeScale):
     a stage error of order one is named at its stage, as its float64 twin is, not at the first probe
     that float32 rounding moves."""
-    located = _located_stage(adapters.resolve(f"numpy:float32_step:{name}"))
+    located = _located_stage(adapters.resolve(f"{FLOAT32_STEP}:{name}"))
     assert located["stage"] == stage, located["finding"]
 
 
@@ -136,5 +134,20 @@ def test_a_float32_retraction_that_its_rounding_hides_is_never_blamed_on_another
     """QR instead of polar differs from it at second order; at float32 the fit's tolerance can hide
     that on a short step, and then the full-step probes carry the retraction's slack: no other stage
     is named for it."""
-    located = _located_stage(adapters.resolve("numpy:float32_step:qr_retraction"))
+    located = _located_stage(adapters.resolve(f"{FLOAT32_STEP}:qr_retraction"))
     assert located["stage"] in (None, "retraction"), located["finding"]
+
+
+def test_a_float32_certificate_runs_the_float32_controls_and_a_float64_one_does_not():
+    """The float32 ports' mistakes are P1's controls wherever the implementation under test computes in
+    float32: each detected by at least DETECTION_FACTOR under the bounds at float32; a float64
+    certificate leaves them out (its own controls hold its bounds)."""
+    from propositions._common import DETECTION_FACTOR
+
+    sealed = certify("P1", f"{FLOAT32_STEP}:step")
+    found = {c["name"]: c for c in sealed["controls"]}
+    assert set(float32_step.CONTROLS) <= set(found)
+    for name in float32_step.CONTROLS:
+        assert found[name]["detected"] and found[name]["margin"] >= DETECTION_FACTOR, found[name]
+    plain = certify("P1", "stiefel_adam")
+    assert not set(float32_step.CONTROLS) & {c["name"] for c in plain["controls"]}

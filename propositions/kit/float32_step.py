@@ -1,12 +1,19 @@
 """A float32 NumPy StiefelAdam step (docs/algorithm.md, every stage in float32), and five broken
-variants of it, each a mistake of the kind a port to float32 makes. The certify adapter reads
-"numpy:float32_step:step" (the module must be importable: tests put this directory on sys.path)."""
+variants of it, each a mistake of the kind a port to float32 makes.
+
+The correct step is an implementation to certify like any other ("numpy:propositions.kit.float32_step:step"
+for certify's adapters). The broken ones are P1's precision controls (CONTROLS, AdaptedVariants
+stored in float32): a certificate of an implementation under test at float32 runs them, so that the
+bounds taken at float32's unit roundoff are shown to catch a port's mistakes, not only the float64
+ones (propositions/p1_steepest_descent.float32_control)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import reference_impl as ri
+
+from .observability import AdaptedVariant
 
 F = np.float32
 
@@ -80,3 +87,18 @@ first_moment_not_transported = BROKEN["first_moment_not_transported"]
 no_bias_correction_of_m = BROKEN["no_bias_correction_of_m"]
 qr_retraction = BROKEN["qr_retraction"]
 step_count_not_advanced = BROKEN["step_count_not_advanced"]
+
+
+def _control(name: str, description: str) -> AdaptedVariant:
+    return AdaptedVariant(f"float32_{name}", description, (), ri.init, BROKEN[name],
+                          spec=f"numpy:propositions.kit.float32_step:{name}", dtype="float32")
+
+
+CONTROL_DESCRIPTIONS = {
+    "mean_square_without_1_over_dr": "a float32 NumPy step whose second moment takes ||g||^2, not ||g||^2 / (d r)",
+    "first_moment_not_transported": "a float32 NumPy step that keeps m at the old frame instead of projecting it onto the new one",
+    "no_bias_correction_of_m": "a float32 NumPy step without m's bias correction 1 / (1 - beta1^t)",
+    "qr_retraction": "a float32 NumPy step retracting by the sign-fixed QR factor, not the polar factor",
+    "step_count_not_advanced": "a float32 NumPy step whose count t stays at 1, so the bias corrections never decay",
+}
+CONTROLS = {f"float32_{name}": _control(name, text) for name, text in CONTROL_DESCRIPTIONS.items()}

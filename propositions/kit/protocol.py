@@ -58,12 +58,18 @@ class Context:
     profile: Profile
     optimizer: Any = "stiefel_adam"
     options: dict = field(default_factory=dict)
+    under_test: Any = None  # in a control's run: the optimizer the claim certifies (the control is ctx.optimizer)
 
     def option(self, name: str, default=None):
         return self.options.get(name, default)
 
     def with_optimizer(self, optimizer) -> "Context":
         return replace(self, optimizer=optimizer)
+
+    def for_control(self, name: str) -> "Context":
+        """The context of the control `name`: it is the optimizer, and under_test keeps the one the
+        claim certifies (a control that applies only at some precision reads it there)."""
+        return replace(self, optimizer=name, under_test=self.optimizer)
 
 
 class Counts(dict):
@@ -341,7 +347,7 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
 
     controls, control_evidence = [], []
     for control in claim.controls:
-        found = _timed(timings, "controls", control.run, ctx.with_optimizer(control.name))
+        found = _timed(timings, "controls", control.run, ctx.for_control(control.name))
         if found is None:
             continue
         controls.append(ControlResult.from_checks(control.name, control.describe(), found.checks))
