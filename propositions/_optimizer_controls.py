@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from propositions.kit.source_edits import edited
+
 
 def broken_classes() -> dict:
     """name -> StiefelAdam subclass (propositions.optimizer_class.CONTROLS describes each)."""
@@ -277,7 +279,28 @@ def broken_classes() -> dict:
         "later_groups_unchecked": LaterGroupsUnchecked,
         "euclidean_groups_unchecked": EuclideanGroupsUnchecked,
         "ordinary_count_advances_on_skip": OrdinaryCountAdvancesOnSkip,
+        **{name: edited("torch_impl.optimizer", before, after, "StiefelAdam") for name, (before, after) in SOURCE_EDITS.items()},
     }
+
+
+# Bugs inside a method or a module-level helper of torch_impl/optimizer.py, which no subclass can
+# plant: name -> (the text of the source, the text written in its place) (kit/source_edits.py)
+SOURCE_EDITS = {
+    # the older format's int count loaded as it is, where a float64 tensor per frame is expected
+    "old_count_loaded_as_is": (
+        "                    count = value if torch.is_tensor(value) else torch.tensor(float(value))\n"
+        "                    state[key] = count.to(device=p.device, dtype=torch.float64, copy=True).expand(p.shape[:-2]).clone()\n",
+        "                    state[key] = value if not torch.is_tensor(value) else value.to(device=p.device, dtype=torch.float64, copy=True)\n"),
+    # `break` for `continue`: a tensor without a gradient ends its euclidean group's loop
+    "euclidean_group_stops_at_no_grad": (
+        "            if p.grad is None:\n                continue\n            if p.grad.is_sparse:\n",
+        "            if p.grad is None:\n                break\n            if p.grad.is_sparse:\n"),
+    # the no-copy join of states in one buffer without its offset test: a parameter without a
+    # gradient between two that have one gives them the wrong slices
+    "joined_view_ignores_gap": (
+        "                or x.storage_offset() != offset + total):",
+        "                ):"),
+}
 
 
 def broken_functions() -> dict:

@@ -1559,6 +1559,12 @@ CONTROLS = {
                                     "checkpoint) with a finite gradient writes a NaN frame", part="public"),
     "init_ignores_generator": ControlSpec("stiefel_init_ draws from torch's global generator, not the one it is given", part="public"),
     "project_by_qr": ControlSpec("stiefel_project_ takes the sign-fixed QR factor: a frame, not the nearest one"),
+    "old_count_loaded_as_is": ControlSpec("load_state_dict keeps an older checkpoint's int step count as it is, where the class "
+                                          "keeps a float64 count per frame", feature="checkpoint_old_format"),
+    "euclidean_group_stops_at_no_grad": ControlSpec("an ordinary tensor without a gradient ends its group's step: the tensors after "
+                                                    "it are not stepped", feature="no_grad_euclidean_not_last"),
+    "joined_view_ignores_gap": ControlSpec("the states of one call are joined without copying even when a parameter without a "
+                                           "gradient lies between two in their buffer", feature="no_grad_between_joined_parameters"),
 }
 CONTROL_NAMES = tuple(CONTROLS)
 
