@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import itertools
 import math
 import time
 import warnings
@@ -1169,6 +1170,44 @@ def dtype_part(dtype_name: str, ctx: Context) -> Evidence:
     return evidence
 
 
+# The factors of the pairwise coverage: a feature of the grammar's operations and events, the storage
+# dtype, the retraction route of a frame group, and each layout value. Every pair of values of two
+# factors is one pair to reach; a scenario reaches the pairs of everything it exercises together.
+ROUTE_VALUES = ("eigh_route", "newton_schulz_route")
+PAIR_FACTORS = {
+    "feature": grammar.OPERATION_FEATURES + grammar.EVENT_FEATURES,
+    "dtype": DTYPE_NAMES,
+    "route": ROUTE_VALUES,
+    "layout": tuple(f for f in grammar.LAYOUT_FEATURES if f not in ROUTE_VALUES),
+}
+
+
+def pairwise_coverage(seed: int, profile) -> dict:
+    """Which pairs of factor values (PAIR_FACTORS) the drawn plans of every dtype exercise together in
+    one run: per pair of factors the pairs reached, of how many, and those missed (read from the
+    plans, which every run carries out unless a check fails, and then the claim fails anyway)."""
+    settings = grammar.plan_settings(profile)
+    exercised = [(dtype, _features(scenario) | {dtype}) for dtype in DTYPE_NAMES for scenario in _plan(seed, dtype, settings)[0]]
+    table = {}
+    for (a_name, a_values), (b_name, b_values) in itertools.combinations(PAIR_FACTORS.items(), 2):
+        reached = {(a, b) for _, found in exercised for a in a_values if a in found for b in b_values if b in found}
+        wanted = [(a, b) for a in a_values for b in b_values]
+        table[f"{a_name} x {b_name}"] = {"reached": len(reached), "of": len(wanted),
+                                         "missed": [f"{a} / {b}" for a, b in wanted if (a, b) not in reached]}
+    return {"factors": {name: len(values) for name, values in PAIR_FACTORS.items()}, "runs": len(exercised),
+            "reached": sum(t["reached"] for t in table.values()), "of": sum(t["of"] for t in table.values()), "pairs": table}
+
+
+def pairwise_part(ctx: Context) -> Evidence:
+    """The pairwise coverage of the drawn plans (pairwise_coverage), recorded and stated in a note."""
+    found = pairwise_coverage(ctx.seed, ctx.profile)
+    worst = min(found["pairs"].items(), key=lambda item: item[1]["reached"] / item[1]["of"])
+    return Evidence(extra={"pairwise_coverage": found},
+                    notes=[f"pairwise coverage: {found['reached']} of {found['of']} pairs of feature, dtype, route and layout values "
+                           f"({found['reached'] / found['of']:.1%}) are exercised together in one of {found['runs']} runs; the least "
+                           f"covered factors are {worst[0]}, {worst[1]['reached']} of {worst[1]['of']}"])
+
+
 def _unit_roundoffs(dtype_name: str) -> dict:
     compute = step_analysis.COMPUTE_DTYPES[dtype_name]
     units = step_analysis.UNIT_ROUNDOFFS
@@ -1609,7 +1648,7 @@ CLAIM = Claim(
     ),
     symbolic=Symbolic("not applicable: bookkeeping of an implementation"),
     parts=tuple(_part(name) for name in DTYPE_NAMES) + (Part("refusals", refusal_part), Part("public_functions", public_functions_part),
-                                                         Part("promises", promises_part)),
+                                                         Part("promises", promises_part), Part("pairwise", pairwise_part)),
     controls=tuple(Control(name, control_part, spec.description) for name, spec in CONTROLS.items()),
     requires=("torch",),
     default_options=DEFAULT_OPTIONS,

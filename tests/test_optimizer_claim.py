@@ -239,3 +239,16 @@ def test_pending_bounds_are_the_bounds_of_each_step():
         not_posed += [int(k) for k in np.asarray(chosen)[~posed]]
     assert all(not rest for rest in entries.values())
     assert [u["frame"] for u in undefined] == not_posed
+
+
+def test_the_pairwise_coverage_counts_the_pairs_the_plans_exercise_together():
+    """Every feature is drawn in every dtype (the claim requires it), so feature x dtype is complete;
+    the counts add up, and a missed pair is named."""
+    from propositions.optimizer_class import PAIR_FACTORS, pairwise_coverage
+
+    found = pairwise_coverage(0, get_profile("quick"))
+    assert found["pairs"]["feature x dtype"]["reached"] == found["pairs"]["feature x dtype"]["of"] == \
+        len(PAIR_FACTORS["feature"]) * len(PAIR_FACTORS["dtype"])
+    assert found["reached"] == sum(t["reached"] for t in found["pairs"].values()) <= found["of"]
+    for table in found["pairs"].values():
+        assert table["reached"] + len(table["missed"]) == table["of"]
