@@ -447,3 +447,8 @@ CONTROL_DESCRIPTIONS = {
     "drift_not_corrected_in_bfloat16": ("the torch kernel retracting bfloat16 frames by (W + xi)(I + xi^T xi)^(-1/2), which never "
                                         "corrects the stored frame's drift (the other dtypes as declared)"),
 }
+
+# A broken kernel is a control by being written: one left out of CONTROL_DESCRIPTIONS would never run.
+if set(KERNEL_VARIANTS) - {REAL_KERNEL} != set(CONTROL_DESCRIPTIONS):
+    raise RuntimeError("kernel_variants: every broken kernel needs a description (and so a control of the cross-check): "
+                       f"{sorted(set(KERNEL_VARIANTS) ^ (set(CONTROL_DESCRIPTIONS) | {REAL_KERNEL}))}")

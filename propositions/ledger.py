@@ -170,6 +170,12 @@ PROMISES = (
        "Haar-random frames, shape batch + (d, r), float64.", "bound",
        "samplers:corner_sign_product samplers:det_sign samplers:first_entry_* samplers:last_entry_beta samplers:orthonormality "
        "samplers:so3_rotation_angle"),
+    _p("polar-retract-nonfinite", "torch_impl.polar_retract.xi", FUNC, "frame whose Gram matrix is not finite comes back NaN in every entry",
+       "bit for bit", "projection:polar_retract_nonfinite_isolated"),
+    _p("feasibility-frobenius", "reference_impl.feasibility.W", MAN, "||W^T W - I_r||_F for each frame", "bound",
+       "projection:feasibility_is_frobenius"),
+    _p("manifold-check-tolerance", "reference_impl.manifold_tolerance.d reference_impl.manifold_tolerance.r", "reference_impl/_validation.py",
+       "Largest accepted ||W^T W - I_r||_F for a float64 frame of shape (d, r)", "refused", "projection:manifold_check_at_tolerance"),
     _p("variants-are-controls", "reference_impl.Variant.name reference_impl.Variant.description reference_impl.Variant.breaks "
        "reference_impl.Variant.init reference_impl.Variant.step reference_impl.Variant.step_with_direction reference_impl.get_variant.name",
        "reference_impl/controls.py", "An optimizer behind the interface of `reference_impl.step`.", "bound", "P1:trajectory_model_W*"),

@@ -1549,6 +1549,11 @@ def broken_subjects() -> dict:
     subjects = {name: replace(real, optimizer_class=cls, name=name) for name, cls in broken_classes().items()}
     for name, (field_name, function) in broken_functions().items():
         subjects[name] = replace(real, name=name, **{field_name: function})
+    # a broken subject is a control by being written: one left out of CONTROLS would never run, and
+    # the certificate would pass without it (every control run raises instead)
+    orphans = sorted(set(subjects) - set(CONTROLS))
+    if orphans:
+        raise RuntimeError(f"broken subjects without a ControlSpec in optimizer_class.CONTROLS (so never run): {', '.join(orphans)}")
     return subjects
 
 

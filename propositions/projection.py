@@ -381,7 +381,12 @@ def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape
                                         _text(retract_bound)),
               "refused": NumericalCheck(f"{prefix}polar_retract_refuses", "a step longer than the trust radius on the Newton-Schulz route: "
                                         "ValueError naming trust_radius (0; inf if returned)", "exact: the documented refusal",
-                                        tightness_note="an exact equality: 0 by design")}
+                                        tightness_note="an exact equality: 0 by design"),
+              "isolated": NumericalCheck(f"{prefix}polar_retract_nonfinite_isolated",
+                                         "eigh route (trust_radius 2): a frame whose Gram matrix is not finite (a step that overflows "
+                                         "it, or a NaN) comes back NaN in every entry, and every other frame of the batch bit-identical "
+                                         "to the same call with that frame's step replaced by a finite one (0; inf otherwise)",
+                                         "exact: the documented isolation of a non-finite frame", tightness_note="an exact equality: 0 by design")}
     count = per_shape or max(8, profile.frames // 500)
     for dtype_name in RETRACT_DTYPES:
         for radius in RETRACT_TRUST_RADII:
@@ -408,7 +413,86 @@ def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape
                 except ValueError as error:
                     refused = "trust_radius" in str(error)
                 checks["refused"].add([0.0 if refused else math.inf], 0.5, key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius})
+                if radius == RETRACT_TRUST_RADII[-1]:  # once per dtype and shape (the check's own radius is EIGH_RADIUS)
+                    checks["isolated"].add([_nonfinite_isolated(retract, W, xi, torch.finfo(dtype).max)], 0.5, shape=(d, r), key=key,
+                                           seed=seed, extra={"dtype": dtype_name, "trust_radius": EIGH_RADIUS})
     return Evidence(checks=list(checks.values()))
+
+
+EIGH_RADIUS = 2.0  # a trust radius above 0.75: the kernel's eigh route, which takes steps of any length
+
+
+def _nonfinite_isolated(retract, W, xi, largest: float) -> float:
+    """0 if retract(W, xi, EIGH_RADIUS) returns frame 0 (its step overflowing the Gram matrix: an entry
+    of largest^(3/4), whose square is inf while W + xi stays finite) and frame 1 (a NaN in its step)
+    NaN in every entry, and the other frames bit-identical to the call whose steps 0 and 1 are finite;
+    inf otherwise (also where the call raises)."""
+    import torch
+
+    if W.shape[0] < 3:
+        return 0.0
+    broken = xi.clone()
+    broken[0, 0, 0] = largest ** 0.75
+    broken[1, -1, -1] = math.nan
+    try:
+        out, clean = retract(W, broken, EIGH_RADIUS), retract(W, xi, EIGH_RADIUS)
+    except Exception:
+        return math.inf
+    isolated = bool(torch.isnan(out[:2]).all()) and torch.equal(out[2:], clean[2:])
+    return 0.0 if isolated else math.inf
+
+
+# Frames s Q (Q a Haar frame, every singular value s) put ||W^T W - I||_F = |s^2 - 1| sqrt(r) where
+# wanted; at r = 9 a Frobenius defect of 1.5 tol is a spectral defect of 0.5 tol, so a check that
+# measures the wrong norm accepts it. BOUNDARY_FACTORS: defect / tolerance, and whether it is accepted.
+BOUNDARY_FACTORS = ((0.5, True), (1.5, False), (2.0, False))
+BOUNDARY_SHAPES = ((12, 9), (9, 9), (16, 4), (5, 1))
+
+
+def feasibility_rounding(d: int, r: int, s: float, defect: float) -> float:
+    """|fl(||W^T W - I||_F) - ||W^T W - I||_F| for W = s Q, Q a float64 frame within phi of St: each of
+    the r^2 entries of W^T W is a length-d dot product of entries of size <= s, within gamma_d s^2 of
+    its exact value, so the matrix within gamma_d s^2 r in the Frobenius norm; the subtraction of I, the
+    squares, the sum of r^2 terms and the square root add (gamma_{r^2} + 2u) defect; and Q's own
+    distance from St, at most phi = manifold_tolerance(d, r) (a Haar frame of the reference), s^2 phi."""
+    return gamma(d) * s * s * r + (gamma(r * r) + 2 * UNIT_ROUNDOFF) * defect + s * s * ref.manifold_tolerance(d, r)
+
+
+def boundary_checks(seed: int, feasibility=None, check_frame=None, prefix: str = "") -> Evidence:
+    """reference_impl.feasibility (||W^T W - I_r||_F, the Frobenius norm) against |s^2 - 1| sqrt(r) for
+    frames s Q, and the reference's manifold check (reference_impl.step refuses a W off St) at its
+    tolerance: accepted at half of manifold_tolerance(d, r), refused at 1.5 and 2 times it."""
+    from reference_impl._validation import check_on_manifold
+
+    feasibility = ref.feasibility if feasibility is None else feasibility
+    check_frame = check_on_manifold if check_frame is None else check_frame
+    value = NumericalCheck(f"{prefix}feasibility_is_frobenius", "|reference_impl.feasibility(s Q) - |s^2 - 1| sqrt(r)|, the defect "
+                           "set to 0.5, 1.5 and 2 times manifold_tolerance(d, r) with every singular value equal",
+                           _text(feasibility_rounding))
+    verdict = NumericalCheck(f"{prefix}manifold_check_at_tolerance", "the reference's manifold check on s Q: accepted at 0.5 "
+                             "manifold_tolerance(d, r), a ValueError naming W^T W at 1.5 and 2 times it (0; inf otherwise)",
+                             "exact: the documented tolerance", tightness_note="an exact equality: 0 by design")
+    for d, r in BOUNDARY_SHAPES:
+        key = (CLAIM_ID, "manifold_boundary", d, r)
+        Q = ref.random_point(d, r, rng_for(seed, *key), (len(BOUNDARY_FACTORS),))
+        tol = ref.manifold_tolerance(d, r)
+        for index, (factor, accepted) in enumerate(BOUNDARY_FACTORS):
+            defect = factor * tol
+            s = math.sqrt(1.0 + defect / math.sqrt(r))
+            W = s * Q[index]
+            value.add([abs(float(feasibility(W)) - defect)], feasibility_rounding(d, r, s, defect), shape=(d, r), key=key, seed=seed,
+                      extra={"defect_over_tolerance": factor})
+            try:
+                check_frame("W", W)
+                right = accepted
+            except ValueError as error:
+                right = not accepted and "W^T W" in str(error)
+            verdict.add([0.0 if right else math.inf], 0.5, shape=(d, r), key=key, seed=seed, extra={"defect_over_tolerance": factor})
+    return Evidence(checks=[value, verdict])
+
+
+def boundary_part(ctx: Context) -> Evidence:
+    return boundary_checks(ctx.seed)
 
 
 def retract_part(ctx: Context) -> Evidence:
@@ -426,19 +510,43 @@ def projection_part(ctx: Context) -> Evidence:
     return evidence
 
 
+# Bugs written into a copy of a module's source (kit/source_edits): name -> (module, the text, the text
+# written in its place, what the control replaces, description).
+EDITED_CONTROLS = {
+    "nonfinite_frame_zeroed": ("torch_impl.functional", "    return torch.where(finite, inverse_sqrt, math.nan)\n",
+                               "    return torch.where(finite, inverse_sqrt, 0.0)\n", "polar_retract",
+                               "a polar_retract whose eigh route returns S^(-1/2) = 0 for a frame with a non-finite Gram matrix: its "
+                               "result is the zero matrix, which looks finite"),
+    "spectral_feasibility": ("reference_impl._validation", "    return np.linalg.norm(gram - np.eye(r), axis=(-2, -1))\n",
+                             "    return np.linalg.norm(gram - np.eye(r), ord=2, axis=(-2, -1))\n", "stiefel_residual",
+                             "the reference measuring ||W^T W - I|| in the spectral norm (feasibility and the manifold check), "
+                             "where the Frobenius norm is documented"),
+}
+
+
+def _edited(name: str, attribute: str | None = None):
+    from .kit.source_edits import edited
+
+    module, before, after, replaced, _ = EDITED_CONTROLS[name]
+    return edited(module, before, after, attribute or replaced)
+
+
 def control_part(ctx: Context) -> Evidence | None:
     name = ctx.optimizer
-    if name == "shortcut_retract":
+    if name in ("shortcut_retract", "nonfinite_frame_zeroed"):
         try:
             import torch_impl  # noqa: F401
         except ImportError:
             return None
-        return Evidence(checks=retract_checks(ctx.seed, ctx.profile, _shortcut_retract, f"{name}:", per_shape=4).checks)
+        retract = _shortcut_retract if name == "shortcut_retract" else _edited(name)
+        return Evidence(checks=retract_checks(ctx.seed, ctx.profile, retract, f"{name}:", per_shape=4).checks)
+    if name == "spectral_feasibility":
+        return boundary_checks(ctx.seed, _edited(name), _edited(name, "check_on_manifold"), f"{name}:")
     return Evidence(checks=projection_checks(ctx.seed, ctx.profile, name, f"{name}:", ctx.profile.control_frames).checks)
 
 
 def _prepare(ctx: Context) -> None:
-    if ctx.optimizer not in CONTROLS and ctx.optimizer != "shortcut_retract":
+    if ctx.optimizer not in CONTROLS and ctx.optimizer not in EDITED_CONTROLS and ctx.optimizer != "shortcut_retract":
         ref.get_variant(ctx.optimizer)  # an unknown name is refused; any optimizer leaves project_to_manifold as it is
 
 
@@ -457,10 +565,10 @@ CLAIM = Claim(
         r"X^\top A = (A^\top A)^{1/2} \succ 0;\quad X(QAR) = Q\,X(A)\,R,\ X(cA) = X(A),\ X(X) = X"
     ),
     symbolic=Symbolic("sympy: the distance expansion at an orthonormal frame (explicit entries) and the nearest unit vector", symbolic_derivation),
-    parts=(Part("projection", projection_part), Part("polar_retract", retract_part)),
+    parts=(Part("projection", projection_part), Part("polar_retract", retract_part), Part("manifold_boundary", boundary_part)),
     controls=tuple(Control(name, control_part, description) for name, (description, _) in CONTROLS.items()) + (
         Control("shortcut_retract", control_part, "a polar_retract by (W + xi)(I + xi^T xi)^(-1/2): the polar factor only for tangent "
-                "xi at an exact frame"),),
+                "xi at an exact frame"),) + tuple(Control(name, control_part, spec[4]) for name, spec in EDITED_CONTROLS.items()),
     prepare=_prepare,
     precisions=(("under test", "reference_impl.project_to_manifold", ("float64",)), ("under test", "torch_impl.polar_retract", RETRACT_DTYPES, "torch"), ("reference", "the nearest frame in mpmath and the bounds", ("float64",))),
 )

@@ -268,7 +268,8 @@ def polar_retract(W: torch.Tensor, xi: torch.Tensor, trust_radius: float = 0.5, 
     """polar(W + xi) from the actual Gram matrix, shape (..., d, r), dtype of W (float32/float64).
 
     method "auto" picks Newton-Schulz when trust_radius <= 0.75 (the step must then satisfy
-    ||xi||_F <= trust_radius, as the optimizer guarantees) and eigh otherwise.
+    ||xi||_F <= trust_radius, as the optimizer guarantees) and eigh otherwise. On the eigh route a
+    frame whose Gram matrix is not finite comes back NaN in every entry, and only that frame.
     """
     if resolve_retraction(method, trust_radius) == "newton_schulz":
         # outside the trust region the spectrum of the Gram matrix leaves the iteration's basin
