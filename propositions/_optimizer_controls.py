@@ -297,6 +297,11 @@ SOURCE_EDITS = {
         "            if p.grad is None:\n                break\n            if p.grad.is_sparse:\n"),
     # the no-copy join of states in one buffer without its offset test: a parameter without a
     # gradient between two that have one gives them the wrong slices
+    # the cached bucket plan keyed by the number of groups, not by which groups have equal settings: a
+    # per-group scheduler that splits two joined groups leaves them stepped with one group's settings
+    "bucket_plan_ignores_settings_classes": (
+        "        signature = (tuple(classes), tuple(_parameters_signature(group[\"params\"]) for group in groups))\n",
+        "        signature = (len(groups), tuple(_parameters_signature(group[\"params\"]) for group in groups))\n"),
     "joined_view_ignores_gap": (
         "                or x.storage_offset() != offset + total):",
         "                ):"),

@@ -495,6 +495,8 @@ class ScenarioRun:
                 self._add_group(op.option)
             elif op.kind == "schedule":
                 self._schedule(op.option)
+            elif op.kind == "schedule_groups":
+                self._schedule(dict(op.option))
             elif op.kind == "checkpoint":
                 self._checkpoint(op, plan, checks)
             elif op.kind == "project":
@@ -515,21 +517,26 @@ class ScenarioRun:
             else:
                 self.twin.add_param_group(group)
 
-    def _schedule(self, factor: float) -> None:
+    def _schedule(self, factor) -> None:
+        """A MultiplicativeLR step: every lr times `factor`, or (a dict) each named group's times its
+        own factor and the others' times 1 (one lr_lambda per param group, in the groups' order)."""
         import torch
 
+        factors = {name: (factor.get(name, 1.0) if isinstance(factor, dict) else factor) for name in self.active}
+        lambdas = [lambda _, f=factors[name]: f for name in self.active]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": intended here
-            scheduler = torch.optim.lr_scheduler.MultiplicativeLR(self.optimizer, lr_lambda=lambda _: factor)
+            scheduler = torch.optim.lr_scheduler.MultiplicativeLR(self.optimizer, lr_lambda=lambdas)
             scheduler.step()
         for name in self.active:
-            self.lr[name] = self.lr[name] * factor
+            self.lr[name] = self.lr[name] * factors[name]
         if self.twin is not None:
-            for group in self.twin.param_groups:
+            ordinary = [name for name in self.active if not self.scenario.group(name).frames]
+            for name, group in zip(ordinary, self.twin.param_groups):
                 if torch.is_tensor(group["lr"]):
-                    group["lr"].mul_(factor)  # as the scheduler updates a tensor lr: in place, in float64
+                    group["lr"].mul_(factors[name])  # as the scheduler updates a tensor lr: in place, in float64
                 else:
-                    group["lr"] = group["lr"] * factor
+                    group["lr"] = group["lr"] * factors[name]
 
     def _checkpoint(self, op, plan, checks) -> None:
         """Save and load (op.option: fresh, same, old_format); the loaded state must equal the saved.
@@ -1607,6 +1614,9 @@ CONTROLS = {
                                           "keeps a float64 count per frame", feature="checkpoint_old_format"),
     "euclidean_group_stops_at_no_grad": ControlSpec("an ordinary tensor without a gradient ends its group's step: the tensors after "
                                                     "it are not stepped", feature="no_grad_euclidean_not_last"),
+    "bucket_plan_ignores_settings_classes": ControlSpec("the class keeps its grouping of frames into calls while the number of "
+                                                        "groups is unchanged: groups a per-group scheduler splits stay in one call",
+                                                        feature="schedule_splits_joined_groups"),
     "joined_view_ignores_gap": ControlSpec("the states of one call are joined without copying even when a parameter without a "
                                            "gradient lies between two in their buffer", feature="no_grad_between_joined_parameters"),
 }

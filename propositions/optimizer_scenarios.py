@@ -26,6 +26,10 @@ An *operation* (`Op`) is one of OP_KINDS:
   zero_grad     zero_grad(set_to_none=option), then step() on what is left (nothing, or zeros)
   add_group     add_param_group(the late group named by option)
   schedule      a torch.optim.lr_scheduler.MultiplicativeLR step multiplying every lr by option
+  schedule_groups  the same scheduler with one factor per group (option: (group, factor) pairs, 1 for
+                the others): before the first step it makes two frame groups that differed in lr
+                only equal bit for bit (lr_joining_factors), and two steps later splits them again,
+                between two plain steps
   checkpoint    state_dict saved and loaded: option "fresh" into a new instance over new parameter
                 objects, "same" into the same instance, "old_format" into a new instance in the
                 older format the class loads (frame groups without "manifold", one int step count
@@ -51,6 +55,7 @@ so every feature of FEATURES is exercised at every profile, in every dtype, by c
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field, replace
 
@@ -81,7 +86,7 @@ EUCLIDEAN_EPS = (1e-8, 1e-6)  # AdamW divides by sqrt(v^) + eps: eps = 0 at a ze
 SCHEDULE_FACTORS = (0.5, 0.8, 1.25)
 CLIP_NORMS = (0.5, 2.0, 1e6)  # max_norm of a clip_step: mostly clipping, sometimes not
 CHECKPOINT_KINDS = ("fresh", "same", "old_format")
-OP_KINDS = ("step", "closure_step", "clip_step", "zero_grad", "add_group", "schedule", "checkpoint", "project")
+OP_KINDS = ("step", "closure_step", "clip_step", "zero_grad", "add_group", "schedule", "schedule_groups", "checkpoint", "project")
 STEP_KINDS = ("step", "closure_step", "clip_step", "zero_grad")
 EVENT_KINDS = ("no_grad", "nan", "inf", "overflow", "zero", "off_manifold")
 NONFINITE = ("nan", "inf", "overflow")
@@ -102,7 +107,7 @@ OPERATION_FEATURES = tuple(f"siblings_differ_in_{name}" for name in SETTING_NAME
     "weight_decay_frames", "euclidean_weight_decay", "tensor_lr", "late_group_stepped", "clip_step", "clip_with_nonfinite_unit", "project",
     "step", "closure_step", "zero_grad_set_to_none", "zero_grad_zeros", "add_group", "schedule",
     "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format", "refused_step", "refused_step_not_first_parameter",
-    "count_past_256",
+    "count_past_256", "schedule_joins_groups", "schedule_splits_joined_groups",
 )
 EVENT_FEATURES = (
     "no_grad_frames", "no_grad_euclidean", "nan_frame", "inf_frame", "overflow_frame",
@@ -231,6 +236,8 @@ def scenario_from_dict(data: dict) -> Scenario:
 def _option(kind: str, option):
     if kind in ("schedule", "clip_step"):
         return float(option)
+    if kind == "schedule_groups":
+        return tuple((str(name), float(factor)) for name, factor in option)
     if kind == "zero_grad":
         return bool(option)
     if kind == "project":
@@ -306,8 +313,10 @@ def walk(scenario: Scenario):
             if op.option not in active:
                 active.append(op.option)
             plan.features.append("add_group")
-        elif op.kind == "schedule":
+        elif op.kind in ("schedule", "schedule_groups"):
             plan.features.append("schedule")
+            scenario, changed = _scheduled(scenario, op, active)
+            plan.features += changed
         elif op.kind == "checkpoint":
             plan.refused = any(book.drifted for key, book in books.items() if key[0] in active)
             if plan.refused:
@@ -320,6 +329,40 @@ def walk(scenario: Scenario):
                     book.drifted = False
             plan.features.append("project")
         yield op, plan
+
+
+def _scheduled(scenario: Scenario, op: Op, active: list) -> tuple[Scenario, list]:
+    """The scenario with its groups' lr as the schedule op leaves them (every lr times op.option, or
+    each named group's times its factor: a per-group scheduler; only the groups the optimizer has),
+    and the features of what changed:
+    two active frame groups whose settings were equal and now differ (they were stepped in one call
+    and must now be stepped apart), or differed and are now equal. The later plans read the settings
+    from the scenario returned, as the class reads them from its groups."""
+    # a scheduler scales the groups the optimizer has: a late group added afterwards keeps its own lr
+    factors = dict(op.option) if op.kind == "schedule_groups" else {name: op.option for name in active}
+    groups = tuple(replace(g, settings=g.settings.replaced("lr", g.settings.lr * factors[g.name]))
+                   if g.name in factors and g.name in active else g for g in scenario.groups)
+    after = replace(scenario, groups=groups)
+    frames = [name for name in active if scenario.group(name).frames]
+    changed = []
+    for a, b in itertools.combinations(frames, 2):
+        before_equal = scenario.group(a).settings == scenario.group(b).settings
+        after_equal = after.group(a).settings == after.group(b).settings
+        if before_equal and not after_equal:
+            changed.append("schedule_splits_joined_groups")
+        elif after_equal and not before_equal:
+            changed.append("schedule_joins_groups")
+    return after, sorted(set(changed))
+
+
+def lr_joining_factors(a: Group, b: Group) -> tuple[tuple[str, float], ...] | None:
+    """Per-group factors that make the lrs of frame groups a and b (which differ in lr only) equal bit
+    for bit: a's lr times 2^k lr_b and b's times 2^k lr_a are the same product lr_a lr_b 2^k, rounded
+    once either way (2^k exact; k brings the product back near lr_a). None when their other settings differ."""
+    if a.settings.replaced("lr", b.settings.lr) != b.settings or a.settings.lr == b.settings.lr:
+        return None
+    k = -round(math.log2(b.settings.lr))
+    return ((a.name, math.ldexp(b.settings.lr, k)), (b.name, math.ldexp(a.settings.lr, k)))
 
 
 def _older_counts(scenario: Scenario, books: dict, active: list) -> bool:
@@ -582,6 +625,9 @@ def draw_layout(rng: np.random.Generator, missing: set, long: bool) -> tuple[Gro
         if sibling_kinds and count < 2:
             count = int(rng.integers(2, 5))
     sibling_kinds = [n for n in SETTING_NAMES if f"siblings_differ_in_{n}" in missing]
+    if not long and {"schedule_joins_groups", "schedule_splits_joined_groups"} & missing:
+        sibling_kinds.insert(0, "lr")  # a pair that differs in lr only, for a per-group scheduler to join and split
+        count = max(count, 2)
     groups: list[Group] = []
     leads = [tuple(lead) for lead in LEADING]
     for index in range(count):
@@ -758,6 +804,17 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
     missing = set(missing)  # this run's copy: _events takes out what it has drawn for
     wanted_kinds = [k for k in ("closure_step", "clip_step", "zero_grad_set_to_none", "zero_grad_zeros", "schedule",
                                 "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format") if k in missing]
+    splits: dict = {}  # step index -> the per-group schedule that splits the groups an earlier one joined
+    if {"schedule_joins_groups", "schedule_splits_joined_groups"} & missing:
+        # two frame groups that differ in lr only are made equal before the first step (so that the
+        # class's first grouping puts them in one call), and split two steps later (one lr halved):
+        # a class that keeps its grouping from before a schedule steps them with each other's settings
+        pairs = [(a, b) for a, b in itertools.combinations([g for g in groups if g.frames and not g.late], 2)
+                 if lr_joining_factors(a, b) is not None]
+        if pairs:
+            a, b = pairs[int(rng.integers(len(pairs)))]
+            ops.append(Op(len(ops), "schedule_groups", option=lr_joining_factors(a, b)))
+            splits.setdefault(2, []).append(((a.name, 0.5),))
     late = [g.name for g in groups if g.late]
     additions: dict = {}  # step index -> late groups added before that step
     for name in late:
@@ -769,6 +826,10 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
             ops.append(Op(len(ops), "add_group", option=name))
         for target in projections.pop(step_index, []):
             ops.append(Op(len(ops), "project", option=target))
+        for option in splits.pop(step_index, []):
+            # between two plain steps: the same parameters have gradients before and after, so that
+            # nothing but the settings can make the class group its frames anew
+            ops += [Op(len(ops), "step"), Op(len(ops) + 1, "schedule_groups", option=option), Op(len(ops) + 2, "step")]
         roll = rng.random()
         if step_index >= 8 and roll < 0.9:  # past the first steps, plain steps (a long run's bulk)
             ops.append(Op(len(ops), "step"))
