@@ -401,12 +401,16 @@ def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape
                 direction = np.where(tangent, ref.project_tangent(W64, direction, validate=False), direction)
                 length = radius * rng.uniform(0.0, 1.0, (count, 1, 1))
                 xi = torch.tensor(direction * length / np.linalg.norm(direction, axis=(-2, -1), keepdims=True)).to(dtype)
-                A = W64 + xi.to(torch.float64).numpy()
-                singular = np.linalg.svd(A, compute_uv=False)
-                computed = retract(W, xi, radius).to(torch.float64).numpy()
-                checks["retract"].add(np.linalg.norm(computed - ref.project_to_manifold(A), axis=(-2, -1)),
-                                      retract_bound(d, r, dtype_name, radius, np.linalg.norm(A, axis=(-2, -1)), singular[:, -1], singular[:, 0]),
-                                      shape=(d, r), key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius})
+                for edge in (False, True):
+                    if edge:  # the basin's edges: a drifted frame and a full-length step along its extreme direction
+                        W, xi = _basin_edges(rng, d, r, count, radius, dtype)
+                        W64 = W.to(torch.float64).numpy()
+                    A = W64 + xi.to(torch.float64).numpy()
+                    singular = np.linalg.svd(A, compute_uv=False)
+                    computed = retract(W, xi, radius).to(torch.float64).numpy()
+                    checks["retract"].add(np.linalg.norm(computed - ref.project_to_manifold(A), axis=(-2, -1)),
+                                          retract_bound(d, r, dtype_name, radius, np.linalg.norm(A, axis=(-2, -1)), singular[:, -1], singular[:, 0]),
+                                          shape=(d, r), key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius, "basin_edge": edge})
                 try:
                     retract(W[:1], xi[:1] * (1.5 * radius / float(torch.linalg.matrix_norm(xi[:1].double()).max())), radius)
                     refused = False
@@ -417,6 +421,36 @@ def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape
                     checks["isolated"].add([_nonfinite_isolated(retract, W, xi, torch.finfo(dtype).max)], 0.5, shape=(d, r), key=key,
                                            seed=seed, extra={"dtype": dtype_name, "trust_radius": EIGH_RADIUS})
     return Evidence(checks=list(checks.values()))
+
+
+# The Newton-Schulz route's basin (torch_impl.functional.newton_schulz_interval): a frame W with
+# ||W^T W - I||_2 up to the kernel's DRIFT_ALLOWANCE and a step of length up to Delta in any direction
+# (a step is tangent only up to its projection's rounding, all of it for the noise-driven step), so
+# the singular values of W + xi reach sqrt(1 -+ a) -+ Delta. EDGE_DRIFT: the share of the allowance
+# planted, near enough to the edge that an interval without the allowance leaves the iteration short.
+EDGE_DRIFT = 0.9
+
+
+def _basin_edges(rng, d: int, r: int, count: int, radius: float, dtype):
+    """count pairs (W, xi) at the edges of the Newton-Schulz basin, in `dtype`: W = Q (I + D)^(1/2),
+    D = -+ a e_1 e_1^T (a = EDGE_DRIFT times DRIFT_ALLOWANCE), so sigma_1(W) = sqrt(1 -+ a); xi = -+ L
+    w_1 e_1^T / ||w_1|| (L just inside Delta after rounding: the kernel refuses a step longer than
+    Delta (1 + allowance)), shrinking or stretching that same direction, so sigma(W + xi) reaches
+    sqrt(1 - a) - L or sqrt(1 + a) + L; alternate frames take the lower and the upper edge."""
+    import torch
+    from torch_impl.functional import DRIFT_ALLOWANCE
+
+    Q = ref.random_point(d, r, rng, (count,))
+    sign = np.where(np.arange(count) % 2 == 0, -1.0, 1.0)
+    a = EDGE_DRIFT * DRIFT_ALLOWANCE
+    scale = np.ones((count, r))
+    scale[:, 0] = np.sqrt(1.0 + sign * a)
+    W = Q * scale[:, None, :]
+    column = W[:, :, :1] / np.linalg.norm(W[:, :, :1], axis=-2, keepdims=True)
+    xi = np.zeros_like(W)
+    xi[:, :, :1] = sign[:, None, None] * radius * (1 - 1e-3) * column
+    return torch.tensor(W).to(getattr(torch, dtype) if isinstance(dtype, str) else dtype), \
+        torch.tensor(xi).to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
 
 
 EIGH_RADIUS = 2.0  # a trust radius above 0.75: the kernel's eigh route, which takes steps of any length
