@@ -64,7 +64,7 @@ import sympy as sp
 
 from reference_impl import adam, exact
 from reference_impl.adam import StiefelAdamConfig, frobenius
-from reference_impl.controls import get_variant
+from reference_impl.controls import Variant, get_variant
 from reference_impl.manifold import polar_retract, project_tangent, random_point
 
 from .kit import precision as precisions
@@ -998,6 +998,28 @@ def fixed_step_sgd(ctx: Context) -> Evidence:
     return Evidence(checks=evidence.checks[:1])
 
 
+# An eps that eps = 0 does not remove (a "guard" against 0 / 0): it shifts the step by a relative
+# HIDDEN_EPS / (c sqrt(v^)), which reaches an ulp only where c sqrt(v^) < HIDDEN_EPS / u, about
+# c < 2^-47 for unit gradients. Within |k| <= 30 the two trajectories stay bit-identical; only the
+# full exponent range of power_of_two_bitwise (about 42% of its draws below 2^-47) shows it: the
+# control that a shortened range lets escape.
+HIDDEN_EPS = 1e-30
+
+
+def _hidden_eps_step(W, G, state, config):
+    return adam.step(W, G, state, dataclasses.replace(config, eps=config.eps + HIDDEN_EPS))
+
+
+HIDDEN_EPS_VARIANT = Variant("hidden_eps", f"StiefelAdam dividing by sqrt(v^) + eps + {HIDDEN_EPS:g}: an eps that eps = 0 does not "
+                             "remove, visible only at gradient scales below about 2^-47", ("P2",), adam.init, step=_hidden_eps_step)
+
+
+def hidden_eps(ctx: Context) -> Evidence:
+    """The control HIDDEN_EPS_VARIANT through the power-of-two check on profile.control_frames frames."""
+    profile = dataclasses.replace(ctx.profile, frames=ctx.profile.control_frames)
+    return Evidence(checks=bitwise_check(ctx.seed, profile, HIDDEN_EPS_VARIANT, frames=profile.frames).checks[:1])
+
+
 CLAIM = Claim(
     id=CLAIM_ID,
     title="Independence of gradient scale",
@@ -1017,5 +1039,6 @@ CLAIM = Claim(
         Part("pitfall", pitfall_part),
         trajectory_part(TRAJECTORIES),
     ),
-    controls=(Control("fixed_step_sgd", fixed_step_sgd, "fixed-step Riemannian SGD W+ = R_W(-lr g): degree one in c"),),
+    controls=(Control("fixed_step_sgd", fixed_step_sgd, "fixed-step Riemannian SGD W+ = R_W(-lr g): degree one in c"),
+              Control("hidden_eps", hidden_eps, HIDDEN_EPS_VARIANT.description)),
 )
