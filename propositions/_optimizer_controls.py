@@ -283,6 +283,11 @@ def broken_classes() -> dict:
     }
 
 
+# The clip sentinel's distance from a correct clip, in units of the clip check's bound: three times
+# the detection factor, so that the bound loosened by ten lets it escape (margin 3 < 10).
+CLIP_SENTINEL = 30.0
+
+
 # Bugs inside a method or a module-level helper of torch_impl/optimizer.py, which no subclass can
 # plant: name -> (the text of the source, the text written in its place) (kit/source_edits.py)
 SOURCE_EDITS = {
@@ -295,13 +300,13 @@ SOURCE_EDITS = {
     "euclidean_group_stops_at_no_grad": (
         "            if p.grad is None:\n                continue\n            if p.grad.is_sparse:\n",
         "            if p.grad is None:\n                break\n            if p.grad.is_sparse:\n"),
-    # the no-copy join of states in one buffer without its offset test: a parameter without a
-    # gradient between two that have one gives them the wrong slices
     # the cached bucket plan keyed by the number of groups, not by which groups have equal settings: a
     # per-group scheduler that splits two joined groups leaves them stepped with one group's settings
     "bucket_plan_ignores_settings_classes": (
         "        signature = (tuple(classes), tuple(_parameters_signature(group[\"params\"]) for group in groups))\n",
         "        signature = (len(groups), tuple(_parameters_signature(group[\"params\"]) for group in groups))\n"),
+    # the no-copy join of states in one buffer without its offset test: a parameter without a
+    # gradient between two that have one gives them the wrong slices
     "joined_view_ignores_gap": (
         "                or x.storage_offset() != offset + total):",
         "                ):"),
@@ -378,7 +383,30 @@ def broken_functions() -> dict:
         finally:
             functional.gradient_norm_squared = real_gradient_norm_squared
 
+    def clip_beyond_its_bound(parameters, max_norm, norm_type=2.0):
+        # a bound sentinel: the real clip, then every finite unit it scaled moved by CLIP_SENTINEL times
+        # the clip check's own bound (optimizer_class.clip_bound at the check's arguments): caught by
+        # that factor over DETECTION_FACTOR, it escapes once the check's bound is loosened by ten
+        from propositions.optimizer_class import clip_bound
+
+        grads, frames = clipping._gradients(parameters)
+        units = [g.detach().reshape(-1, g.shape[-2] * g.shape[-1]) if f else g.detach().reshape(1, -1) for g, f in zip(grads, frames)]
+        finite = [torch.isfinite(u).all(dim=1) for u in units]
+        before = [g.detach().clone() for g in grads]
+        total = clipping.clip_grad_norm_finite_(parameters, max_norm, norm_type)
+        grads, _ = clipping._gradients(parameters)  # the gradients as the clip left them
+        entries, count = max((u.shape[1] for u in units), default=1), sum(int(f.sum()) for f in finite)
+        for g, b, unit_finite in zip(grads, before, finite):
+            if torch.equal(g, b):  # not clipped (c = 1): untouched, as the check wants it exactly
+                continue
+            delta = CLIP_SENTINEL * clip_bound(entries, count, str(g.dtype).replace("torch.", ""))
+            one = torch.ones(unit_finite.shape, dtype=torch.float64, device=g.device)
+            scale = torch.where(unit_finite, one + delta, one)  # in float64: 1 + delta rounds to 1 in float32
+            g.copy_((g.to(torch.float64).reshape(unit_finite.shape[0], -1) * scale[:, None]).reshape(g.shape).to(g.dtype))
+        return total
+
     return {
+        "clip_beyond_its_bound": ("clip", clip_beyond_its_bound),
         "clip_ignores_norm_type": ("clip", clip_ignores_norm_type),
         "sync_free_without_sharper_test": ("kernel", sync_free_without_sharper_test),
         "untransported_moment_reported": ("transported_moment", untransported),

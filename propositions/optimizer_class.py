@@ -1574,6 +1574,8 @@ CONTROLS = {
                                                      "manifold='euclidean' group it is left out without a word", part="promises"),
     "zero_grad_keeps_zeros": ControlSpec("zero_grad() fills the gradients with zeros unless asked (torch's default is None): a frame "
                                          "without a new gradient is then stepped", part="promises"),
+    "clip_beyond_its_bound": ControlSpec("clip_grad_norm_finite_ off by 30 times the clip check's own bound: a sentinel that holds "
+                                         "the bound to its stated size (loosened by ten, it lets the sentinel through)", feature="clip_step"),
     "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises"),
     "sync_free_without_sharper_test": ControlSpec("the sync-free route drops the sharper route test: its values differ from the default "
                                                   "route's where the route test runs", part="promises"),
