@@ -385,9 +385,9 @@ def broken_functions() -> dict:
 
     def clip_beyond_its_bound(parameters, max_norm, norm_type=2.0):
         # a bound sentinel: the real clip, then every finite unit it scaled moved by CLIP_SENTINEL times
-        # the clip check's own bound (optimizer_class.clip_bound at the check's arguments): caught by
+        # the clip check's own bound (kit.step_analysis.clip_bound at the check's arguments): caught by
         # that factor over DETECTION_FACTOR, it escapes once the check's bound is loosened by ten
-        from propositions.optimizer_class import clip_bound
+        from propositions.kit.step_analysis import clip_bound
 
         grads, frames = clipping._gradients(parameters)
         units = [g.detach().reshape(-1, g.shape[-2] * g.shape[-1]) if f else g.detach().reshape(1, -1) for g, f in zip(grads, frames)]

@@ -60,7 +60,7 @@ from propositions._common import NumericalCheck, rng_for
 from propositions.kit import step_analysis
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
-from propositions.kit.step_analysis import reference_quantities
+from propositions.kit.step_analysis import clip_bound, reference_quantities
 from propositions.kit.threads import one_thread_environment
 
 from . import optimizer_scenarios as grammar
@@ -96,19 +96,6 @@ def projection_bound(d: int, r: int, dtype_name: str, cond):
 
     u_s = step_analysis.UNIT_ROUNDOFFS[dtype_name] if dtype_name != "float64" else 0.0
     return 2.0 * polar_error_bound(d, r, cond) + u_s * math.sqrt(r)
-
-
-def clip_bound(entries: int, units: int, dtype_name: str) -> float:
-    """Relative error of one unit's clipped gradient against c G, c = min(1, max_norm / (total + 1e-6))
-    from the exact norms of the gradients the class holds: each unit's norm sums `entries` squares
-    (gamma_n, accumulated in the compute dtype u_c: float32 for a float32 or bfloat16 gradient) and is
-    returned in the gradient's dtype (u_g); the total sums `units` squares of them (u_t: float64 if any
-    gradient is float64, else float32) with its root; adding 1e-6 and dividing round by u_t each; the
-    product c G rounds once to the gradient's dtype. First order: (entries + 2) u_c + u_g + (units + 4) u_t + u_g."""
-    u_g = step_analysis.UNIT_ROUNDOFFS[dtype_name]
-    u_c = step_analysis.UNIT_ROUNDOFFS[step_analysis.COMPUTE_DTYPES[dtype_name]]
-    u_t = step_analysis.UNIT_ROUNDOFFS["float64" if dtype_name == "float64" else "float32"]
-    return (entries + 2) * u_c + 2 * u_g + (units + 4) * u_t
 
 
 CHECKS = (

@@ -612,9 +612,23 @@ def step_error_text(output: str = "W") -> str:
 
 STEP_ERROR_TEXT = step_error_text("W")
 
+
+def clip_bound(entries: int, units: int, dtype_name: str) -> float:
+    """Relative error of one unit's clipped gradient against c G, c = min(1, max_norm / (total + 1e-6))
+    from the exact norms of the gradients the class holds: each unit's norm sums `entries` squares
+    (gamma_n, accumulated in the compute dtype u_c: float32 for a float32 or bfloat16 gradient) and is
+    returned in the gradient's dtype (u_g); the total sums `units` squares of them (u_t: float64 if any
+    gradient is float64, else float32) with its root; adding 1e-6 and dividing round by u_t each; the
+    product c G rounds once to the gradient's dtype. First order: (entries + 2) u_c + u_g + (units + 4) u_t + u_g."""
+    u_g = UNIT_ROUNDOFFS[dtype_name]
+    u_c = UNIT_ROUNDOFFS[COMPUTE_DTYPES[dtype_name]]
+    u_t = UNIT_ROUNDOFFS["float64" if dtype_name == "float64" else "float32"]
+    return (entries + 2) * u_c + 2 * u_g + (units + 4) * u_t
+
+
 __all__ = ["InputErrors", "Rounding", "StepError", "StepNorms", "Stage", "STEP_STAGES", "STEP_ERROR_TEXT", "step_error_text",
            "frame_drift_bound", "gram_route_defect", "evaluated_defect", "newton_schulz_residual", "kernel_rounding", "declared_rounding", "kernel_declaration", "DECLARED_STAGES", "newton_schulz_iterations", "UNIT_ROUNDOFFS", "COMPUTE_DTYPES", "retraction_error", "stage_texts", "step_error",
-           "reference_quantities", "step_norms_of"]
+           "reference_quantities", "step_norms_of", "clip_bound"]
 
 
 # --------------------------------------------------------------------------------------------
