@@ -8,7 +8,7 @@
     certify verify FILE... [--report FILE] [--workers N | --scheduler ADDRESS]
     certify cite FILE [--format text|markdown|bibtex]
     certify regression CERT.json... -o FILE.py
-    certify mutate [--out DIR] [--max-children N] [--resume | --report-only] [--only PATTERN]...
+    certify mutate [--target reference_impl|torch_impl|certifier] [--out DIR] [--max-children N] [--sample N] [--seed S] [--resume | --report-only] [--only PATTERN]...
 
 Defaults: --out reports, --seed 0, --profile $CERTIFY_PROFILE or default, --optimizer stiefel_adam (the real
 optimizer; any other name of reference_impl.VARIANTS runs the claim against that broken variant,
@@ -78,6 +78,7 @@ from propositions.kit import parallel
 
 PROFILE_NAMES = ("quick", "default", "thorough")
 CITE_FORMATS = ("text", "markdown", "bibtex")
+MUTATION_TARGETS = ("reference_impl", "torch_impl", "certifier")  # certify mutate --target; the first is the default
 
 
 class _Parser(argparse.ArgumentParser):
@@ -204,21 +205,36 @@ def build_parser() -> argparse.ArgumentParser:
     cite.add_argument("file", metavar="FILE")
     cite.add_argument("--format", choices=CITE_FORMATS, default="text", help="text (one line, the default), markdown or bibtex")
 
+    _add_mutate_parser(commands)
+    return parser
+
+
+def _add_mutate_parser(commands) -> None:
+    """`certify mutate` and its options."""
     mutate = commands.add_parser(
         "mutate",
-        help="mutation score of the certificates: mutate reference_impl, write MUTATION.md and mutation.json",
+        help="mutation score of the certificates: mutate reference_impl, torch_impl or the certifier, write MUTATION.md and the target's JSON",
         description="Mutate reference_impl with mutmut (the [tool.mutmut] table of pyproject.toml) and count the mutants that make "
-        "some certificate (P1..P6 and the samplers) fail (kill suite tests/mutation); writes DIR/MUTATION.md and DIR/mutation.json. "
+        "some certificate (P1..P6 and the samplers) fail (kill suite tests/mutation/test_certificates.py); writes DIR/MUTATION.md and DIR/mutation.json. "
+        "--target torch_impl mutates the PyTorch optimizer instead (a seeded sample; kill suite: the certificates crosscheck, optimizer and "
+        "bookkeeping; DIR/mutation-torch_impl.json), --target certifier weakens the certificates (DIR/mutation-certifier.json); MUTATION.md "
+        "shows every target whose JSON is in DIR. "
         "Needs the 'mutation' extra (mutmut). Exit 0 when every mutant is killed, timed out or its survival is explained "
         "(certify/mutation_equivalent.json: equivalent or validation), 1 otherwise.",
     )
-    mutate.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"directory for MUTATION.md and mutation.json (default {DEFAULT_OUT})")
+    mutate.add_argument("--target", choices=MUTATION_TARGETS, default=MUTATION_TARGETS[0],
+                        help="what is mutated: reference_impl (the default; every mutant, kill suite P1..P6 and the samplers), torch_impl "
+                        "(a seeded sample of mutants of the PyTorch optimizer, kill suite crosscheck, optimizer, bookkeeping) or certifier "
+                        "(weakened certificates, certify.weakening)")
+    mutate.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"directory for MUTATION.md and the target's JSON (default {DEFAULT_OUT})")
+    mutate.add_argument("--sample", type=_positive_count, default=None, metavar="N",
+                        help="torch_impl and certifier: test a seeded sample of N mutants (torch_impl default 200; certifier: all)")
+    mutate.add_argument("--seed", type=int, default=0, metavar="S", help="torch_impl and certifier: the seed of the sample (default 0)")
     mutate.add_argument("--max-children", type=_positive_count, default=None, metavar="N", help="mutants tested in parallel (default: the number of CPUs)")
     keep = mutate.add_mutually_exclusive_group()
     keep.add_argument("--resume", action="store_true", help="keep mutants/ of an earlier run and test only the mutants without a result")
     keep.add_argument("--report-only", action="store_true", help="write the reports from the results in mutants/ without testing mutants")
     mutate.add_argument("--only", action="append", default=[], metavar="PATTERN", help="test (again) only the mutants whose name matches (fnmatch, e.g. 'reference_impl.adam.x_step*'); the others keep their results")
-    return parser
 
 
 COMMANDS = {

@@ -48,24 +48,74 @@ def command_mutate(args, out: Output, command: str) -> int:
 
     if args.report_only and args.only:
         raise UsageError("--only tests mutants, --report-only tests none: give one of them")
+    target = getattr(args, "target", "reference_impl")
+    if target != "reference_impl" and args.only:
+        raise UsageError("--only names mutants of reference_impl: it does not go with --target " + target)
+    if target == "reference_impl" and getattr(args, "sample", None) is not None:
+        raise UsageError("--sample draws mutants of torch_impl or the certifier: reference_impl's run tests every mutant")
     out_dir = output_folder(args.out)
+    children = args.max_children or os.cpu_count() or 1
+    runners = {"reference_impl": _mutate_reference, "torch_impl": _mutate_torch, "certifier": _mutate_certifier}
     try:
-        summary = mutation.mutate(max_children=args.max_children or os.cpu_count() or 1, resume=args.resume, report_only=args.report_only, command=command, progress=out.line, only=args.only)
+        code = runners[target](args, out, command, out_dir, children)
     except mutation.MissingTool as error:
         raise UsageError(str(error)) from None
     except (mutation.MutationError, OSError) as error:
         error_line(str(error))
         return 1
     try:
-        md_path, json_path = mutation.write_reports(summary, out_dir)
+        page = mutation.write_page(out_dir)
+    except OSError as error:
+        raise UsageError(f"cannot write the mutation report in {out_dir}: {error.strerror or error}") from None
+    out.line(f"report: {page}")
+    return code
+
+
+def _mutate_reference(args, out: Output, command: str, out_dir: Path, children: int) -> int:
+    from certify import mutation
+
+    summary = mutation.mutate(max_children=children, resume=args.resume, report_only=args.report_only, command=command, progress=out.line, only=args.only)
+    try:
+        json_path = mutation.write_json(summary, out_dir)
     except OSError as error:
         raise UsageError(f"cannot write the mutation report in {out_dir}: {error.strerror or error}") from None
     totals, classes = summary["totals"], summary["survivor_classes"]
     out.table(["module", "killed", "survived", "timeout", "suspicious", "other", "total"], [[name, *(c[k] for k in ("killed", "survived", "timeout", "suspicious", "other", "total"))] for name, c in summary["modules"].items()], title="mutants")
     score = "-" if totals["score"] is None else f"{100 * totals['score']:.1f}%"
     out.line(f"score {totals['killed']}/{totals['total']} = {score}; not killed: {classes['equivalent']} equivalent, {classes['validation']} validation, {classes['control']} control, {classes['sampler']} sampler, {classes['gap']} gap, {classes['detected']} timeout, {classes['unclassified']} unclassified")
-    out.line(f"report: {md_path} and {json_path}")
+    out.line(f"results: {json_path}")
     return 0 if not mutation.unexplained(summary) else 1
+
+
+def _mutate_torch(args, out: Output, command: str, out_dir: Path, children: int) -> int:
+    from certify import mutation, mutation_torch
+
+    sample = mutation_torch.DEFAULT_SAMPLE if args.sample is None else args.sample
+    summary = mutation_torch.mutate(sample=sample, seed=args.seed, max_children=children, resume=args.resume, report_only=args.report_only,
+                                    command=command, progress=out.line)
+    try:
+        json_path = mutation_torch.write_report(summary, out_dir)
+    except OSError as error:
+        raise UsageError(f"cannot write the mutation report in {out_dir}: {error.strerror or error}") from None
+    out.table(["module", "killed", "survived", "timeout", "suspicious", "other", "total"], [[name, *(c[k] for k in ("killed", "survived", "timeout", "suspicious", "other", "total"))] for name, c in summary["modules"].items()], title="sampled mutants of torch_impl")
+    low_high = summary["score_interval"]
+    interval = "" if not low_high else f" (95% interval {100 * low_high[0]:.1f}% to {100 * low_high[1]:.1f}%)"
+    score = "-" if summary["score"] is None else f"{100 * summary['score']:.1f}%"
+    out.line(f"sample {summary['sample']['size']} of {summary['sample']['population']} (seed {summary['sample']['seed']}): score {summary['killed']}/{summary['total']} = {score}{interval}; "
+             f"not killed: {summary['equivalent']} equivalent, {summary['explained'] - summary['equivalent']} validation, {summary['gaps']} gap, {summary['unclassified']} unclassified")
+    out.line(f"results: {json_path}")
+    return 0 if not mutation.unexplained(summary) else 1
+
+
+def _mutate_certifier(args, out: Output, command: str, out_dir: Path, children: int) -> int:
+    from certify import weakening  # written apart; it writes out_dir/mutation-certifier.json itself
+
+    if args.resume or args.report_only:
+        raise UsageError("--resume and --report-only go with --target reference_impl or torch_impl")
+    summary = weakening.run(Path(out_dir), max_children=children, sample=args.sample, seed=args.seed, progress=out.line)
+    score = summary.get("score")
+    out.line(f"certifier: {summary.get('killed')} killed of {summary.get('total')}" + ("" if score is None else f" = {100 * score:.1f}%"))
+    return 0 if not summary.get("survived") else 1
 
 
 def command_compare(args, out: Output, command: str) -> int:

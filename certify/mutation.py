@@ -44,6 +44,13 @@ classes:
   certificate would need to kill it.
 
 A survivor without an entry is listed as unclassified.
+
+This module is the reference_impl target of `certify mutate` (the default); `--target torch_impl`
+(certify.mutation_torch) mutates a seeded sample of the PyTorch optimizer's mutants and `--target
+certifier` (certify.weakening) weakens the certificates. Each target writes its own JSON in the
+report folder (TARGETS); DIR/MUTATION.md is composed from the JSON files present (`write_page`):
+a table of every target's score, killed / (total - equivalent), then one section per target, so
+running one target writes the page again without losing the others' sections.
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ REPORT_KIND = "mutation-report"  # not a certificate: lets a reader of DIR/*.jso
 EQUIVALENT_FILE = Path(__file__).with_name("mutation_equivalent.json")
 RUN_RECORD = "certify-mutate-run.json"  # inside mutants/: timing of the last run, for --report-only
 LOG_NAME = "certify-mutate.log"  # inside mutants/: mutmut's own output
-KILL_SUITE = "tests/mutation"
+KILL_SUITE = "tests/mutation/test_certificates.py"  # tests/mutation/test_torch_certificates.py is the torch_impl target's (certify.mutation_torch)
 
 CLASSES = ("equivalent", "validation", "control", "sampler", "gap")
 EXPLAINED = ("equivalent", "validation", "control", "sampler")  # a survivor of these classes is not a weakness of the certificates
@@ -457,8 +464,7 @@ def _percent(score) -> str:
 def _opening_lines(summary: dict) -> list[str]:
     """The title, the score and the scope of the mutation run."""
     totals = summary["totals"]
-    lines = ["# Mutation score of the certifier", ""]
-    lines += [
+    lines = [
         f"Written {summary['written']} by `{summary['command']}` ({summary['tool']}).",
         "",
         f"**Score: {totals['killed']} killed of {totals['total']} mutants = {_percent(totals['score'])}** "
@@ -579,20 +585,93 @@ def _unexecuted_section(summary: dict) -> list[str]:
 
 
 def render_markdown(summary: dict) -> str:
-    """The text of MUTATION.md from the summary of `summarize`."""
+    """The reference_impl section of MUTATION.md ("## reference_impl ...") from the summary of `summarize`."""
     lines = (_opening_lines(summary) + _module_lines(summary) + _timing_lines(summary)
              + _survivor_lines(summary) + _unexecuted_section(summary))
-    return "\n".join(lines).rstrip() + "\n"
+    lines = [line.replace("## ", "### ", 1) if line.startswith("## ") else line for line in lines]
+    return "\n".join(["## reference_impl: the NumPy reference step", ""] + lines).rstrip() + "\n"
 
 
-def write_reports(summary: dict, out_dir: Path) -> tuple[Path, Path]:
+# The targets of MUTATION.md, in its order: (target, its JSON in the report folder, what is mutated)
+TARGETS = (
+    ("reference_impl", REPORT_JSON, "the NumPy reference step, every mutant; kill suite P1..P6 and the samplers"),
+    ("torch_impl", "mutation-torch_impl.json", "the PyTorch optimizer, a seeded sample; kill suite crosscheck, optimizer, bookkeeping"),
+    ("certifier", "mutation-certifier.json", "the certificates themselves, weakened (certify.weakening)"),
+)
+
+
+def target_row(target: str, data: dict) -> dict:
+    """killed, survived (not killed), explained, gaps, equivalent, total of one target's JSON."""
+    if target == "reference_impl":
+        totals, classes = data["totals"], data["survivor_classes"]
+        survivors = data.get("survivors", [])
+        return {"killed": totals["killed"], "survived": totals["total"] - totals["killed"], "total": totals["total"],
+                "explained": sum(1 for m in survivors if m.get("class") in EXPLAINED or m.get("status") == "timeout"),
+                "gaps": classes.get("gap", 0), "equivalent": classes.get("equivalent", 0)}
+    total, killed = data.get("total"), data.get("killed")
+    survived = data.get("survived", None if total is None or killed is None else total - killed)
+    explained = data.get("explained")
+    if explained is None and "out_of_scope" in data:  # the certifier target: equivalent and out-of-scope weakenings
+        explained = (data.get("equivalent") or 0) + (data.get("out_of_scope") or 0) + (data.get("timeout") or 0)
+    return {"killed": killed, "survived": survived, "total": total, "explained": explained,
+            "gaps": data.get("gaps"), "equivalent": data.get("equivalent", 0)}
+
+
+def _score_cell(row: dict) -> str:
+    killed, total, equivalent = row["killed"], row["total"], row["equivalent"] or 0
+    if killed is None or not total or total - equivalent <= 0:
+        return "-"
+    return f"{killed} / ({total} - {equivalent}) = {_percent(killed / (total - equivalent))}"
+
+
+def _missing(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_page(out_dir: Path) -> str:
+    """MUTATION.md from the targets' JSON files in out_dir: the score table, then one section per target."""
+    out_dir = Path(out_dir)
+    rows, sections = [], []
+    for target, name, what in TARGETS:
+        try:
+            data = json.loads((out_dir / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            rows.append([target, "not run", "", "", "", f"`certify mutate --target {target}` writes {name}"])
+            continue
+        except (OSError, ValueError) as error:
+            rows.append([target, f"{name} could not be read ({error.__class__.__name__})", "", "", "", ""])
+            continue
+        row = target_row(target, data)
+        rows.append([target, _missing(row["killed"]), _missing(row["survived"]), _missing(row["explained"]), _missing(row["gaps"]), _score_cell(row)])
+        sections.append(render_markdown(data) if target == "reference_impl" else str(data.get("markdown", f"## {target}\n")).rstrip() + "\n")
+    lines = ["# Mutation score of the certifier", "",
+             "Three targets, each with its own JSON in this folder: " + "; ".join(f"{target} ({what}; {name})" for target, name, what in TARGETS) + ". "
+             "Survived counts every mutant not killed; not-killed-explained those of them with a reason that is no weakness of the "
+             "certificates (equivalent, validation, control, sampler, or a timeout); gaps the changes no certificate notices. "
+             "Score: killed / (total - equivalent).", ""]
+    lines += _table(["target", "killed", "survived", "not-killed-explained", "gaps", "score over non-equivalent mutants"], rows) + [""]
+    return "\n".join(lines) + "\n" + "\n".join(sections)
+
+
+def write_json(summary: dict, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / REPORT_JSON
     json_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    md_path = out_dir / REPORT_MD
-    md_path.write_text(render_markdown(summary), encoding="utf-8")
-    return md_path, json_path
+    return json_path
+
+
+def write_page(out_dir: Path) -> Path:
+    """Compose out_dir/MUTATION.md from the targets' JSON files present there."""
+    md_path = Path(out_dir) / REPORT_MD
+    md_path.write_text(render_page(out_dir), encoding="utf-8")
+    return md_path
+
+
+def write_reports(summary: dict, out_dir: Path) -> tuple[Path, Path]:
+    """mutation.json of reference_impl, and MUTATION.md composed again with the other targets present."""
+    json_path = write_json(summary, out_dir)
+    return write_page(out_dir), json_path
 
 
 # --------------------------------------------------------------------------------------------
