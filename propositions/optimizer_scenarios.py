@@ -28,8 +28,8 @@ An *operation* (`Op`) is one of OP_KINDS:
   schedule      a torch.optim.lr_scheduler.MultiplicativeLR step multiplying every lr by option
   schedule_groups  the same scheduler with one factor per group (option: (group, factor) pairs, 1 for
                 the others): before the first step it makes two frame groups that differed in lr
-                only equal bit for bit (lr_joining_factors), and two steps later splits them again,
-                between two plain steps
+                only equal bit for bit (lr_joining_factors), and splits them again between the
+                run's first two steps, plain ones
   checkpoint    state_dict saved and loaded: option "fresh" into a new instance over new parameter
                 objects, "same" into the same instance, "old_format" into a new instance in the
                 older format the class loads (frame groups without "manifold", one int step count
@@ -346,6 +346,8 @@ def _scheduled(scenario: Scenario, op: Op, active: list) -> tuple[Scenario, list
     frames = [name for name in active if scenario.group(name).frames]
     changed = []
     for a, b in itertools.combinations(frames, 2):
+        if not joinable(scenario.group(a), scenario.group(b)):
+            continue
         before_equal = scenario.group(a).settings == scenario.group(b).settings
         after_equal = after.group(a).settings == after.group(b).settings
         if before_equal and not after_equal:
@@ -353,6 +355,13 @@ def _scheduled(scenario: Scenario, op: Op, active: list) -> tuple[Scenario, list
         elif after_equal and not before_equal:
             changed.append("schedule_joins_groups")
     return after, sorted(set(changed))
+
+
+def joinable(a: Group, b: Group) -> bool:
+    """Whether the class would step frames of groups a and b in one call once their settings are equal:
+    a frame shape (d, r) in common, and float lrs (groups with tensor lrs are never joined)."""
+    return (not a.settings.lr_tensor and not b.settings.lr_tensor
+            and bool({tuple(s[-2:]) for s in a.shapes} & {tuple(s[-2:]) for s in b.shapes}))
 
 
 def lr_joining_factors(a: Group, b: Group) -> tuple[tuple[str, float], ...] | None:
@@ -804,17 +813,18 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
     missing = set(missing)  # this run's copy: _events takes out what it has drawn for
     wanted_kinds = [k for k in ("closure_step", "clip_step", "zero_grad_set_to_none", "zero_grad_zeros", "schedule",
                                 "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format") if k in missing]
-    splits: dict = {}  # step index -> the per-group schedule that splits the groups an earlier one joined
     if {"schedule_joins_groups", "schedule_splits_joined_groups"} & missing:
-        # two frame groups that differ in lr only are made equal before the first step (so that the
-        # class's first grouping puts them in one call), and split two steps later (one lr halved):
-        # a class that keeps its grouping from before a schedule steps them with each other's settings
+        # two frame groups that differ in lr only are made equal before the first step, so that the
+        # class's first grouping puts them in one call, and split again (one lr halved) between two
+        # plain steps, before any event: the same parameters have gradients and no step is refused, so
+        # nothing but the settings can make the class group its frames anew, and a class that keeps
+        # its grouping from before a schedule steps them with each other's settings
         pairs = [(a, b) for a, b in itertools.combinations([g for g in groups if g.frames and not g.late], 2)
-                 if lr_joining_factors(a, b) is not None]
+                 if joinable(a, b) and lr_joining_factors(a, b) is not None]
         if pairs:
             a, b = pairs[int(rng.integers(len(pairs)))]
-            ops.append(Op(len(ops), "schedule_groups", option=lr_joining_factors(a, b)))
-            splits.setdefault(2, []).append(((a.name, 0.5),))
+            ops += [Op(0, "schedule_groups", option=lr_joining_factors(a, b)), Op(1, "step"),
+                    Op(2, "schedule_groups", option=((a.name, 0.5),)), Op(3, "step")]
     late = [g.name for g in groups if g.late]
     additions: dict = {}  # step index -> late groups added before that step
     for name in late:
@@ -826,10 +836,6 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
             ops.append(Op(len(ops), "add_group", option=name))
         for target in projections.pop(step_index, []):
             ops.append(Op(len(ops), "project", option=target))
-        for option in splits.pop(step_index, []):
-            # between two plain steps: the same parameters have gradients before and after, so that
-            # nothing but the settings can make the class group its frames anew
-            ops += [Op(len(ops), "step"), Op(len(ops) + 1, "schedule_groups", option=option), Op(len(ops) + 2, "step")]
         roll = rng.random()
         if step_index >= 8 and roll < 0.9:  # past the first steps, plain steps (a long run's bulk)
             ops.append(Op(len(ops), "step"))
