@@ -227,6 +227,10 @@ def ulps_apart(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return ratio.reshape(ratio.shape[:-2] + (-1,)).max(axis=-1) if ratio.ndim >= 2 else ratio
 
 
+# distinct residual values an add needs before its residuals are fingerprinted (NumericalCheck._fingerprint)
+FINGERPRINT_VALUES = 16
+
+
 @dataclass
 class NumericalCheck:
     """Residuals of one check against their derived bounds, accumulated over shapes and chunks.
@@ -257,6 +261,24 @@ class NumericalCheck:
     _ratio_pool: list = field(default_factory=list)
     worst: dict | None = None
     tightness_note: str | None = None
+    # fingerprints of the residual arrays added (repeated_draws): digest -> where it was first added
+    _draws: dict = field(default_factory=dict)
+    repeated: list = field(default_factory=list)  # [(first place, second place)] of residual arrays added twice
+
+    def _fingerprint(self, residual: np.ndarray, shape, key) -> None:
+        """Remember the residuals of one add. Two adds of the same non-integer residuals, bit for bit,
+        mean the same draws twice (float residuals of different draws do not coincide): draws made
+        dependent, or a chunk run twice in place of two. Integer-valued residuals (ulps, counts) and
+        single samples coincide by chance and are not fingerprinted, nor are arrays of fewer than
+        FINGERPRINT_VALUES distinct values (residuals at rounding level take a few multiples of an ulp,
+        and a residual fixed by the settings alone repeats by design)."""
+        if residual.size < FINGERPRINT_VALUES or np.unique(residual[np.isfinite(residual)]).size < FINGERPRINT_VALUES:
+            return
+        digest = hashlib.blake2b(residual.tobytes(), digest_size=12).hexdigest()
+        place = f"shape {None if shape is None else tuple(shape)}, key {'/'.join(str(k) for k in key) if key is not None else None}"
+        first = self._draws.setdefault(digest, place)
+        if first is not place and len(self.repeated) < 3:
+            self.repeated.append((first, place))
 
     def add(self, residual, bound, *, shape=None, key=None, seed=None, extra=None) -> None:
         """Record per-sample residuals (array) and bounds (array or scalar, > 0).
@@ -272,6 +294,7 @@ class NumericalCheck:
             raise ValueError(f"check {self.name}: every bound must be > 0 (docs/claims.md#tolerances)")
         residual_for_ratio = np.where(np.isnan(residual), np.inf, residual)
         ratio = residual_for_ratio / bound
+        self._fingerprint(residual, shape, key)
         self.samples += residual.size
         if shape is not None and list(shape) not in self.shapes:
             self.shapes.append(list(shape))
@@ -341,6 +364,11 @@ class NumericalCheck:
         if other._max_ratio > self._max_ratio:
             self._max_ratio = other._max_ratio
             self.worst = None if other.worst is None else dict(other.worst)
+        self.repeated = (self.repeated + other.repeated)[:3]
+        for digest, place in other._draws.items():
+            first = self._draws.setdefault(digest, place)
+            if first is not place and len(self.repeated) < 3:
+                self.repeated.append((first, place))
         return self
 
     def __deepcopy__(self, memo: dict) -> "NumericalCheck":
@@ -354,6 +382,8 @@ class NumericalCheck:
         twin._ratio_hist = self._ratio_hist.copy()
         twin._quantile_pool = list(self._quantile_pool)
         twin._ratio_pool = list(self._ratio_pool)
+        twin._draws = dict(self._draws)
+        twin.repeated = list(self.repeated)
         twin.worst = copy.deepcopy(self.worst, memo)
         return twin
 

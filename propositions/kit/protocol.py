@@ -360,6 +360,23 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
     return _assemble(claim, ctx, symbolic_result, exact, evidence, controls, control_evidence, timings)
 
 
+def _stream_defects(seed: int, claim_id: str) -> list[str]:
+    """Every draw of a claim comes from rng_for(seed, *key), one stream per key: a reason for
+    inconclusive where two keys give the same stream, or one key two streams (then the claim's
+    chunks, shapes and labels would not draw independently, or not reproducibly)."""
+    from .common import rng_for
+
+    keys = [(claim_id, "stream_probe", index) for index in range(4)]
+    first = [tuple(rng_for(seed, *key).integers(0, 2**62, size=4)) for key in keys]
+    again = tuple(rng_for(seed, *keys[0]).integers(0, 2**62, size=4))
+    reasons = []
+    if len(set(first)) < len(first):
+        reasons.append("rng_for gives the same stream for different keys: the claim's draws are not independent")
+    if again != first[0]:
+        reasons.append("rng_for gives two streams for one key: the claim's draws are not reproducible")
+    return reasons
+
+
 def _assemble(claim: Claim, ctx: Context, symbolic_result, exact, evidence: dict, controls: list,
               control_evidence: list, timings: dict) -> ClaimResult:
     """The ClaimResult, its parts' evidence put together in the declared order."""
@@ -374,6 +391,10 @@ def _assemble(claim: Claim, ctx: Context, symbolic_result, exact, evidence: dict
         _merge_into(figures, found.figures, "figure", claim.id)
         notes += found.notes
         inconclusive += found.inconclusive
+    inconclusive += _stream_defects(ctx.seed, claim.id)
+    # the same float residuals added twice: the same draws twice, where the check counts them as two
+    inconclusive += [f"check {check.name}: the same residuals were added twice ({first}; then {second}): its draws are not "
+                     "independent, so it holds fewer distinct samples than it counts" for check in checks for first, second in check.repeated[:1]]
     if controls:
         extra["control_frames"] = ctx.profile.control_frames
     control_extra = {name: found.extra for name, found in control_evidence if found.extra}
