@@ -287,6 +287,21 @@ def _with_promise_coverage(claim_id: str, data: dict, options: dict) -> dict:
     return data
 
 
+def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: dict) -> dict:
+    """With the claim's default options at a contracted profile, the evidence held to the coverage
+    contract (propositions/coverage_contract.py): each shortfall makes the claim inconclusive, and
+    extra.evidence_contract says how many checks were held to it."""
+    from propositions import coverage_contract
+
+    contract = coverage_contract.load().get(profile, {}).get(claim_id)
+    if not contract or dict(options) != default_options(claim_id):
+        return data
+    reasons = coverage_contract.shortfalls(claim_id, profile, data.get("numerical", {}).get("checks", []))
+    data = {**data, "extra": {**data.get("extra", {}), "evidence_contract": {"checks": len(contract), "shortfalls": len(reasons)}}}
+    data["inconclusive"] = list(data.get("inconclusive", [])) + reasons
+    return data
+
+
 def build_certificate(
     claim_id: str,
     *,
@@ -318,6 +333,7 @@ def build_certificate(
         data = _result_without_evidence("none (the claim did not run)", verdict="inconclusive", inconclusive=[problem or "the claim produced no result"])
     elif optimizer == DEFAULT_OPTIMIZER:
         data = _with_promise_coverage(claim_id, data, options)
+        data = _with_coverage_contract(claim_id, profile, data, options)
     verdict, failures, inconclusive = _audited_verdict(data)
     extra, claim_timings = split_run_record(data.get("extra", {}))
     numerical = _numerical_part(data.get("numerical", {}), seed, profile, reproduce)

@@ -1,0 +1,146 @@
+"""The coverage contract: how much evidence each certificate of the real optimizer must hold.
+
+A claim decides what it samples from its own constants (shape lists, dtypes, steps, frames, seeds).
+Narrow one of them, drop a shape or a dtype, halve the steps, and every check still passes on what
+is left: the certificate says "pass" on less than it says. The contract is the second statement that
+such a narrowing must disagree with: for each profile, claim and check, the shapes it must sample and
+the samples it must hold, written once from full runs (`python -m propositions.coverage_contract`,
+below) and committed in coverage_contract.json. A certificate of the real optimizer at a contracted
+profile, with the claim's default options, is inconclusive when
+
+* a contracted check is missing or holds no sample;
+* it sampled none of the frames of a contracted shape;
+* it holds fewer samples than contracted: the count where every seed the contract was written from
+  gave the same count (the count is then fixed by the code, not by the draws), else one (a count the
+  draws move, as in drawn scenarios, may be far smaller at another seed);
+* its largest residual/bound fell more than RATIO_SLACK below the least that those seeds reached
+  (a bound loosened, or draws that no longer reach it), for a check whose count is fixed and whose
+  largest ratio those seeds agree on within STABLE.
+
+The contract covers the numerical checks only; the symbolic and exact tiers state their own cases.
+A profile the contract does not name (thorough, a test's own) is not held to it. Changing what a
+claim samples on purpose means writing the contract again, and its diff shows what moved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+CONTRACT_FILE = Path(__file__).with_name("coverage_contract.json")
+SEEDS = (0, 1, 2)  # the seeds the committed contract is written from
+# A bound loosened tenfold passes everything it passed before. Its check's largest residual/bound
+# then falls tenfold: the contract holds each bounded check's largest ratio to RATIO_SLACK below the
+# smallest it reached over SEEDS (the draws move it less than that), where that ratio shows the bound
+# at work (above RATIO_FLOOR; exact checks, whose residuals are 0, and bounds far from attained are
+# held to their shapes and counts only).
+RATIO_SLACK = 4.0
+RATIO_FLOOR = 1e-3
+# counts and ratios that moved by more than this factor between the seeds are held loosely (above)
+STABLE = 2.0
+
+
+def load(path: Path = CONTRACT_FILE) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["profiles"]
+    except FileNotFoundError:
+        return {}
+
+
+def _shape_key(shape) -> str:
+    return "x".join(str(int(n)) for n in shape)
+
+
+def written(certificates: list[dict]) -> dict:
+    """The contract of one profile and claim from its certificates at several seeds: per check the
+    shapes every seed sampled, and the samples (exact where every seed gave the same count)."""
+    by_check: dict = {}
+    for certificate in certificates:
+        for check in certificate["numerical"]["checks"]:
+            entry = by_check.setdefault(check["name"], {"shapes": [], "counts": [], "ratios": []})
+            entry["shapes"].append({_shape_key(s) for s in check.get("shapes") or []})
+            entry["counts"].append(int(check["samples"]))
+            ratio = check.get("max_ratio")
+            entry["ratios"].append(float(ratio) if isinstance(ratio, (int, float)) else math.nan)
+    contract = {}
+    for name, entry in by_check.items():
+        if len(entry["counts"]) != len(certificates) or min(entry["counts"]) == 0:
+            continue  # a check that some seed does not make, or fills with nothing, is not contracted
+        shapes = sorted(set.intersection(*entry["shapes"]))
+        counts, ratios = entry["counts"], entry["ratios"]
+        fixed = len(set(counts)) == 1
+        # a count the draws move (the optimizer claim's drawn scenarios, frames whose bound is
+        # informative) is held to be non-zero only: another seed may draw far fewer than these did
+        samples = counts[0] if fixed else 1
+        contract[name] = {"shapes": shapes, "samples": samples, "fixed": fixed}
+        if fixed and all(math.isfinite(x) for x in ratios) and min(ratios) > RATIO_FLOOR and max(ratios) <= STABLE * min(ratios):
+            contract[name]["max_ratio_at_least"] = min(ratios) / RATIO_SLACK
+    return contract
+
+
+def shortfalls(claim_id: str, profile: str, checks: list[dict], contract: dict | None = None) -> list[str]:
+    """Why a certificate of claim_id at `profile` holds less evidence than the contract (empty: none,
+    or no contract for that profile and claim)."""
+    contract = load() if contract is None else contract
+    wanted = contract.get(profile, {}).get(claim_id)
+    if not wanted:
+        return []
+    found = {check["name"]: check for check in checks}
+    reasons = []
+    for name, entry in wanted.items():
+        check = found.get(name)
+        if check is None or not check.get("samples"):
+            reasons.append(f"coverage contract: check {name} is missing or compared nothing (contracted: {entry['samples']} samples)")
+            continue
+        sampled = {_shape_key(s) for s in check.get("shapes") or []}
+        missing = [s for s in entry["shapes"] if s not in sampled]
+        if missing:
+            reasons.append(f"coverage contract: check {name} sampled no frame of shape {', '.join('(' + s.replace('x', ', ') + ')' for s in missing)}")
+        floor = entry.get("max_ratio_at_least")
+        ratio = check.get("max_ratio")
+        if floor is not None and isinstance(ratio, (int, float)) and ratio < floor:
+            reasons.append(f"coverage contract: check {name} reached at most {ratio:.3g} of its bound, below the {floor:.3g} contracted "
+                           f"(a {RATIO_SLACK:g}th of the least reached at the seeds it was written from): its bound is looser than it was, "
+                           "or its draws no longer reach it")
+        if check["samples"] < entry["samples"]:
+            how = "exactly that many at every seed the contract was written from" if entry["fixed"] else "at least one"
+            reasons.append(f"coverage contract: check {name} holds {check['samples']} samples, fewer than the {entry['samples']} "
+                           f"contracted ({how})")
+    return reasons
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m propositions.coverage_contract --profile P DIR... : write the contract of profile P
+    from the certificates in the directories DIR (one per seed of SEEDS, each a `certify all` at P),
+    keeping the other profiles' entries."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m propositions.coverage_contract", description=main.__doc__)
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("dirs", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    per_claim: dict = {}
+    for directory in args.dirs:
+        for path in sorted(directory.glob("*.json")):
+            certificate = json.loads(path.read_text(encoding="utf-8"))
+            if "numerical" not in certificate or certificate.get("verdict") != "pass":
+                continue
+            if certificate["numerical"].get("profile") != args.profile:
+                raise SystemExit(f"{path}: profile {certificate['numerical'].get('profile')}, not {args.profile}")
+            per_claim.setdefault(certificate["id"], []).append(certificate)
+    profiles = load()
+    profiles[args.profile] = {claim_id: written(certificates) for claim_id, certificates in sorted(per_claim.items())
+                              if len(certificates) == len(args.dirs)}
+    CONTRACT_FILE.write_text(json.dumps({"note": "written by python -m propositions.coverage_contract; see its docstring",
+                                         "seeds": list(SEEDS), "profiles": profiles}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"{CONTRACT_FILE}: {args.profile}: {sum(len(c) for c in profiles[args.profile].values())} checks of "
+          f"{len(profiles[args.profile])} claims")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "SEEDS", "STABLE", "load", "shortfalls", "written"]
