@@ -296,6 +296,11 @@ def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: di
     contract = coverage_contract.load().get(profile, {}).get(claim_id)
     if not contract or dict(options) != default_options(claim_id):
         return data
+    names = {check.get("name") for check in data.get("numerical", {}).get("checks", [])}
+    if not names & set(contract):
+        # none of the contracted checks ran: not the project's claim of that id (a claim registered in
+        # its place, as a test's double), which the contract does not describe
+        return data
     reasons = coverage_contract.shortfalls(claim_id, profile, data.get("numerical", {}).get("checks", []))
     data = {**data, "extra": {**data.get("extra", {}), "evidence_contract": {"checks": len(contract), "shortfalls": len(reasons)}}}
     data["inconclusive"] = list(data.get("inconclusive", [])) + reasons
