@@ -40,10 +40,24 @@ def test_real_step_passes_with_every_part_present(real_run):
     assert (1024, 128) in shapes and (1, 1) in shapes and (16, 16) in shapes
 
 
-def test_real_run_records_the_control_detected(real_run):
-    (control,) = real_run.controls
-    assert control.name == "fixed_step_sgd"
-    assert control.detected and control.margin > 1e6
+def test_real_run_records_the_controls_detected(real_run):
+    assert [control.name for control in real_run.controls] == ["fixed_step_sgd", "hidden_eps"]
+    assert all(control.detected and control.margin > 1e6 for control in real_run.controls)
+
+
+def test_hidden_eps_escapes_a_shortened_exponent_range(monkeypatch):
+    """The control that holds power_of_two_bitwise to its whole range: k cut to [-30, 30] lets it through."""
+    from propositions import p2_scale_independence as p2
+    from propositions.kit.common import ControlResult
+    from propositions.kit.protocol import Context
+
+    def margin():
+        evidence = p2.hidden_eps(Context(0, SMALL, "hidden_eps"))
+        return ControlResult.from_checks("hidden_eps", "", evidence.checks).margin
+
+    assert margin() > 1e6
+    monkeypatch.setattr(p2, "LOG2_C_RANGE_BITWISE", (-30, 30))
+    assert margin() < 1
 
 
 @settings(max_examples=3, deadline=None)
