@@ -853,7 +853,12 @@ def markdown(record: dict) -> str:
               f"(sample of {counts['total']} from a population of {counts['population']} reachable sites, seed {record['seed']}; "
               f"{counts['survived']} survived: {counts['equivalent']} equivalent, {counts['out_of_scope']} out of scope, {counts['gaps']} gaps, "
               f"{counts['unclassified']} unclassified; {counts['invalid']} invalid, {counts['timeout']} timeout). "
-              "score = killed / (total - equivalent - invalid).", "", "### Operators", "",
+              "score = killed / (total - equivalent - invalid).", ""]
+    earlier = record.get("earlier")
+    if earlier:
+        lines += [f"The same {earlier['total']} weakenings (by key) at the earlier run of `{earlier['command']}`: {earlier['killed']} killed "
+                  f"({100 * earlier['score']:.1f}%), {earlier['gaps']} gaps; that run's record is {earlier['file']}.", ""]
+    lines += ["### Operators", "",
               "| operator | what it does | sites | not reached | sampled | killed | survived | invalid | timeout | score |", "|---|---|---|---|---|---|---|---|---|---|"]
     for operator, row in record["operators"].items():
         share = "n/a" if row["score"] is None else f"{100 * row['score']:.0f}%"
@@ -894,8 +899,10 @@ def operator_rows(population: list[Site], unreached: list[Site], entries: list[d
 
 
 def run(out_dir: Path, *, max_children: int, sample: int | None, seed: int, progress: Callable[[str], None],
-        profile: str = PROFILE, repository: Path | None = None) -> dict:
-    """Run the certifier's weakening mutants and write out_dir/mutation-certifier.json; returns its record."""
+        profile: str = PROFILE, repository: Path | None = None, same_as: Path | None = None) -> dict:
+    """Run the certifier's weakening mutants and write out_dir/mutation-certifier.json; returns its record.
+    same_as: an earlier report whose mutants (by key) are run again instead of a sample, to measure
+    what a change of the certificates kills of the same weakenings (a key no longer found is listed)."""
     started = time.perf_counter()
     repository = Path(repository) if repository is not None else Path(__file__).resolve().parents[1]
     work = Path(tempfile.mkdtemp(prefix="certify-weakening-"))
@@ -907,7 +914,14 @@ def run(out_dir: Path, *, max_children: int, sample: int | None, seed: int, prog
         every = discover(pristine, profile)
         population = [s for s in every if reachable(s, base["executed"])]
         unreached = [s for s in every if not reachable(s, base["executed"])]
-        chosen = sample_sites(population, sample, seed)
+        if same_as is not None:
+            keys = [entry["key"] for entry in json.loads(Path(same_as).read_text(encoding="utf-8"))["mutants"]]
+            by_key = {site.key: site for site in every}
+            chosen = [by_key[key] for key in keys if key in by_key]
+            for key in (key for key in keys if key not in by_key):
+                progress(f"no longer found: {key}")
+        else:
+            chosen = sample_sites(population, sample, seed)
         progress(f"unmutated: pass in {base['seconds']:.1f} s; {len(population)} reachable sites ({len(unreached)} not reached), "
                  f"running {len(chosen)} mutants, {max_children} at a time, limit {timeout:.0f} s each")
         state = _Run(pristine, work, profile, timeout, progress, len(chosen))
@@ -922,7 +936,7 @@ def run(out_dir: Path, *, max_children: int, sample: int | None, seed: int, prog
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _write(out_dir, entries, population, unreached, base, timeout, dict(seed=seed, sample=sample, profile=profile,
-                  max_children=max_children, wall_seconds=time.perf_counter() - started))
+                  max_children=max_children, wall_seconds=time.perf_counter() - started, same_as=same_as))
 
 
 def _write(out_dir: Path, entries, population, unreached, base, timeout, settings) -> dict:
@@ -930,7 +944,9 @@ def _write(out_dir: Path, entries, population, unreached, base, timeout, setting
     for entry in entries:
         classify(entry, classes)
     counts = tally(entries)
-    command = (f"python -m certify.weakening --out {out_dir} --sample {settings['sample']} --seed {settings['seed']} "
+    chosen = (f"--same-as {settings['same_as']}" if settings.get("same_as") is not None
+              else f"--sample {settings['sample']} --seed {settings['seed']}")
+    command = (f"python -m certify.weakening --out {out_dir} {chosen} "
                f"--max-children {settings['max_children']}") + ("" if settings["profile"] == PROFILE else f" --profile {settings['profile']}")
     record = {"target": TARGET, "kind": REPORT_KIND, "seed": settings["seed"], "sample": settings["sample"], "population": len(population),
               **{k: counts[k] for k in ("killed", "survived", "invalid", "timeout", "total", "equivalent", "gaps", "score")},
@@ -973,13 +989,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--profile", default=PROFILE, choices=_PROFILE_NAMES, help=f"profile of each certify all (default {PROFILE})")
     parser.add_argument("--reclassify", action="store_true", help="only apply certify/weakening_classes.json to the report in --out")
+    parser.add_argument("--same-as", type=Path, default=None, metavar="REPORT",
+                        help="run the mutants of an earlier mutation-certifier.json again (by key) instead of a sample")
     args = parser.parse_args(argv)
     if args.reclassify:
         print(reclassify(args.out)["markdown"])
         return 0
     try:
         record = run(args.out, max_children=args.max_children, sample=args.sample, seed=args.seed, progress=lambda line: print(line, flush=True),
-                     profile=args.profile)
+                     profile=args.profile, same_as=args.same_as)
     except WeakeningError as error:
         print(f"certify.weakening: {error}", file=sys.stderr)
         return 2
