@@ -401,16 +401,15 @@ def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape
                 direction = np.where(tangent, ref.project_tangent(W64, direction, validate=False), direction)
                 length = radius * rng.uniform(0.0, 1.0, (count, 1, 1))
                 xi = torch.tensor(direction * length / np.linalg.norm(direction, axis=(-2, -1), keepdims=True)).to(dtype)
-                for edge in (False, True):
-                    if edge:  # the basin's edges: a drifted frame and a full-length step along its extreme direction
-                        W, xi = _basin_edges(rng, d, r, count, radius, dtype)
-                        W64 = W.to(torch.float64).numpy()
-                    A = W64 + xi.to(torch.float64).numpy()
+                # the drawn steps, then the basin's edges (a drifted frame and a full-length step along
+                # its extreme direction); the refusal below takes the drawn steps, of full rank
+                for edge, (W_in, xi_in) in enumerate(((W, xi), _basin_edges(rng, d, r, count, radius, dtype))):
+                    A = W_in.to(torch.float64).numpy() + xi_in.to(torch.float64).numpy()
                     singular = np.linalg.svd(A, compute_uv=False)
-                    computed = retract(W, xi, radius).to(torch.float64).numpy()
+                    computed = retract(W_in, xi_in, radius).to(torch.float64).numpy()
                     checks["retract"].add(np.linalg.norm(computed - ref.project_to_manifold(A), axis=(-2, -1)),
                                           retract_bound(d, r, dtype_name, radius, np.linalg.norm(A, axis=(-2, -1)), singular[:, -1], singular[:, 0]),
-                                          shape=(d, r), key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius, "basin_edge": edge})
+                                          shape=(d, r), key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius, "basin_edge": bool(edge)})
                 try:
                     retract(W[:1], xi[:1] * (1.5 * radius / float(torch.linalg.matrix_norm(xi[:1].double()).max())), radius)
                     refused = False
@@ -551,6 +550,11 @@ EDITED_CONTROLS = {
                                "    return torch.where(finite, inverse_sqrt, 0.0)\n", "polar_retract",
                                "a polar_retract whose eigh route returns S^(-1/2) = 0 for a frame with a non-finite Gram matrix: its "
                                "result is the zero matrix, which looks finite"),
+    "refusal_in_spectral_norm": ("torch_impl.functional",
+                                 "largest = float(torch.linalg.matrix_norm(xi.to(torch.float64)).max()) if xi.numel() else 0.0",
+                                 "largest = float(torch.linalg.matrix_norm(xi.to(torch.float64), ord=2).max()) if xi.numel() else 0.0",
+                                 "polar_retract", "a polar_retract that measures the step in the spectral norm before refusing it: a step "
+                                 "longer than the trust radius in the Frobenius norm, of rank above one, is taken"),
     "spectral_feasibility": ("reference_impl._validation", "    return np.linalg.norm(gram - np.eye(r), axis=(-2, -1))\n",
                              "    return np.linalg.norm(gram - np.eye(r), ord=2, axis=(-2, -1))\n", "stiefel_residual",
                              "the reference measuring ||W^T W - I|| in the spectral norm (feasibility and the manifold check), "
@@ -567,7 +571,7 @@ def _edited(name: str, attribute: str | None = None):
 
 def control_part(ctx: Context) -> Evidence | None:
     name = ctx.optimizer
-    if name in ("shortcut_retract", "nonfinite_frame_zeroed"):
+    if name in ("shortcut_retract", "nonfinite_frame_zeroed", "refusal_in_spectral_norm"):
         try:
             import torch_impl  # noqa: F401
         except ImportError:
