@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 from .common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
+from .source_edits import SourceEditError
 from .parallel import map_chunks
 from .parallel import start as start_task
 from .parallel import start_named
@@ -345,9 +346,15 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
         if not part.background:
             evidence[part.name] = _timed(timings, part.name, part.run, ctx)
 
-    controls, control_evidence = [], []
+    controls, control_evidence, unplanted = [], [], []
     for control in claim.controls:
-        found = _timed(timings, "controls", control.run, ctx.for_control(control.name))
+        try:
+            found = _timed(timings, "controls", control.run, ctx.for_control(control.name))
+        except SourceEditError as error:
+            # a bug written into the source as it was: that source has changed, and the control says so
+            # (the claim is inconclusive) while the checks still judge the code as it is
+            unplanted.append(f"control {control.name} could not be planted: {error}")
+            continue
         if found is None:
             continue
         controls.append(ControlResult.from_checks(control.name, control.describe(), found.checks))
@@ -357,7 +364,9 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
         evidence[name] = _timed(timings, name, task.result)
     symbolic_result = _timed(timings, "symbolic_wait", symbolic.result) if symbolic else derive_symbolic(claim.symbolic)
 
-    return _assemble(claim, ctx, symbolic_result, exact, evidence, controls, control_evidence, timings)
+    result = _assemble(claim, ctx, symbolic_result, exact, evidence, controls, control_evidence, timings)
+    result.inconclusive += unplanted
+    return result
 
 
 def _stream_defects(seed: int, claim_id: str) -> list[str]:
