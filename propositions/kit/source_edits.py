@@ -6,7 +6,8 @@ replaced by `new` into a fresh module object of the same package and returns its
 real module is never touched: the broken class lives in its own module, whose helpers are its own
 copies (the edited one among them), so nothing else in the process meets the bug. `old` must occur
 exactly once; a source that has moved on raises SourceEditError, naming the text, and the claim
-that runs the control then errs instead of passing without it."""
+that runs the control is then inconclusive and says which control could not be planted, while its
+checks still judge the code as it is (kit/protocol.run_claim), instead of passing without it."""
 
 from __future__ import annotations
 
