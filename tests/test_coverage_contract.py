@@ -69,3 +69,37 @@ def test_the_committed_certificates_meet_the_contract():
             target["shapes"] = target["shapes"][1:] if target["shapes"][0] == [int(n) for n in wanted[target["name"]]["shapes"][0].split("x")] \
                 else [s for s in target["shapes"] if "x".join(map(str, s)) != wanted[target["name"]]["shapes"][0]]
             assert cc.shortfalls(certificate["id"], "default", narrowed), path.name
+
+
+def test_the_same_residuals_added_twice_are_named_and_fresh_ones_are_not():
+    import numpy as np
+
+    from propositions._common import NumericalCheck
+
+    residuals = np.random.default_rng(0).uniform(0.0, 1e-16, 32)
+    check = NumericalCheck("c", "d", "b")
+    check.add(residuals, 1e-15, shape=(3, 2), key=("P9", "x", 3, 2, 0))
+    check.add(residuals * 1.5, 1e-15, shape=(3, 2), key=("P9", "x", 3, 2, 1))
+    assert check.repeated == []
+    check.add(residuals, 1e-15, shape=(3, 2), key=("P9", "x", 3, 2, 2))  # chunk 2 drew what chunk 0 drew
+    assert len(check.repeated) == 1 and "P9/x/3/2/0" in check.repeated[0][0]
+    # rounding-level residuals take a few values and coincide by chance: not fingerprinted
+    quantized = NumericalCheck("q", "d", "b")
+    for index in range(2):
+        quantized.add(np.array([0.0, 1.1e-16, 2.2e-16] * 8), 1e-15, key=("P9", "q", index))
+    assert quantized.repeated == []
+    # a merge of partial checks sees a repeat across them too
+    first, second = NumericalCheck("m", "d", "b"), NumericalCheck("m", "d", "b")
+    first.add(residuals, 1e-15, key=("P9", "m", 0))
+    second.add(residuals, 1e-15, key=("P9", "m", 1))
+    assert first.merge(second).repeated
+
+
+def test_a_key_that_no_longer_separates_streams_makes_every_claim_inconclusive(monkeypatch):
+    import numpy as np
+
+    from propositions.kit import common, protocol
+
+    assert protocol._stream_defects(0, "P9") == []
+    monkeypatch.setattr(common, "rng_for", lambda seed, *key: np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed)))))
+    assert any("same stream for different keys" in reason for reason in protocol._stream_defects(0, "P9"))
