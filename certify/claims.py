@@ -302,7 +302,10 @@ def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: di
         # its place, as a test's double), which the contract does not describe
         return data
     reasons = coverage_contract.shortfalls(claim_id, profile, data.get("numerical", {}).get("checks", []))
-    data = {**data, "extra": {**data.get("extra", {}), "evidence_contract": {"checks": len(contract), "shortfalls": len(reasons)}}}
+    draws = coverage_contract.load_draws().get(profile, {}).get(claim_id) or {}
+    reasons += coverage_contract.draw_shortfalls(claim_id, profile, data.get("extra", {}).get("draw_keys") or {})
+    data = {**data, "extra": {**data.get("extra", {}), "evidence_contract": {"checks": len(contract), "draw_groups": len(draws),
+                                                                           "shortfalls": len(reasons)}}}
     data["inconclusive"] = list(data.get("inconclusive", [])) + reasons
     return data
 

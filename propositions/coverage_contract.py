@@ -16,6 +16,14 @@ profile, with the claim's default options, is inconclusive when
 * its largest residual/bound fell more than RATIO_SLACK below the least that those seeds reached
   (a bound loosened, or draws that no longer reach it), for a check whose count is fixed and whose
   largest ratio those seeds agree on within STABLE.
+* a drawn parameter the check records (NumericalCheck.reach: a weight decay, a scale, a condition
+  number, a step count) reached less far than those seeds all reached, by more than REACH_SLACK of
+  the span they agree on (a range cut short): held where the seeds' ends agree within REACH_STABLE
+  of that span;
+* a group of its draws (the draw ledger: the first two labels of an rng_for key) asked for fewer
+  distinct keys than those seeds did: exactly as many where every seed gave the same count, else at
+  least the least of them over STABLE. A key that lost the part that varies per shape, dtype, chunk
+  or step draws the same numbers for what were independent draws, and the count falls.
 
 The contract covers the numerical checks only; the symbolic and exact tiers state their own cases.
 A profile the contract does not name (thorough, a test's own) is not held to it. Changing what a
@@ -39,6 +47,11 @@ RATIO_SLACK = 4.0
 RATIO_FLOOR = 1e-3
 # counts and ratios that moved by more than this factor between the seeds are held loosely (above)
 STABLE = 2.0
+# a drawn parameter's ends may fall short of the contracted ends by this share of their span (draws
+# near a range's ends move a little from seed to seed; a range cut to half its span moves an end by a
+# quarter of it), and are contracted only where the seeds' ends agree within REACH_STABLE of the span
+REACH_SLACK = 0.1
+REACH_STABLE = 0.05
 
 
 def load(path: Path = CONTRACT_FILE) -> dict:
@@ -46,6 +59,62 @@ def load(path: Path = CONTRACT_FILE) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))["profiles"]
     except FileNotFoundError:
         return {}
+
+
+def load_draws(path: Path = CONTRACT_FILE) -> dict:
+    """{profile: {claim: {draw group: {"keys", "fixed"}}}} of the committed contract."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("draws", {})
+    except FileNotFoundError:
+        return {}
+
+
+def _reach_contract(spans: list[list[list[float]]]) -> dict | None:
+    """The ends every seed reached ([low, high] per seed): low at most the largest low, high at least
+    the smallest high, with REACH_SLACK of the span as give; None where the seeds disagree."""
+    lows, highs = [float(s[0]) for s in spans], [float(s[1]) for s in spans]
+    low, high = max(lows), min(highs)
+    span = high - low
+    if not all(math.isfinite(x) for x in lows + highs) or span < 0:
+        return None
+    if span > 0 and (max(lows) - min(lows) > REACH_STABLE * span or max(highs) - min(highs) > REACH_STABLE * span):
+        return None
+    if span == 0 and (len(set(lows)) > 1 or len(set(highs)) > 1):
+        return None
+    return {"low_at_most": low + REACH_SLACK * span, "high_at_least": high - REACH_SLACK * span}
+
+
+def written_draws(certificates: list[dict]) -> dict:
+    """The draw ledger's contract of one profile and claim from its certificates at several seeds:
+    per group the distinct keys (exact where every seed gave the same count, else the least over STABLE)."""
+    counts: dict = {}
+    for certificate in certificates:
+        for group, keys in (certificate.get("extra", {}).get("draw_keys") or {}).items():
+            counts.setdefault(group, []).append(int(keys))
+    contract = {}
+    for group, found in sorted(counts.items()):
+        if len(found) != len(certificates):
+            continue
+        fixed = len(set(found)) == 1
+        contract[group] = {"keys": found[0] if fixed else max(1, int(min(found) // STABLE)), "fixed": fixed}
+    return contract
+
+
+def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict | None = None) -> list[str]:
+    """Why a certificate's draw ledger (extra.draw_keys) holds fewer independent draws than the
+    contract (empty: none, or no contract for that profile and claim)."""
+    contract = load_draws() if contract is None else contract
+    wanted = contract.get(profile, {}).get(claim_id)
+    if not wanted:
+        return []
+    reasons = []
+    for group, entry in wanted.items():
+        found = int((draw_keys or {}).get(group, 0))
+        if found < entry["keys"]:
+            how = "at every seed the contract was written from" if entry["fixed"] else "at least"
+            reasons.append(f"coverage contract: draw group {group} asked rng_for for {found} distinct keys, fewer than the "
+                           f"{entry['keys']} contracted ({how}): draws that were independent now share a stream")
+    return reasons
 
 
 def _shape_key(shape) -> str:
@@ -63,6 +132,7 @@ def written(certificates: list[dict]) -> dict:
             entry["counts"].append(int(check["samples"]))
             ratio = check.get("max_ratio")
             entry["ratios"].append(float(ratio) if isinstance(ratio, (int, float)) else math.nan)
+            entry.setdefault("reach", []).append(check.get("reach") or {})
     contract = {}
     for name, entry in by_check.items():
         if len(entry["counts"]) != len(certificates) or min(entry["counts"]) == 0:
@@ -76,6 +146,12 @@ def written(certificates: list[dict]) -> dict:
         contract[name] = {"shapes": shapes, "samples": samples, "fixed": fixed}
         if fixed and all(math.isfinite(x) for x in ratios) and min(ratios) > RATIO_FLOOR and max(ratios) <= STABLE * min(ratios):
             contract[name]["max_ratio_at_least"] = min(ratios) / RATIO_SLACK
+        reached = entry.get("reach") or []
+        common = set.intersection(*(set(r) for r in reached)) if reached else set()
+        reach = {parameter: _reach_contract([r[parameter] for r in reached]) for parameter in sorted(common)}
+        reach = {parameter: ends for parameter, ends in reach.items() if ends is not None}
+        if reach:
+            contract[name]["reach"] = reach
     return contract
 
 
@@ -103,6 +179,11 @@ def shortfalls(claim_id: str, profile: str, checks: list[dict], contract: dict |
             reasons.append(f"coverage contract: check {name} reached at most {ratio:.3g} of its bound, below the {floor:.3g} contracted "
                            f"(a {RATIO_SLACK:g}th of the least reached at the seeds it was written from): its bound is looser than it was, "
                            "or its draws no longer reach it")
+        for parameter, ends in (entry.get("reach") or {}).items():
+            low, high = (check.get("reach") or {}).get(parameter, [math.inf, -math.inf])
+            if low > ends["low_at_most"] or high < ends["high_at_least"]:
+                reasons.append(f"coverage contract: check {name} drew {parameter} over [{low:.4g}, {high:.4g}], short of the contracted "
+                               f"reach (down to {ends['low_at_most']:.4g}, up to {ends['high_at_least']:.4g}): its range was cut")
         if check["samples"] < entry["samples"]:
             how = "exactly that many at every seed the contract was written from" if entry["fixed"] else "at least one"
             reasons.append(f"coverage contract: check {name} holds {check['samples']} samples, fewer than the {entry['samples']} "
@@ -129,11 +210,13 @@ def main(argv: list[str] | None = None) -> int:
             if certificate["numerical"].get("profile") != args.profile:
                 raise SystemExit(f"{path}: profile {certificate['numerical'].get('profile')}, not {args.profile}")
             per_claim.setdefault(certificate["id"], []).append(certificate)
-    profiles = load()
-    profiles[args.profile] = {claim_id: written(certificates) for claim_id, certificates in sorted(per_claim.items())
-                              if len(certificates) == len(args.dirs)}
+    profiles, draws = load(), load_draws()
+    complete = {claim_id: certificates for claim_id, certificates in sorted(per_claim.items()) if len(certificates) == len(args.dirs)}
+    profiles[args.profile] = {claim_id: written(certificates) for claim_id, certificates in complete.items()}
+    draws[args.profile] = {claim_id: written_draws(certificates) for claim_id, certificates in complete.items()}
     CONTRACT_FILE.write_text(json.dumps({"note": "written by python -m propositions.coverage_contract; see its docstring",
-                                         "seeds": list(SEEDS), "profiles": profiles}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+                                         "seeds": list(SEEDS), "profiles": profiles, "draws": draws}, indent=1, sort_keys=True) + "\n",
+                             encoding="utf-8")
     print(f"{CONTRACT_FILE}: {args.profile}: {sum(len(c) for c in profiles[args.profile].values())} checks of "
           f"{len(profiles[args.profile])} claims")
     return 0
@@ -143,4 +226,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "SEEDS", "STABLE", "load", "shortfalls", "written"]
+__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "load", "load_draws", "shortfalls",
+           "written", "written_draws"]

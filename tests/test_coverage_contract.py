@@ -103,3 +103,71 @@ def test_a_key_that_no_longer_separates_streams_makes_every_claim_inconclusive(m
     assert protocol._stream_defects(0, "P9") == []
     monkeypatch.setattr(common, "rng_for", lambda seed, *key: np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed)))))
     assert any("same stream for different keys" in reason for reason in protocol._stream_defects(0, "P9"))
+
+
+def test_the_draw_ledger_counts_distinct_keys_per_group_wherever_the_tasks_ran():
+    from propositions.kit.common import rng_for
+    from propositions.kit.parallel import drawing, map_tasks
+    from propositions.kit.protocol import draw_counts
+
+    with drawing() as drawn:
+        rng_for(0, "P9", "x", 3, 2, 0)
+        rng_for(0, "P9", "x", 3, 2, 0)  # the same stream asked twice counts once
+        map_tasks(_draw_in_a_task, [(index,) for index in range(3)])
+        with drawing():  # an inner frame keeps its own (a control's redraws)
+            rng_for(0, "P9", "x", 9, 9, 9)
+    assert draw_counts(drawn) == {"P9/x": 1, "P9/y": 3}
+    rng_for(0, "P9", "z")  # outside any frame: nothing is recorded, nothing fails
+
+
+def _draw_in_a_task(index):
+    from propositions.kit.common import rng_for
+
+    return rng_for(0, "P9", "y", index).standard_normal()
+
+
+def test_a_key_cut_short_or_a_group_gone_is_a_draw_shortfall():
+    certificates = [{"extra": {"draw_keys": {"P9/x": 12, "P9/y": 30 + seed}}} for seed in range(3)]
+    contract = cc.written_draws(certificates)
+    assert contract == {"P9/x": {"keys": 12, "fixed": True}, "P9/y": {"keys": int(30 // cc.STABLE), "fixed": False}}
+    wanted = {"quick": {"P9": contract}}
+    assert cc.draw_shortfalls("P9", "quick", {"P9/x": 12, "P9/y": 16}, wanted) == []
+    for what, found in {"a key without its chunk index": {"P9/x": 4, "P9/y": 31},
+                        "every key of a group one stream": {"P9/x": 12, "P9/y": 1},
+                        "a group gone": {"P9/y": 31}}.items():
+        assert cc.draw_shortfalls("P9", "quick", found, wanted), what
+    assert cc.draw_shortfalls("P9", "thorough", {}, wanted) == []
+
+
+def test_a_range_cut_short_is_a_reach_shortfall_and_draws_near_the_ends_are_not():
+    def certificate(low, high):
+        return _certificate({**_check("a", [(3, 2)], 40, 0.5), "reach": {"log10_lambda": [low, high], "steps": [8.0, 8.0]}})
+
+    contract = cc.written([certificate(-6.0 + 0.01 * seed, 3.0 - 0.02 * seed) for seed in range(3)])
+    reach = contract["a"]["reach"]
+    assert reach["steps"] == {"low_at_most": 8.0, "high_at_least": 8.0}
+    assert reach["log10_lambda"]["low_at_most"] < -5.0 and reach["log10_lambda"]["high_at_least"] > 2.0
+    wanted = {"quick": {"P9": contract}}
+
+    def found(low, high, steps=8.0):
+        return [{**_check("a", [(3, 2)], 40, 0.5), "reach": {"log10_lambda": [low, high], "steps": [steps, steps]}}]
+
+    assert cc.shortfalls("P9", "quick", found(-5.97, 2.95), wanted) == []
+    for what, checks in {"the range cut to a quarter of its span": found(-2.6, 0.4),
+                         "its top end cut": found(-6.0, 0.75),
+                         "fewer steps": found(-6.0, 3.0, steps=4.0),
+                         "no reach recorded": [_check("a", [(3, 2)], 40, 0.5)]}.items():
+        assert any("range was cut" in reason for reason in cc.shortfalls("P9", "quick", checks, wanted)), what
+    # seeds whose ends disagree (a few draws of a wide range) are not held to them
+    assert set(cc.written([certificate(-6.0 + 2.0 * seed, 3.0) for seed in range(3)])["a"]["reach"]) == {"steps"}
+
+
+def test_a_check_merges_the_reach_of_its_partial_checks():
+    from propositions._common import NumericalCheck
+
+    first, second = NumericalCheck("m", "d", "b"), NumericalCheck("m", "d", "b")
+    first.add([1e-17], 1e-15)
+    first.reach("log10_c", [-3.0, 1.0])
+    second.add([1e-17], 1e-15)
+    second.reach("log10_c", [2.5])
+    assert first.merge(second).to_dict()["reach"] == {"log10_c": [-3.0, 2.5]}

@@ -37,6 +37,7 @@ import numpy as np
 from reference_impl import UNIT_ROUNDOFF, random_point
 
 from .figures import figures_to_dict
+from .parallel import note_draw
 
 u = UNIT_ROUNDOFF
 
@@ -191,9 +192,20 @@ def spawn_key(*key: Any) -> list[int]:
     return [_key_word(part) for part in key]
 
 
+def draw_group(*key: Any) -> str:
+    """The group a draw key is counted under in the draw ledger: its first two labels (the claim or
+    tool, and the part or label), as in "P5/decay"."""
+    return "/".join(str(part) for part in key[:2])
+
+
 def rng_for(seed: int, *key: Any) -> np.random.Generator:
-    """Generator for the draw identified by (seed, key): independent streams for distinct keys."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=spawn_key(*key))))
+    """Generator for the draw identified by (seed, key): independent streams for distinct keys.
+
+    Each call is noted in the draw ledger (kit.parallel.drawing): a claim's certificate counts the
+    distinct keys each group asked for, and the coverage contract holds that count."""
+    words = spawn_key(*key)
+    note_draw(draw_group(*key), (int(seed), *words))
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=words)))
 
 
 def chunk_frames(seed: int, claim_id: str, label: str, chunk) -> tuple[tuple, np.random.Generator, np.ndarray]:
@@ -264,6 +276,19 @@ class NumericalCheck:
     # fingerprints of the residual arrays added (repeated_draws): digest -> where it was first added
     _draws: dict = field(default_factory=dict)
     repeated: list = field(default_factory=list)  # [(first place, second place)] of residual arrays added twice
+    # how far each named drawn parameter reached (reach): name -> [smallest, largest]
+    extent: dict = field(default_factory=dict)
+
+    def reach(self, name: str, values) -> None:
+        """Record the values a drawn or gridded parameter of this check took (a weight decay, the log10
+        of a scale or of a condition number, a step count): the certificate keeps the smallest and the
+        largest, and the coverage contract holds them (a range cut short reaches less far)."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.size == 0:
+            return
+        low, high = float(np.min(values)), float(np.max(values))
+        known = self.extent.get(name)
+        self.extent[name] = [low, high] if known is None else [min(known[0], low), max(known[1], high)]
 
     def _fingerprint(self, residual: np.ndarray, shape, key) -> None:
         """Remember the residuals of one add. Two adds of the same non-integer residuals, bit for bit,
@@ -345,6 +370,8 @@ class NumericalCheck:
         """
         if other.name != self.name:
             raise ValueError(f"cannot merge check {other.name!r} into check {self.name!r}")
+        for name, (low, high) in other.extent.items():
+            self.reach(name, [low, high])
         if not other.samples:
             return self
         self.samples += other.samples
@@ -384,6 +411,7 @@ class NumericalCheck:
         twin._ratio_pool = list(self._ratio_pool)
         twin._draws = dict(self._draws)
         twin.repeated = list(self.repeated)
+        twin.extent = {name: list(span) for name, span in self.extent.items()}
         twin.worst = copy.deepcopy(self.worst, memo)
         return twin
 
@@ -440,6 +468,7 @@ class NumericalCheck:
             "passed": self.passed,
             "worst_case": self.worst,
             "ratio_histogram": {"log10_edges": RATIO_BINS.tolist(), "counts": self._ratio_hist.tolist(), "zeros": self._zeros},
+            **({"reach": {name: list(span) for name, span in sorted(self.extent.items())}} if self.extent else {}),
         }
 
 

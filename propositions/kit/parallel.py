@@ -67,6 +67,8 @@ class Outcome:
     warnings: list = field(default_factory=list)
     # (label, seconds) of this task's own work and of every task it ran in turn (see timing())
     timings: list = field(default_factory=list)
+    # the draw keys (group, spawn key) it and the tasks it ran in turn asked rng_for for (see drawing())
+    draws: list = field(default_factory=list)
 
 
 def one_line(error: BaseException) -> str:
@@ -89,6 +91,9 @@ def run_task(fn: Callable, args: tuple, kwargs: dict, label: str = "") -> Outcom
     frames_open = _timing_frames()
     nested: list = []
     frames_open.append(nested)
+    draws_open = _draw_frames()
+    drawn: set = set()
+    draws_open.append(drawn)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -100,6 +105,8 @@ def run_task(fn: Callable, args: tuple, kwargs: dict, label: str = "") -> Outcom
             outcome.error_type, outcome.error_message = type(error).__name__, " ".join(str(error).split())
         finally:
             _close(frames_open, nested)
+            _close(draws_open, drawn)
+    outcome.draws = sorted(drawn)
     outcome.warnings = [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
     own = time.perf_counter() - started - sum(seconds for _, seconds in nested)
     outcome.timings = [(label or _name(fn), max(own, 0.0))] + nested
@@ -145,6 +152,45 @@ def _record(outcome: Outcome) -> None:
     frames_open = _timing_frames()
     if frames_open:
         frames_open[-1].extend(outcome.timings)
+    draws_open = _draw_frames()
+    if draws_open:
+        draws_open[-1].update(outcome.draws)
+
+
+# --------------------------------------------------------------------------------------------
+# The draw ledger
+# --------------------------------------------------------------------------------------------
+
+
+def _draw_frames() -> list:
+    frames = getattr(_THREAD, "draws", None)
+    if frames is None:
+        frames = _THREAD.draws = []
+    return frames
+
+
+def note_draw(group: str, key: tuple) -> None:
+    """Record that a stream with spawn key `key` of draw group `group` was asked for (rng_for calls
+    this), in the innermost open drawing() frame of this thread or task; nothing when none is open."""
+    frames = getattr(_THREAD, "draws", None)
+    if frames:
+        frames[-1].add((group, tuple(key)))
+
+
+@contextlib.contextmanager
+def drawing():
+    """Collect the distinct draw keys, (group, spawn key), that the enclosed code asks rng_for for,
+    wherever its tasks run (each task's Outcome carries its own back, like its timings): a set,
+    filled as the code runs. Two call sites, or two chunks, that ask for one key draw the same
+    numbers; a call site whose key lost the part that varies per shape, dtype or chunk asks for
+    fewer distinct keys, which the coverage contract counts (propositions/coverage_contract.py)."""
+    frame: set = set()
+    frames_open = _draw_frames()
+    frames_open.append(frame)
+    try:
+        yield frame
+    finally:
+        _close(frames_open, frame)
 
 
 class Inline:
@@ -347,4 +393,4 @@ def map_chunks(fn: Callable, chunks: Sequence, *args, task_label: str | None = N
                      label=f"{_label() + ' ' if _label() else ''}{task_label or fn.__name__}")
 
 
-__all__ = ["timing", "Inline", "Outcome", "TaskFailed", "Call", "Pending", "current", "installed", "install_for_process", "reporting", "labelled", "run_task", "one_line", "map_tasks", "map_chunks", "start", "start_named"]
+__all__ = ["timing", "Inline", "Outcome", "TaskFailed", "Call", "Pending", "current", "installed", "install_for_process", "reporting", "labelled", "run_task", "one_line", "drawing", "note_draw", "map_tasks", "map_chunks", "start", "start_named"]

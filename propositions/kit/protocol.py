@@ -45,7 +45,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 from .common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
 from .source_edits import SourceEditError
-from .parallel import map_chunks
+from .parallel import drawing, map_chunks
 from .parallel import start as start_task
 from .parallel import start_named
 
@@ -335,6 +335,23 @@ def run_claim(claim: Claim, ctx: Context) -> ClaimResult:
 
 
 def _run(claim: Claim, ctx: Context) -> ClaimResult:
+    # the distinct draw keys of the claim's own tiers and parts, per group (the draw ledger; the
+    # controls' draws are their own: a control redraws the checks' frames on purpose)
+    with drawing() as drawn:
+        result = _run_drawn(claim, ctx)
+    result.extra["draw_keys"] = draw_counts(drawn)
+    return result
+
+
+def draw_counts(drawn: Iterable) -> dict[str, int]:
+    """{group: distinct draw keys} of a drawing() frame, in group order."""
+    counts: dict[str, int] = {}
+    for group, _ in drawn:
+        counts[group] = counts.get(group, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _run_drawn(claim: Claim, ctx: Context) -> ClaimResult:
     timings: dict[str, float] = {}
     # a tier with nothing to derive is not worth a task
     symbolic = start_task(derive_symbolic, claim.symbolic) if claim.symbolic.derive is not None else None
@@ -349,7 +366,8 @@ def _run(claim: Claim, ctx: Context) -> ClaimResult:
     controls, control_evidence, unplanted = [], [], []
     for control in claim.controls:
         try:
-            found = _timed(timings, "controls", control.run, ctx.for_control(control.name))
+            with drawing():
+                found = _timed(timings, "controls", control.run, ctx.for_control(control.name))
         except SourceEditError as error:
             # a bug written into the source as it was: that source has changed, and the control says so
             # (the claim is inconclusive) while the checks still judge the code as it is
@@ -400,7 +418,8 @@ def _assemble(claim: Claim, ctx: Context, symbolic_result, exact, evidence: dict
         _merge_into(figures, found.figures, "figure", claim.id)
         notes += found.notes
         inconclusive += found.inconclusive
-    inconclusive += _stream_defects(ctx.seed, claim.id)
+    with drawing():  # the probe's keys are not the claim's draws
+        inconclusive += _stream_defects(ctx.seed, claim.id)
     # the same float residuals added twice: the same draws twice, where the check counts them as two
     inconclusive += [f"check {check.name}: the same residuals were added twice ({first}; then {second}): its draws are not "
                      "independent, so it holds fewer distinct samples than it counts" for check in checks for first, second in check.repeated[:1]]
