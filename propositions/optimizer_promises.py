@@ -167,8 +167,9 @@ def sync_free_bit_for_bit(subject, check, seed: int) -> None:
                     Wk, mk, vk = subject.kernel(Wk, G, mk, vk, t, lr=0.01, trust_radius=0.5, sync_free=sync_free)
                 outputs.append((Wk, mk, vk))
             residual = max(_ulps(a, b) for a, b in zip(*outputs))
-            check.add([residual], 0.5, key=("promise", "sync", dtype_name, d, r), seed=seed,
+            check.add([residual], 0.5, shape=(d, r), key=("promise", "sync", dtype_name, d, r), seed=seed,
                       extra={"dtype": dtype_name, "shape": [d, r], "route_test_runs": bool(_route_test_runs(functional, d, r, dtype))})
+            check.reach("frames", frames)
 
 
 def _route_test_runs(functional, d: int, r: int, dtype) -> bool:

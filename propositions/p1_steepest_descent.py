@@ -288,6 +288,7 @@ def slope_tests(seed: int, profile: Profile) -> tuple[list[NumericalCheck], list
                 residual = located["slope_error"] if located["decades"] >= MIN_DECADES else math.inf
                 checks[name].add(np.array([residual]), SLOPE_TOL, shape=(d, r), key=key, seed=seed,
                                  extra={"frame": k, "window": located["window"], "slope": located["slope"]})
+                checks[name].reach("log10_s", np.log10(SLOPE_GRID))
                 summary[name].append({"shape": [d, r], "frame": k, **located, "floor": floor})
                 if k == 0:
                     curves.append({

@@ -344,6 +344,8 @@ def trajectory_chunk(chunk, seed: int, profile: Profile, optimizer, *, weight_de
         worst = int(np.argmax(ratio))
         check.add(worst_residual[compared], worst_bound[compared], shape=(d, r), key=key, seed=seed,
                   extra={"c": float(c[worst]), "step": int(worst_t[worst]) + 1})
+        check.reach("log10_c", np.log10(c[compared]))
+        check.reach("steps", bound.shape[0])
     if weight_decay > 0:
         counts.add({"power_frames": int(np.sum(pure_power)),
                     "power_bitwise": int(np.sum(np.all(W_scaled == W_one, axis=(0, -2, -1))[pure_power]))})

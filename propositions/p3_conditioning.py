@@ -651,6 +651,10 @@ def step_chunk(chunk, seed: int, optimizer) -> Evidence:
     G = wide_scale_gradients(rng, W.shape, precisions.of(variant).scale_decades)
     G_second = G * (10.0 ** rng.uniform(-1.0, 1.0, size=(count, 1, 1))) * rng.standard_normal(W.shape)
     unrecoverable, coarse, sources = _chunk_steps(checks, variant, W, G, G_second, key, seed)
+    for check in checks.values():
+        if check.samples:
+            norms = frobenius(G)
+            check.reach("log10_gradient_norm", np.log10(norms[norms > 0]))
     return Evidence(checks=list(checks.values()), frames=count,
                     extra={"direction_source": Counts(dict.fromkeys(sources, 1)),
                            "left_out": Counts(unrecoverable=unrecoverable, coarse=coarse)})
@@ -744,6 +748,7 @@ def _random_tangents(checks, W, rng: np.random.Generator, **where) -> None:
     singular_range.add(out_of_range, sv_bound, **where)
     cond = singular[:, 0] / singular[:, -1]
     cond_bound.add(np.maximum(cond - STEP_KAPPA, 0.0), 2 * sv_bound * STEP_KAPPA, **where)
+    cond_bound.reach("xi_norm_over_radius", norm_xi / delta)
 
 
 def _rank_one_tangents(attained: NumericalCheck, W, rng: np.random.Generator, **where) -> None:
@@ -884,6 +889,7 @@ def long_run(seed: int, profile: Profile, optimizer: str) -> tuple[NumericalChec
     )
     bound = feasibility_bound(d, r) if precision.is_float64 else low_precision_feasibility_bound(d, r, precision)
     check.add(feas.ravel(), bound, shape=(d, r), key=key, seed=seed)
+    check.reach("steps", steps)
     max_per_step = feas.max(axis=-1)
     checkpoints = [c for c in LONG_RUN_CHECKPOINTS if c <= steps]
     at_checkpoints = {str(c): float(max_per_step[c - 1]) for c in checkpoints}

@@ -449,6 +449,8 @@ def _lambda_group(checks, variant, seed: int, steps: int, d: int, r: int, size: 
     # a black box's fresh state is, by docs/algorithm.md's init, m = 0, v = 0, t = 0
     fresh = state if observable else StiefelAdamState(m=np.zeros_like(W), v=np.zeros(W.shape[:-2]), t=0)
     _step_pair(checks, "step_weight_decay_invariance", variant, W, G, state, fresh, configs, None, **record)
+    checks["step_weight_decay_invariance"].reach("log10_weight_decay", math.log10(lam))
+    checks["step_weight_decay_invariance"].reach("log10_gradient_scale", np.log10(scale))
     if trajectory_size == 0:
         return
     if not observable:  # the bound of a later step reads the state the step holds
@@ -462,6 +464,8 @@ def _lambda_group(checks, variant, seed: int, steps: int, d: int, r: int, size: 
         G_t = scale[:trajectory_size] * rng.standard_normal(W_t.shape)
         W_t, state_t = _step_pair(checks, "trajectory_weight_decay_invariance", variant, W_t, G_t, state_t, state_t,
                                   configs, step_index, **record)
+    checks["trajectory_weight_decay_invariance"].reach("log10_weight_decay", math.log10(lam))
+    checks["trajectory_weight_decay_invariance"].reach("steps", steps)
 
 
 def _step_pair(checks, name: str, variant, W, G, state, bound_state, configs, step: int | None, *, seed, key, extra):

@@ -306,11 +306,15 @@ def exact_checks(seed: int) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def random_layers(rng: np.random.Generator, count: int, n: int, d: int, r: int):
+def random_layers(rng: np.random.Generator, count: int, n: int, d: int, r: int, scales: dict | None = None):
     """count random attention layers: X (count, n, d), W_Q, W_K (count, d, r) Haar frames,
-    W_V (count, d, VALUE_DIM), Y (count, n, VALUE_DIM), float64, with per-layer scales."""
-    token_scale = 10.0 ** rng.uniform(*TOKEN_LOG10_SCALE, size=(count, 1, 1))
-    value_scale = 10.0 ** rng.uniform(*VALUE_LOG10_SCALE, size=(count, 1, 1))
+    W_V (count, d, VALUE_DIM), Y (count, n, VALUE_DIM), float64, with per-layer scales (their log10
+    put in `scales` where given, for the checks' reach)."""
+    token_log10 = rng.uniform(*TOKEN_LOG10_SCALE, size=(count, 1, 1))
+    value_log10 = rng.uniform(*VALUE_LOG10_SCALE, size=(count, 1, 1))
+    token_scale, value_scale = 10.0 ** token_log10, 10.0 ** value_log10
+    if scales is not None:
+        scales.update(log10_token_scale=token_log10.ravel(), log10_value_scale=value_log10.ravel())
     X = token_scale * rng.standard_normal((count, n, d))
     W_Q = random_point(d, r, rng, batch=(count,))
     W_K = random_point(d, r, rng, batch=(count,))
@@ -403,11 +407,15 @@ def layer_chunk(chunk, seed: int, optimizer: str, use_torch: bool) -> Evidence:
     )
     key = (CLAIM_ID, "layers", d, r, n, chunk_index)
     rng = rng_for(seed, *key)
-    X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r)
+    scales: dict = {}
+    X, W_Q, W_K, W_V, Y = random_layers(rng, count, n, d, r, scales)
     _, grads, fwd = attention.loss_and_gradients(X, W_Q, W_K, W_V, Y)
     omega, omega_norm = random_skew(rng, count, r)
     _gauge_sample(checks, optimizer, X, W_Q, W_K, grads.W_Q, grads.W_K, fwd, grads, omega, omega_norm,
                   shape=(d, r), key=key, seed=seed)
+    for name, values in scales.items():
+        checks["gauge_residual"].reach(name, values)
+        finite_difference.reach(name, values)
     directions = {"W_Q": _unit(rng, W_Q.shape), "W_K": _unit(rng, W_K.shape), "W_V": _unit(rng, W_V.shape)}
     for name, (residual, bound) in attention.finite_difference_check(X, W_Q, W_K, W_V, Y, directions).items():
         finite_difference.add(

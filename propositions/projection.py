@@ -59,8 +59,9 @@ GAUSSIAN_SHARE = 0.25  # of each chunk: A Gaussian, the rest a frame plus a pert
 GRADED_SHARE = 0.25  # of each chunk: A = W diag(s) V with singular values s from 1 down to 10^-k
 UNSCALED_SHARE = 0.5  # of each chunk: k = 0, matrices at the scale the optimizer hands over (W + xi), where a
 # shortcut for inputs already near a frame would act (2^k for k in SCALE_LOG2 hardly ever leaves one there)
-NEAR_FRAME_CHUNKS = 0.25  # of the chunks: drifted frames only, unscaled
+NEAR_FRAME_PERIOD = 4  # every 4th chunk of the plan: drifted frames only, unscaled
 DRIFT_LOG10 = (-12.0, -2.0)  # their drift: float64 rounding's up to a bfloat16 frame's
+DRIFT_BANDS = 5  # taken in turn by the drifted chunks (_matrices)
 CONDITION_LOG10 = (0.0, 8.0)  # k: conditioning up to 10^8, where a route through A^T A (cond^2 = 1e16,
 # about 1 / u) has no digit left while the SVD route's bounds, which carry cond, stay informative
 
@@ -222,15 +223,18 @@ def scale_bound(d: int, r: int, cond):
 # --------------------------------------------------------------------------------------------
 
 
-def _matrices(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarray:
+def _matrices(rng: np.random.Generator, d: int, r: int, count: int, position: int = 0) -> np.ndarray:
     """count matrices (count, d, r): a Haar frame plus a perturbation of relative size 10^U(-12, 0), or
     (a GAUSSIAN_SHARE of them) a Gaussian matrix, or (a GRADED_SHARE) a Haar frame times singular
     values graded geometrically from 1 to 10^-k, k ~ U(CONDITION_LOG10), times a Haar O(r) matrix
     (Gaussian and perturbed matrices are well conditioned but for rare draws); each times 2^k, k
-    uniform in SCALE_LOG2, or (an UNSCALED_SHARE) k = 0. A NEAR_FRAME_CHUNKS share of the chunks
-    holds frames drifted by one relative size 10^U(DRIFT_LOG10) only, at k = 0: a projection that
-    treats a batch of near-frames apart (a shortcut taken when every member is close to St) meets
-    one there."""
+    uniform in SCALE_LOG2, or (an UNSCALED_SHARE) k = 0. Every NEAR_FRAME_PERIOD-th chunk of the plan
+    (position: the chunk's place in it) holds frames drifted by one relative size only, at k = 0: a
+    projection that treats a batch of near-frames apart (a shortcut taken when every member is close
+    to St) meets one there. The drift's log10 is uniform in one of DRIFT_BANDS equal bands of
+    DRIFT_LOG10, the bands taken in turn by those chunks, so that a plan of NEAR_FRAME_PERIOD *
+    DRIFT_BANDS chunks meets every band whatever the seed (a drift drawn at random per chunk missed
+    the shortcut's range, 1e-12 .. 1e-6, in about one seed in ten)."""
     W = ref.random_point(d, r, rng, (count,))
     E = rng.standard_normal((count, d, r))
     size = 10.0 ** rng.uniform(*RELATIVE_PERTURBATION_LOG10, size=count)
@@ -242,10 +246,12 @@ def _matrices(rng: np.random.Generator, d: int, r: int, count: int) -> np.ndarra
                  np.where((kind < GAUSSIAN_SHARE + GRADED_SHARE)[:, None, None], graded, perturbed))
     exponent = rng.integers(SCALE_LOG2[0], SCALE_LOG2[1] + 1, size=count)
     exponent = np.where(rng.random(count) < UNSCALED_SHARE, 0, exponent)
-    if rng.random() < NEAR_FRAME_CHUNKS:
+    if position % NEAR_FRAME_PERIOD == NEAR_FRAME_PERIOD - 1:
         # the whole batch frames drifted alike (one size per chunk, as the frames of one dtype drift),
         # unscaled, as a user projects a stack of them back
-        drift = 10.0 ** rng.uniform(*DRIFT_LOG10)
+        band = (position // NEAR_FRAME_PERIOD) % DRIFT_BANDS
+        width = (DRIFT_LOG10[1] - DRIFT_LOG10[0]) / DRIFT_BANDS
+        drift = 10.0 ** (DRIFT_LOG10[0] + width * (band + rng.uniform()))
         return W + E * (drift * math.sqrt(r) / np.linalg.norm(E, axis=(-2, -1)))[:, None, None]
     return A * np.ldexp(1.0, exponent)[:, None, None]
 
@@ -293,11 +299,11 @@ def _eigenvalues(S: np.ndarray) -> np.ndarray:
 
 
 def chunk_checks(chunk, seed: int, name: str, prefix: str) -> Evidence:
-    """Every check on one chunk (d, r, count, index) of matrices for the projection `name`."""
-    d, r, count, index = chunk
+    """Every check on one chunk (d, r, count, index, position in the plan) of matrices for the projection `name`."""
+    d, r, count, index, position = chunk
     key = (CLAIM_ID, name, d, r, index)
     rng = rng_for(seed, *key)
-    A = _matrices(rng, d, r, count)
+    A = _matrices(rng, d, r, count, position)
     project = _projection(name)
     checks = _new_checks(prefix)
     errors: list = []
@@ -310,6 +316,9 @@ def chunk_checks(chunk, seed: int, name: str, prefix: str) -> Evidence:
         XtA = np.swapaxes(X, -1, -2) @ A
         defect = np.linalg.norm(np.swapaxes(X, -1, -2) @ X - np.eye(r), axis=(-2, -1))
         checks["on_manifold"].add(defect, on_manifold_bound(d, r), shape=(d, r), key=key, seed=seed)
+        for check in ("on_manifold", "symmetry", "factor"):
+            checks[check].reach("log10_cond", np.log10(cond[np.isfinite(cond)]))
+            checks[check].reach("log2_norm", np.log2(A_F[A_F > 0]))
         checks["symmetry"].add(np.linalg.norm(XtA - np.swapaxes(XtA, -1, -2), axis=(-2, -1)) / 2.0,
                                symmetry_bound(d, r, A_2, A_F, cond), shape=(d, r), key=key, seed=seed)
         eigenvalues = _eigenvalues((XtA + np.swapaxes(XtA, -1, -2)) / 2.0)
@@ -326,6 +335,7 @@ def chunk_checks(chunk, seed: int, name: str, prefix: str) -> Evidence:
         shift = rng.integers(-200, 201, size=count)  # |k| <= 500: 2^k A stays far inside float64's range
         scaled = _applied(project, A * np.ldexp(1.0, shift)[:, None, None], errors)
         checks["scale"].add(np.linalg.norm(scaled - X, axis=(-2, -1)), scale_bound(d, r, cond), shape=(d, r), key=key, seed=seed)
+        checks["scale"].reach("log2_scale", shift)
     return Evidence(checks=list(checks.values()), frames=count,
                     notes=[f"{name} raised on a chunk of ({d}, {r}) matrices: {error}" for error in dict.fromkeys(errors)])
 
@@ -333,7 +343,8 @@ def chunk_checks(chunk, seed: int, name: str, prefix: str) -> Evidence:
 def projection_checks(seed: int, profile, name: str = "reference", prefix: str = "", frames: int | None = None) -> Evidence:
     """Every check over the claim's shape plan (chunks as tasks of the current executor)."""
     plan = shape_plan(profile, large=((32, 8), (64, 16), (128, 16)), frames=frames)
-    return map_evidence(chunk_checks, batch_chunks(plan), seed, name, prefix, task_label="projection_checks")
+    chunks = [(*chunk, position) for position, chunk in enumerate(batch_chunks(plan))]
+    return map_evidence(chunk_checks, chunks, seed, name, prefix, task_label="projection_checks")
 
 
 RETRACT_DTYPES = ("float64", "float32")

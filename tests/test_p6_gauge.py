@@ -146,9 +146,9 @@ def test_every_layer_of_the_plan_is_drawn_once_at_its_token_count():
     seen = []
     original = p6.random_layers
 
-    def recording(rng, count, n, d, r):
+    def recording(rng, count, n, d, r, scales=None):
         seen.append((d, r, n, count))
-        return original(rng, count, n, d, r)
+        return original(rng, count, n, d, r, scales)
 
     p6.random_layers = recording
     try:
