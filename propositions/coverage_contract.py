@@ -20,6 +20,10 @@ profile, with the claim's default options, is inconclusive when
   number, a step count) reached less far than those seeds all reached, by more than REACH_SLACK of
   the span they agree on (a range cut short): held where the seeds' ends agree within REACH_STABLE
   of that span;
+* a categorical parameter the check records (NumericalCheck.cover: a dtype mix, a norm type, a
+  form) took none of a value that every one of those seeds took;
+* the alphabets its drawn scenarios take values from (extra.grammar: the optimizer claim's frame
+  shapes, leading axes, settings and features) lack a value they held at those seeds;
 * a group of its draws (the draw ledger: the first two labels of an rng_for key) asked for fewer
   distinct keys than those seeds did: exactly as many where every seed gave the same count, else at
   least the least of them over STABLE. A key that lost the part that varies per shape, dtype, chunk
@@ -61,12 +65,17 @@ def load(path: Path = CONTRACT_FILE) -> dict:
         return {}
 
 
-def load_draws(path: Path = CONTRACT_FILE) -> dict:
-    """{profile: {claim: {draw group: {"keys", "fixed"}}}} of the committed contract."""
+def load_section(section: str, path: Path = CONTRACT_FILE) -> dict:
+    """{profile: {claim: ...}} of one section of the committed contract ("draws", "grammar")."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("draws", {})
+        return json.loads(path.read_text(encoding="utf-8")).get(section, {})
     except FileNotFoundError:
         return {}
+
+
+def load_draws(path: Path = CONTRACT_FILE) -> dict:
+    """{profile: {claim: {draw group: {"keys", "fixed"}}}} of the committed contract."""
+    return load_section("draws", path)
 
 
 def _reach_contract(spans: list[list[list[float]]]) -> dict | None:
@@ -98,6 +107,30 @@ def written_draws(certificates: list[dict]) -> dict:
         fixed = len(set(found)) == 1
         contract[group] = {"keys": found[0] if fixed else max(1, int(min(found) // STABLE)), "fixed": fixed}
     return contract
+
+
+def written_grammar(certificates: list[dict]) -> dict:
+    """The alphabets a claim's drawn scenarios take their values from (extra.grammar), where every
+    seed gave the same: {alphabet: [value, ...]} as JSON text per value."""
+    found = [certificate.get("extra", {}).get("grammar") for certificate in certificates]
+    if not found or any(g is None for g in found) or any(g != found[0] for g in found):
+        return {}
+    return {name: [json.dumps(value, sort_keys=True) for value in values] for name, values in sorted(found[0].items())}
+
+
+def grammar_shortfalls(claim_id: str, profile: str, grammar: dict | None, contract: dict | None = None) -> list[str]:
+    """Why a certificate's scenarios draw from smaller alphabets than the contract's (empty: none)."""
+    contract = load_section("grammar") if contract is None else contract
+    wanted = contract.get(profile, {}).get(claim_id)
+    if not wanted:
+        return []
+    reasons = []
+    for name, values in wanted.items():
+        have = {json.dumps(value, sort_keys=True) for value in (grammar or {}).get(name, [])}
+        lacking = [value for value in values if value not in have]
+        if lacking:
+            reasons.append(f"coverage contract: the scenarios' alphabet {name} lacks {', '.join(lacking)}: they can no longer draw it")
+    return reasons
 
 
 def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict | None = None) -> list[str]:
@@ -133,6 +166,7 @@ def written(certificates: list[dict]) -> dict:
             ratio = check.get("max_ratio")
             entry["ratios"].append(float(ratio) if isinstance(ratio, (int, float)) else math.nan)
             entry.setdefault("reach", []).append(check.get("reach") or {})
+            entry.setdefault("covers", []).append({name: set(values) for name, values in (check.get("covers") or {}).items()})
     contract = {}
     for name, entry in by_check.items():
         if len(entry["counts"]) != len(certificates) or min(entry["counts"]) == 0:
@@ -152,6 +186,11 @@ def written(certificates: list[dict]) -> dict:
         reach = {parameter: ends for parameter, ends in reach.items() if ends is not None}
         if reach:
             contract[name]["reach"] = reach
+        covered = entry.get("covers") or []
+        names = set.intersection(*(set(c) for c in covered)) if covered else set()
+        covers = {category: sorted(set.intersection(*(c[category] for c in covered))) for category in sorted(names)}
+        if covers:
+            contract[name]["covers"] = covers
     return contract
 
 
@@ -179,6 +218,10 @@ def shortfalls(claim_id: str, profile: str, checks: list[dict], contract: dict |
             reasons.append(f"coverage contract: check {name} reached at most {ratio:.3g} of its bound, below the {floor:.3g} contracted "
                            f"(a {RATIO_SLACK:g}th of the least reached at the seeds it was written from): its bound is looser than it was, "
                            "or its draws no longer reach it")
+        for category, values in (entry.get("covers") or {}).items():
+            lacking = sorted(set(values) - set((check.get("covers") or {}).get(category, [])))
+            if lacking:
+                reasons.append(f"coverage contract: check {name} took no {category} {', '.join(lacking)} (contracted: {', '.join(values)})")
         for parameter, ends in (entry.get("reach") or {}).items():
             low, high = (check.get("reach") or {}).get(parameter, [math.inf, -math.inf])
             if low > ends["low_at_most"] or high < ends["high_at_least"]:
@@ -210,13 +253,14 @@ def main(argv: list[str] | None = None) -> int:
             if certificate["numerical"].get("profile") != args.profile:
                 raise SystemExit(f"{path}: profile {certificate['numerical'].get('profile')}, not {args.profile}")
             per_claim.setdefault(certificate["id"], []).append(certificate)
-    profiles, draws = load(), load_draws()
+    profiles, draws, grammar = load(), load_draws(), load_section("grammar")
     complete = {claim_id: certificates for claim_id, certificates in sorted(per_claim.items()) if len(certificates) == len(args.dirs)}
     profiles[args.profile] = {claim_id: written(certificates) for claim_id, certificates in complete.items()}
     draws[args.profile] = {claim_id: written_draws(certificates) for claim_id, certificates in complete.items()}
+    grammar[args.profile] = {claim_id: found for claim_id, certificates in complete.items() if (found := written_grammar(certificates))}
     CONTRACT_FILE.write_text(json.dumps({"note": "written by python -m propositions.coverage_contract; see its docstring",
-                                         "seeds": list(SEEDS), "profiles": profiles, "draws": draws}, indent=1, sort_keys=True) + "\n",
-                             encoding="utf-8")
+                                         "seeds": list(SEEDS), "profiles": profiles, "draws": draws, "grammar": grammar},
+                                        indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"{CONTRACT_FILE}: {args.profile}: {sum(len(c) for c in profiles[args.profile].values())} checks of "
           f"{len(profiles[args.profile])} claims")
     return 0
@@ -226,5 +270,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "load", "load_draws", "shortfalls",
-           "written", "written_draws"]
+__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "load", "load_draws", "load_section", "shortfalls",
+           "written", "written_draws", "written_grammar"]

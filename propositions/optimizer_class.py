@@ -1196,7 +1196,15 @@ def pairwise_part(ctx: Context) -> Evidence:
     """The pairwise coverage of the drawn plans (pairwise_coverage), recorded and stated in a note."""
     found = pairwise_coverage(ctx.seed, ctx.profile)
     worst = min(found["pairs"].items(), key=lambda item: item[1]["reached"] / item[1]["of"])
-    return Evidence(extra={"pairwise_coverage": found},
+    from . import optimizer_scenarios as grammar
+
+    # the alphabets the scenarios draw from, for the coverage contract to hold (a shape or a leading
+    # axis taken out of them is then a shortfall, not a quieter pass)
+    alphabets = {"frame_shapes": [list(s) for s in grammar.FRAME_SHAPES], "leading": [list(s) for s in grammar.LEADING],
+                 "euclidean_shapes": [list(s) for s in grammar.EUCLIDEAN_SHAPES],
+                 **{f"choices_{name}": [repr(v) for v in values] for name, values in grammar.CHOICES.items()},
+                 "features": list(grammar.FEATURES)}
+    return Evidence(extra={"pairwise_coverage": found, "grammar": alphabets},
                     notes=[f"pairwise coverage: {found['reached']} of {found['of']} pairs of feature, dtype, route and layout values "
                            f"({found['reached'] / found['of']:.1%}) are exercised together in one of {found['runs']} runs; the least "
                            f"covered factors are {worst[0]}, {worst[1]['reached']} of {worst[1]['of']}"])

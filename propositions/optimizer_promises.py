@@ -119,6 +119,7 @@ def lr_tensor_bit_for_bit(subject, check, seed: int) -> None:
                         residual = max(residual, _ulps(a, b))
             check.add([residual], 0.5, key=("promise", "lr", dtype_name, tensor_dtype), seed=seed,
                       extra={"parameter_dtype": dtype_name, "tensor_dtype": tensor_dtype})
+            check.cover("dtypes", f"{dtype_name} parameter, {tensor_dtype} lr")
 
 
 def _ulps(a, b) -> float:
@@ -170,6 +171,7 @@ def sync_free_bit_for_bit(subject, check, seed: int) -> None:
             check.add([residual], 0.5, shape=(d, r), key=("promise", "sync", dtype_name, d, r), seed=seed,
                       extra={"dtype": dtype_name, "shape": [d, r], "route_test_runs": bool(_route_test_runs(functional, d, r, dtype))})
             check.reach("frames", frames)
+            check.cover("dtype", dtype_name)
 
 
 def _route_test_runs(functional, d: int, r: int, dtype) -> bool:
@@ -205,6 +207,9 @@ def clip_matches_torch(subject, check, seed: int) -> None:
         relative = abs(total - total_torch) / total_torch if total_torch > 0 else abs(total)
         extra = {"dtypes": list(mix), "norm_type": norm_type, "form": form}
         check.add([relative], total_bound, key=("promise", "clip_total", mix, norm_type, form), seed=seed, extra={**extra, "compared": "total"})
+        check.cover("dtype_mix", "+".join(mix))
+        check.cover("norm_type", norm_type)
+        check.cover("form", form)
         for g, g_torch, dt in zip(grads, grads_torch, dtypes):
             u_g = UNIT[str(dt).split(".")[-1]]
             scale = float(np.linalg.norm(g_torch)) or 1.0

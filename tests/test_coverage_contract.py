@@ -171,3 +171,36 @@ def test_a_check_merges_the_reach_of_its_partial_checks():
     second.add([1e-17], 1e-15)
     second.reach("log10_c", [2.5])
     assert first.merge(second).to_dict()["reach"] == {"log10_c": [-3.0, 2.5]}
+
+
+def test_a_value_dropped_from_a_loop_or_from_the_scenarios_alphabet_is_a_shortfall():
+    def certificate(mixes):
+        return _certificate({**_check("a", [(3, 2)], 40, 0.5), "covers": {"dtype_mix": mixes}})
+
+    contract = cc.written([certificate(["float64", "float32+bfloat16"]) for _ in range(3)])
+    assert contract["a"]["covers"] == {"dtype_mix": ["float32+bfloat16", "float64"]}
+    wanted = {"quick": {"P9": contract}}
+    full = [{**_check("a", [(3, 2)], 40, 0.5), "covers": {"dtype_mix": ["float64", "float32+bfloat16"]}}]
+    assert cc.shortfalls("P9", "quick", full, wanted) == []
+    dropped = [{**_check("a", [(3, 2)], 40, 0.5), "covers": {"dtype_mix": ["float64"]}}]
+    assert any("float32+bfloat16" in reason for reason in cc.shortfalls("P9", "quick", dropped, wanted))
+
+    grammar = {"frame_shapes": [[1, 1], [3, 1]], "leading": [[], [2]]}
+    written = cc.written_grammar([{"extra": {"grammar": grammar}} for _ in range(3)])
+    wanted = {"quick": {"P9": written}}
+    assert cc.grammar_shortfalls("P9", "quick", grammar, wanted) == []
+    assert cc.grammar_shortfalls("P9", "quick", {**grammar, "frame_shapes": [[3, 1]]}, wanted)
+    assert cc.grammar_shortfalls("P9", "quick", None, wanted)
+    # seeds that disagree on the alphabet (a claim that draws it) are not held to one
+    assert cc.written_grammar([{"extra": {"grammar": {"leading": [[seed]]}}} for seed in range(3)]) == {}
+
+
+def test_a_check_merges_the_values_its_partial_checks_covered():
+    from propositions._common import NumericalCheck
+
+    first, second = NumericalCheck("m", "d", "b"), NumericalCheck("m", "d", "b")
+    first.add([1e-17], 1e-15)
+    first.cover("norm_type", 2.0)
+    second.add([1e-17], 1e-15)
+    second.cover("norm_type", float("inf"))
+    assert first.merge(second).to_dict()["covers"] == {"norm_type": ["2.0", "inf"]}

@@ -279,6 +279,15 @@ class NumericalCheck:
     # how far each named drawn parameter reached (reach): name -> [smallest, largest]
     extent: dict = field(default_factory=dict)
 
+    # which values each named categorical parameter took (cover): name -> set of labels
+    categories: dict = field(default_factory=dict)
+
+    def cover(self, name: str, value) -> None:
+        """Record that a categorical parameter of this check (a dtype mix, a norm type, a layout) took
+        `value`: the certificate lists them and the coverage contract holds the list (one dropped from
+        the claim's loop is missing)."""
+        self.categories.setdefault(name, set()).add(str(value))
+
     def reach(self, name: str, values) -> None:
         """Record the values a drawn or gridded parameter of this check took (a weight decay, the log10
         of a scale or of a condition number, a step count): the certificate keeps the smallest and the
@@ -372,6 +381,8 @@ class NumericalCheck:
             raise ValueError(f"cannot merge check {other.name!r} into check {self.name!r}")
         for name, (low, high) in other.extent.items():
             self.reach(name, [low, high])
+        for name, values in other.categories.items():
+            self.categories.setdefault(name, set()).update(values)
         if not other.samples:
             return self
         self.samples += other.samples
@@ -412,6 +423,7 @@ class NumericalCheck:
         twin._draws = dict(self._draws)
         twin.repeated = list(self.repeated)
         twin.extent = {name: list(span) for name, span in self.extent.items()}
+        twin.categories = {name: set(values) for name, values in self.categories.items()}
         twin.worst = copy.deepcopy(self.worst, memo)
         return twin
 
@@ -469,6 +481,7 @@ class NumericalCheck:
             "worst_case": self.worst,
             "ratio_histogram": {"log10_edges": RATIO_BINS.tolist(), "counts": self._ratio_hist.tolist(), "zeros": self._zeros},
             **({"reach": {name: list(span) for name, span in sorted(self.extent.items())}} if self.extent else {}),
+            **({"covers": {name: sorted(values) for name, values in sorted(self.categories.items())}} if self.categories else {}),
         }
 
 
