@@ -15,7 +15,8 @@ profile, with the claim's default options, is inconclusive when
   draws move, as in drawn scenarios, may be far smaller at another seed);
 * its largest residual/bound fell more than RATIO_SLACK below the least that those seeds reached
   (a bound loosened, or draws that no longer reach it), for a check whose count is fixed and whose
-  largest ratio those seeds agree on within STABLE.
+  largest ratio those seeds agree on within STABLE; more than UNSTABLE_SLACK below it where they do
+  not agree so closely (residuals made 0: a run compared with itself);
 * a drawn parameter the check records (NumericalCheck.reach: a weight decay, a scale, a condition
   number, a step count) reached less far than those seeds all reached, by more than REACH_SLACK of
   the span they agree on (a range cut short): held where the seeds' ends agree within REACH_STABLE
@@ -51,6 +52,7 @@ RATIO_SLACK = 4.0
 RATIO_FLOOR = 1e-3
 # counts and ratios that moved by more than this factor between the seeds are held loosely (above)
 STABLE = 2.0
+UNSTABLE_SLACK = 100.0
 # a drawn parameter's ends may fall short of the contracted ends by this share of their span (draws
 # near a range's ends move a little from seed to seed; a range cut to half its span moves an end by a
 # quarter of it), and are contracted only where the seeds' ends agree within REACH_STABLE of the span
@@ -178,8 +180,13 @@ def written(certificates: list[dict]) -> dict:
         # informative) is held to be non-zero only: another seed may draw far fewer than these did
         samples = counts[0] if fixed else 1
         contract[name] = {"shapes": shapes, "samples": samples, "fixed": fixed}
-        if fixed and all(math.isfinite(x) for x in ratios) and min(ratios) > RATIO_FLOOR and max(ratios) <= STABLE * min(ratios):
-            contract[name]["max_ratio_at_least"] = min(ratios) / RATIO_SLACK
+        if fixed and all(math.isfinite(x) for x in ratios) and min(ratios) > RATIO_FLOOR:
+            # a largest ratio the seeds agree on is held to RATIO_SLACK below their least (a bound loosened
+            # tenfold falls under it); one that moves more between them, to UNSTABLE_SLACK below: no
+            # longer a guard against a looser bound, still one against residuals made 0 (a comparison of
+            # the run with itself, a check fed nothing but exact zeros)
+            slack = RATIO_SLACK if max(ratios) <= STABLE * min(ratios) else UNSTABLE_SLACK
+            contract[name]["max_ratio_at_least"] = min(ratios) / slack
         reached = entry.get("reach") or []
         common = set.intersection(*(set(r) for r in reached)) if reached else set()
         reach = {parameter: _reach_contract([r[parameter] for r in reached]) for parameter in sorted(common)}
@@ -270,5 +277,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "load", "load_draws", "load_section", "shortfalls",
+__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "UNSTABLE_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "load", "load_draws", "load_section", "shortfalls",
            "written", "written_draws", "written_grammar"]

@@ -157,7 +157,8 @@ PROMISES = (
        "P4:exact:right_projection_rational"),
     _p("P5-weight-decay", "reference_impl.StiefelAdamConfig.weight_decay", "docs/claims.md", "## P5: weight decay has identically zero Riemannian gradient",
        "bound", "P5:decay_projection_zero P5:decoupled_decay_polar P5:norm_constant P5:step_weight_decay_invariance "
-       "P5:trajectory_weight_decay_invariance P5:exact:decay_projection_zero P5:exact:decoupled_decay_polar P5:exact:norm_constant "
+       "P5:trajectory_weight_decay_invariance P5:gradient_weight_decay_invariance P5:direction_weight_decay_invariance "
+       "P5:exact:decay_projection_zero P5:exact:decoupled_decay_polar P5:exact:norm_constant "
        "P5:exact:step_weight_decay_invariance"),
     _p("P6-gauge", "reference_impl.random_tangent.W reference_impl.random_tangent.rng reference_impl.random_tangent.scale", "docs/claims.md",
        "## P6 (negative result): gauge directions carry no gradient", "bound",

@@ -393,6 +393,21 @@ def _new_checks(prefix: str = "") -> dict[str, NumericalCheck]:
             "step_difference_bound evaluated at the trajectory's state (same analysis as one step)",
             tightness_note=tightness.SAME_ROUNDING,
         ),
+        "gradient_weight_decay_invariance": NumericalCheck(
+            prefix + "gradient_weight_decay_invariance",
+            "||fl(P_W(G + lambda W)) - fl(P_W(G))||_F with the reference's project_tangent, every frame of the "
+            "one-step comparison",
+            "decay_gradient_difference_bound: lambda times the rounding residual of P_W(W), the rounding of "
+            "G + lambda W through ||L_W|| <= 1 + 3 phi, and two projections' rounding",
+        ),
+        "direction_weight_decay_invariance": NumericalCheck(
+            prefix + "direction_weight_decay_invariance",
+            "||xi(lambda) - xi(0)||_F, the clipped directions of the two steps from the same (W, state) (an "
+            "optimizer whose steps expose their direction), one step and along the trajectories",
+            "direction_difference_bound: the gradient difference carried through the moments, the "
+            "scale-free step (a relative error of order delta_g / ||g||) and the 1-Lipschitz clip, plus "
+            "each evaluation's rounding",
+        ),
         "norm_constant": NumericalCheck(
             prefix + "norm_constant",
             "| ||W_t||_F^2 - r | after the first step (every frame) and along the trajectories run with lambda",
@@ -475,9 +490,27 @@ def _step_pair(checks, name: str, variant, W, G, state, bound_state, configs, st
     Returns the step with lambda, (W+, state+)."""
     config, config_free = configs
     d, r = W.shape[-2], W.shape[-1]
-    W_decayed, state_decayed = variant.step(W, G, state, config)
-    W_free, _ = variant.step(W, G, state, config_free)
     precision = precisions.of(variant)
+    hook = getattr(variant, "step_with_direction", None) if precision.is_float64 else None
+    if hook is not None:
+        # the same steps, with the directions they applied: the bound's stages held one by one
+        W_decayed, state_decayed, xi_decayed = hook(W, G, state, config)
+        W_free, _, xi_free = hook(W, G, state, config_free)
+        dxi, _ = direction_difference_bound(W, G, bound_state, config, config.weight_decay)
+        checks["direction_weight_decay_invariance"].add(
+            frobenius(xi_decayed - xi_free), np.where(np.isfinite(dxi), dxi, np.inf),
+            shape=(d, r), key=key, seed=seed, extra=extra if step is None else {**extra, "step": step},
+        )
+    else:
+        W_decayed, state_decayed = variant.step(W, G, state, config)
+        W_free, _ = variant.step(W, G, state, config_free)
+    if step is None:
+        lam = config.weight_decay
+        projected = project_tangent(W, G + lam * W, validate=False) - project_tangent(W, G, validate=False)
+        checks["gradient_weight_decay_invariance"].add(
+            frobenius(projected), decay_gradient_difference_bound(d, r, frobenius(G), lam),
+            shape=(d, r), key=key, seed=seed, extra=extra,
+        )
     if precision.is_float64:
         bound, norm_bound = step_difference_bound(W, G, bound_state, config, config.weight_decay), norm_constant_bound(d, r)
     else:

@@ -29,6 +29,14 @@ def test_a_fixed_count_and_a_stable_ratio_are_contracted_a_moving_count_is_held_
     assert contract["b"] == {"shapes": ["3x2"], "samples": 1, "fixed": False}
 
 
+def test_a_largest_ratio_that_moves_between_seeds_is_held_loosely_and_zero_residuals_still_fall_short():
+    contract = cc.written([_certificate(_check("a", [(3, 2)], 40, ratio)) for ratio in (0.01, 0.03, 0.02)])
+    assert contract["a"]["max_ratio_at_least"] == 0.01 / cc.UNSTABLE_SLACK
+    wanted = {"quick": {"P9": contract}}
+    assert cc.shortfalls("P9", "quick", [_check("a", [(3, 2)], 40, 0.004)], wanted) == []
+    assert cc.shortfalls("P9", "quick", [_check("a", [(3, 2)], 40, 0.0)], wanted)
+
+
 def test_each_narrowing_is_a_shortfall_and_the_full_run_is_none():
     contract = {"quick": {"P9": _contract()}}
     full = [_check("a", [(3, 2), (5, 1)], 40, 0.4), _check("b", [(3, 2)], 3, 0.0)]

@@ -44,7 +44,8 @@ def test_certificate_content(real_result):
     names = {c["name"] for c in body["numerical"]["checks"]}
     assert names == {
         "decay_projection_zero", "decoupled_decay_polar", "step_weight_decay_invariance",
-        "trajectory_weight_decay_invariance", "norm_constant",
+        "trajectory_weight_decay_invariance", "norm_constant", "gradient_weight_decay_invariance",
+        "direction_weight_decay_invariance",
     } | {f"trajectory_model_{part}[stiefel_adam]" for part in ("W", "m", "v", "bookkeeping", "well_posed")}
     shapes = {tuple(s) for c in body["numerical"]["checks"] for s in c["shapes"]}
     assert {(1, 1), (16, 16), (1024, 128)} <= shapes
