@@ -504,6 +504,9 @@ def _step_pair(checks, name: str, variant, W, G, state, bound_state, configs, st
     else:
         W_decayed, state_decayed = variant.step(W, G, state, config)
         W_free, _ = variant.step(W, G, state, config_free)
+        observability.record(checks["direction_weight_decay_invariance"].name,
+                             "the optimizer's steps do not expose the direction they applied" if precision.is_float64 else
+                             "direction_difference_bound is written for float64 evaluations")
     if step is None:
         lam = config.weight_decay
         projected = project_tangent(W, G + lam * W, validate=False) - project_tangent(W, G, validate=False)
