@@ -119,11 +119,21 @@ def run_task(fn: Callable, args: tuple, kwargs: dict, label: str = "") -> Outcom
 _THREAD = threading.local()
 
 
-def _timing_frames() -> list:
-    frames = getattr(_THREAD, "timings", None)
+def _thread_frames(name: str) -> list:
+    """This thread's open frames of one kind ("timings", "draws"), innermost last."""
+    frames = getattr(_THREAD, name, None)
     if frames is None:
-        frames = _THREAD.timings = []
+        frames = []
+        setattr(_THREAD, name, frames)
     return frames
+
+
+def _timing_frames() -> list:
+    return _thread_frames("timings")
+
+
+def _draw_frames() -> list:
+    return _thread_frames("draws")
 
 
 def _close(frames_open: list, frame: list) -> None:
@@ -135,17 +145,20 @@ def _close(frames_open: list, frame: list) -> None:
 
 
 @contextlib.contextmanager
-def timing():
-    """Collect the (label, seconds) of every task that the enclosed code runs, wherever it runs:
-    a list, filled when the code ends. Entries are each task's own work (a task that maps tasks in
-    turn counts its own part only), so that on one worker they add up to the time spent in tasks."""
-    frame: list = []
-    frames_open = _timing_frames()
+def _opened(frames_open: list, frame):
+    """`frame` open as the innermost of `frames_open` while the enclosed code runs."""
     frames_open.append(frame)
     try:
         yield frame
     finally:
         _close(frames_open, frame)
+
+
+def timing():
+    """Collect the (label, seconds) of every task that the enclosed code runs, wherever it runs:
+    a list, filled when the code ends. Entries are each task's own work (a task that maps tasks in
+    turn counts its own part only), so that on one worker they add up to the time spent in tasks."""
+    return _opened(_timing_frames(), [])
 
 
 def _record(outcome: Outcome) -> None:
@@ -162,13 +175,6 @@ def _record(outcome: Outcome) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _draw_frames() -> list:
-    frames = getattr(_THREAD, "draws", None)
-    if frames is None:
-        frames = _THREAD.draws = []
-    return frames
-
-
 def note_draw(group: str, key: tuple) -> None:
     """Record that a stream with spawn key `key` of draw group `group` was asked for (rng_for calls
     this), in the innermost open drawing() frame of this thread or task; nothing when none is open."""
@@ -177,20 +183,13 @@ def note_draw(group: str, key: tuple) -> None:
         frames[-1].add((group, tuple(key)))
 
 
-@contextlib.contextmanager
 def drawing():
     """Collect the distinct draw keys, (group, spawn key), that the enclosed code asks rng_for for,
     wherever its tasks run (each task's Outcome carries its own back, like its timings): a set,
     filled as the code runs. Two call sites, or two chunks, that ask for one key draw the same
     numbers; a call site whose key lost the part that varies per shape, dtype or chunk asks for
     fewer distinct keys, which the coverage contract counts (propositions/coverage_contract.py)."""
-    frame: set = set()
-    frames_open = _draw_frames()
-    frames_open.append(frame)
-    try:
-        yield frame
-    finally:
-        _close(frames_open, frame)
+    return _opened(_draw_frames(), set())
 
 
 class Inline:
