@@ -59,6 +59,23 @@ def test_a_control_runs_as_the_broken_variant_and_decides_the_verdict():
     assert result.verdict == "fail" and "control qr_retraction not detected" in result.failures()[0]
 
 
+def _symbols_refused():
+    raise TypeError("a symbolic value has no float value")
+
+
+def test_code_the_symbolic_tier_cannot_run_leaves_the_numerical_checks_to_judge_it():
+    """A step the symbolic executor cannot run (a cast to float32) used to stop the whole claim with
+    no numerical check run; the tier now says nothing, and a failing check still fails the claim."""
+    def claim(ratio):
+        return Claim("P9", "test", "s", "l", symbolic=Symbolic("by execution", _symbols_refused),
+                     parts=(Part("a", _part("a", ratio)),), controls=(Control("qr_retraction", _part("caught", 1e3)),))
+
+    failing = claim(5.0).run(0, QUICK)
+    assert failing.verdict == "fail" and "check a" in failing.failures()[0]
+    assert any("symbolic tier could not be derived" in reason and "no float value" in reason for reason in failing.inconclusive)
+    assert claim(0.5).run(0, QUICK).verdict == "inconclusive"  # a passing run is not a pass without its tier
+
+
 def test_without_a_control_that_applies_a_certificate_cannot_pass():
     result = _claim((Part("a", _part("a")),), controls=(Control("qr_retraction", lambda ctx: None),)).run(0, QUICK)
     assert result.controls == [] and result.verdict == "inconclusive"

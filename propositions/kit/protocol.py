@@ -45,7 +45,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 from .common import ClaimResult, ControlResult, NumericalCheck, Profile, SymbolicResult, SymbolicStep
 from .source_edits import SourceEditError
-from .parallel import drawing, map_chunks
+from .parallel import TaskFailed, drawing, map_chunks
 from .parallel import start as start_task
 from .parallel import start_named
 
@@ -380,10 +380,17 @@ def _run_drawn(claim: Claim, ctx: Context) -> ClaimResult:
 
     for name, task in pending.items():
         evidence[name] = _timed(timings, name, task.result)
-    symbolic_result = _timed(timings, "symbolic_wait", symbolic.result) if symbolic else derive_symbolic(claim.symbolic)
+    symbolic_failed = []
+    try:
+        symbolic_result = _timed(timings, "symbolic_wait", symbolic.result) if symbolic else derive_symbolic(claim.symbolic)
+    except TaskFailed as error:
+        # code the symbolic executor cannot run (a cast to float32, a library call on symbols): that
+        # tier says nothing, and the numerical checks, already run, still judge the code
+        symbolic_result = SymbolicResult(claim.symbolic.method)
+        symbolic_failed.append(f"the symbolic tier could not be derived: {error}")
 
     result = _assemble(claim, ctx, symbolic_result, exact, evidence, controls, control_evidence, timings)
-    result.inconclusive += unplanted
+    result.inconclusive += unplanted + symbolic_failed
     return result
 
 
