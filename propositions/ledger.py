@@ -77,7 +77,14 @@ PROMISES = (
        "optimizer:*/euclidean_is_adamw"),
     _p("class-checkpoints", "torch_impl.StiefelAdam.state_dict torch_impl.StiefelAdam.load_state_dict "
        "torch_impl.StiefelAdam.load_state_dict.state_dict", OPT, "their values bit for bit", "bit for bit",
-       "optimizer:*/checkpoint_round_trip optimizer:*/checkpoints_change_nothing bookkeeping:checkpoint bookkeeping:rebuilt"),
+       "optimizer:*/checkpoint_round_trip optimizer:*/checkpoints_change_nothing bookkeeping:checkpoint bookkeeping:rebuilt "
+       "optimizer:promise/named_checkpoint"),
+    _p("class-is-kernel", "torch_impl.StiefelAdam.retraction_method torch_impl.StiefelAdam.trust_radius torch_impl.StiefelAdam.skip_nonfinite",
+       OPT, "`torch_impl.functional.stiefel_adam_step`. Its state is", "bit for bit", "optimizer:promise/class_is_kernel"),
+    _p("tolerance-decides", "torch_impl.manifold_tolerance.d torch_impl.manifold_tolerance.r torch_impl.manifold_tolerance.dtype", ALGO,
+       "32 d r u_c + 4 sqrt(r) u_s", "refused", "optimizer:promise/tolerance_decides"),
+    _p("refusal-names-named-parameter", "torch_impl.StiefelAdam.params", "README.md",
+       "pairs such as `model.named_parameters()`, by its name too", "refused", "optimizer:promise/named_refusal"),
     _p("zero-grad-as-torch", "torch_impl.StiefelAdam.zero_grad torch_impl.StiefelAdam.zero_grad.set_to_none", OPT,
        "As torch.optim.Optimizer.zero_grad", "bit for bit", "optimizer:promise/zero_grad_sets_none"),
     _p("class-refuses-options", "torch_impl.StiefelAdam.options torch_impl.StiefelAdam.add_param_group "
@@ -94,6 +101,8 @@ PROMISES = (
        "optimizer:*/clip_grad_norm_finite optimizer:clip_grad_norm_finite_other_groups"),
     _p("clip-matches-torch", "torch_impl.clip_grad_norm_finite_.norm_type torch_impl.clip_grad_norm_finite_.parameters", CLIP,
        "the total that torch.nn.utils.clip_grad_norm_ computes when every unit is finite", "bound", "optimizer:promise/clip_matches_torch"),
+    _p("clip-total-dtype", "torch_impl.clip_grad_norm_finite_.parameters", CLIP, "float64 if any gradient is float64, else float32", "bit for bit",
+       "optimizer:promise/clip_total_dtype"),
     _p("init-haar", "torch_impl.stiefel_init_.tensor torch_impl.stiefel_init_.generator", OPT, "in place with Haar-random frames", "bound",
        "samplers:stiefel_init_* optimizer:stiefel_init_reproducible"),
     _p("project-nearest", "torch_impl.stiefel_project_.tensor", OPT, "by its polar factor U V^T", "bound", "optimizer:*/stiefel_project"),

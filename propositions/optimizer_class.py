@@ -117,7 +117,7 @@ CHECKS = (
     ("skipped_count", "skipped_count", "skipped_steps and off_manifold_steps after every step against the frames and tensors the model "
      "skipped since construction (ulps)", EXACT),
     ("closure", "closure_loss", "the loss step(closure) returns against the closure's own (0 if the same object; else ulps; inf if none, "
-     "or if step called the closure other than once)", EXACT),
+     "or if step called the closure other than once); a step without a closure returns None (0; inf otherwise)", EXACT),
     ("ordinary", "euclidean_is_adamw", "every manifold='euclidean' tensor and its state against torch.optim.AdamW with its group's current "
      "settings, skipped whole when not finite under skip_nonfinite (a state AdamW never made taken as its fresh one) (ulps)", EXACT),
     ("round_trip", "checkpoint_round_trip", "after a load: every parameter's state (keys, dtypes, values) and every group's settings against "
@@ -644,6 +644,8 @@ class ScenarioRun:
             # an equal loss and leaves equal gradients
             batch.add("closure", _closure_ulps(loss, closure.loss) if closure.calls == 1 else math.inf, 0.5,
                       {"op": op.id, "closure_calls": closure.calls})
+        else:  # torch.optim's contract: the closure's loss, else None
+            batch.add("closure", 0.0 if loss is None else math.inf, 0.5, {"op": op.id, "returned": None if loss is None else repr(loss)[:40]})
         for key, p in self._live_params():
             group = self.scenario.group(key[0])
             if group.frames:
@@ -911,10 +913,17 @@ def _closure_ulps(returned, expected) -> float:
     return _max_ulps(_to_numpy(returned), _to_numpy(expected))
 
 
+# Group settings the older format did not have, and the value a group of that format then has: a
+# group holding that value loses the key (a group with another value could not be saved in that format).
+OLDER_FORMAT_DEFAULTS = (("skip_nonfinite", False), ("retraction_method", "auto"))
+
+
 def _older_format(saved: dict, optimizer) -> dict:
     """The state_dict as the class's older format holds it (the format its load_state_dict promises to
-    read): frame groups without the key "manifold", and one int step count per frame parameter (a
-    parameter whose frames have different counts could not be saved in that format: kept per frame)."""
+    read): frame groups without the keys "manifold", "skip_nonfinite" and "retraction_method" (that
+    format's groups stepped frames, refused a step that was not finite, and retracted by the "auto"
+    route), and one int step count per frame parameter (a parameter whose frames have different counts
+    could not be saved in that format: kept per frame)."""
     import torch
 
     converted = copy.deepcopy(saved)
@@ -922,6 +931,9 @@ def _older_format(saved: dict, optimizer) -> dict:
     for group in converted["param_groups"]:
         if group.get("manifold", "stiefel") == "stiefel":
             group.pop("manifold", None)
+            for key, value in OLDER_FORMAT_DEFAULTS:
+                if key in group and group[key] == value:
+                    del group[key]
             frame_ids.update(group["params"])
     for saved_id, state in converted["state"].items():
         count = state.get("step")
@@ -1498,6 +1510,8 @@ class ControlSpec:
     # a feature of the grammar without which the runs cannot show the break: the runs that have it go
     # first (an order only: every run is still there to detect it)
     feature: str | None = None
+    # part "promises": the promise (optimizer_promises.PROMISES) whose sibling runs show the break, run alone
+    promise: str | None = None
 
 
 def control_part(ctx: Context) -> Evidence:
@@ -1511,7 +1525,9 @@ def control_part(ctx: Context) -> Evidence:
     if spec.part == "public":
         return public_functions_part(ctx)
     if spec.part == "promises":
-        return promises_part(ctx)
+        from .optimizer_promises import promise_checks
+
+        return Evidence(checks=promise_checks(_subject(ctx.optimizer), ctx.seed, only=spec.promise))
     subject = _subject(ctx.optimizer)
     runs = list(_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile))[0])
     checks = _new_checks(spec.dtype)
@@ -1562,18 +1578,38 @@ def broken_subjects() -> dict:
 CONTROLS = {
     # the promises the documentation states bit for bit, or against torch (propositions/optimizer_promises.py)
     "tensor_lr_in_parameter_dtype": ControlSpec("a 0-d tensor lr is rounded to the parameter's dtype before the product: a float lr and a "
-                                                "tensor lr of the same value give different bfloat16 steps", part="promises"),
+                                                "tensor lr of the same value give different bfloat16 steps", part="promises", promise="lr"),
     "meta_skipped_without_gradient": ControlSpec("a parameter still on the meta device without a gradient is skipped without a word",
-                                                 part="promises"),
+                                                 part="promises", promise="meta"),
     "meta_refused_in_frame_groups_only": ControlSpec("a parameter on the meta device is refused in a frame group only: in a "
-                                                     "manifold='euclidean' group it is left out without a word", part="promises"),
+                                                     "manifold='euclidean' group it is left out without a word", part="promises", promise="meta"),
     "zero_grad_keeps_zeros": ControlSpec("zero_grad() fills the gradients with zeros unless asked (torch's default is None): a frame "
-                                         "without a new gradient is then stepped", part="promises"),
+                                         "without a new gradient is then stepped", part="promises", promise="zero_grad"),
+    "clip_total_in_gradient_dtype": ControlSpec("clip_grad_norm_finite_ forms and returns the total in the gradients' own dtype: "
+                                                "bfloat16 gradients alone give a bfloat16 total (documented: float32)", part="promises",
+                                                promise="clip"),
+    "clip_group_tensor_by_rows": ControlSpec("clip_grad_norm_finite_ reads a param group whose 'params' is one tensor row by row: "
+                                             "the rows have no gradient, so the group is neither counted nor clipped", part="promises",
+                                             promise="clip"),
+    "retraction_method_ignored": ControlSpec("the group's retraction_method is not passed to the kernel: a group asking for 'eigh' "
+                                             "retracts by the 'auto' route (both within the reference's bounds)", part="promises",
+                                             promise="kernel"),
+    "tolerance_storage_term_over_sqrt_r": ControlSpec("the manifold tolerance's storage term 4 sqrt(r) u_s written 4 u_s / sqrt(r): "
+                                                      "bfloat16 frames within the documented tolerance are skipped", part="promises",
+                                                      promise="tolerance"),
+    "named_load_without_position": ControlSpec("load_state_dict names a frame without its position: a checkpoint of an optimizer built "
+                                               "from named parameters cannot be loaded", part="promises", promise="named"),
+    "refusal_without_name": ControlSpec("refusals name a parameter by its place only, not by the name it was given", part="promises",
+                                        promise="named"),
+    "older_checkpoint_skips": ControlSpec("a checkpoint written before skip_nonfinite existed loads with skipping on (its groups "
+                                          "skip non-finite steps instead of refusing them)", feature="checkpoint_old_format"),
+    "step_returns_empty_string": ControlSpec("step() without a closure returns '' instead of None"),
     "clip_beyond_its_bound": ControlSpec("clip_grad_norm_finite_ off by 30 times the clip check's own bound: a sentinel that holds "
                                          "the bound to its stated size (loosened by ten, it lets the sentinel through)", feature="clip_step"),
-    "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises"),
+    "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises",
+                                          promise="clip"),
     "sync_free_without_sharper_test": ControlSpec("the sync-free route drops the sharper route test: its values differ from the default "
-                                                  "route's where the route test runs", part="promises"),
+                                                  "route's where the route test runs", part="promises", promise="sync"),
     "first_group_settings": ControlSpec("every frame stepped with the first param group's hyper-parameters"),
     "bucket_ignores_eps": ControlSpec("parameters of groups that differ only in eps are joined into one call with the first one's eps", feature="siblings_differ_in_eps"),
     "count_advances_on_skip": ControlSpec("a frame skipped for a non-finite step still advances its step count", feature="nan_frame"),

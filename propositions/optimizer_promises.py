@@ -16,10 +16,33 @@ optimizer claim, propositions/optimizer_class.py).
                             taken): W, m and v bit for bit.
   clip_matches_torch        clipping.clip_grad_norm_finite_: "the total that torch.nn.utils.clip_grad_norm_
                             computes when every unit is finite (up to the order of the reduction)". Both
-                            on copies of the same finite gradients, as tensors and as a frame group (units the
-                            (d, r) slices), for norm_type 1, 2, 3 and inf and the
-                            dtype mixes float64, float32, float32 + bfloat16, float64 + float32: the totals
-                            within their rounding (below) and every clipped gradient within it too.
+                            on copies of the same finite gradients, as tensors, as a frame group (units the
+                            (d, r) slices) and as one group per tensor ({"params": tensor}), for norm_type 1, 2,
+                            3 and inf and the dtype mixes float64, float32, bfloat16, float32 + bfloat16,
+                            float64 + float32: the totals within their rounding (below) and every clipped
+                            gradient within it too.
+  clip_total_dtype          clipping.clip_grad_norm_finite_: "Returns the total, a 0-d tensor (float64 if any
+                            gradient is float64, else float32)": the dtype and shape of the total each
+                            clip_matches_torch call returned (bfloat16 gradients alone included).
+  class_is_kernel           torch_impl/optimizer.py: a frame group's parameter is "stepped by
+                            torch_impl.functional.stiefel_adam_step" with its group's settings and the state the
+                            module docstring lays out. The class against the kernel called with the same
+                            settings on the same frames, gradients and documented state, in every dtype, every
+                            retraction_method and with and without skip_nonfinite, three steps: W, m, v and the
+                            counts bit for bit.
+  tolerance_decides         docs/algorithm.md: a frame is stepped when its ||W^T W - I||_F is at most
+                            manifold_tolerance(d, r, dtype) = 32 d r u_c + 4 sqrt(r) u_s, else not (skipped and
+                            counted under skip_nonfinite). Frames W = Q (I + D)^(1/2), ||D||_F set to 0.5 to
+                            2 times that formula (u from the IEEE formats, not from the code), rounded to the
+                            storage dtype; each frame's defect measured on its stored values in float64 decides
+                            whether it must be stepped. The check's own evaluation errs by at most
+                            (d r + r) u_c (functional.frame_deviation), under 0.07 of the tolerance for d >= 2,
+                            so a frame within a tenth of the tolerance of it decides nothing and is not
+                            counted.
+  named_parameters          README.md: a refusal names the parameter "by its place ("params[1] of param group 0")
+                            and, when the optimizer was given `(name, tensor)` pairs ..., by its name too"; and
+                            a checkpoint of an optimizer built from named parameters loads into another built so,
+                            every state value bit for bit.
   meta_parameter_refused    docs/algorithm.md: "a step over a parameter still on the meta device raises a
                             ValueError that says so, instead of training nothing": in a frame group and in a
                             manifold="euclidean" one, with and without a gradient, beside a parameter that
@@ -32,10 +55,15 @@ dtype of unit roundoff u (float32 for a float32 or bfloat16 gradient, float64 fo
 orders (one (d, r) slice, or one tensor, at a time against torch's per-tensor norms), then the
 total's p-norm over the units in the total's dtype (u_t); each sum errs relatively by at most gamma_N(u)
 (Higham 4.3), the p-th root divides that by p and adds u_t, so the two totals differ relatively by
-at most 2 (gamma_N(u) + 2 u_t). The inf-norm is a maximum of the same entries: exact, so the
-totals must agree within half a unit roundoff of the total's dtype (that is, bit for bit). A clipped gradient is
-the gradient times min(1, max_norm / (total + 1e-6)), which moves relatively with the total, plus
-one rounding to the gradient's dtype on each side (2 u_g).
+at most 2 (gamma_N(u) + 2 u_t). Two roundings more where the gradients are bfloat16: a unit's norm
+is returned in its gradient's dtype, so where a unit is one slice of a bfloat16 tensor of several
+frames, each side rounds a different norm to bfloat16 (ours the slice's, torch's the tensor's): 2 u_b
+more (u_b = 2^-8; a p-norm of values each within u_b relative is within u_b relative); and where
+every gradient is bfloat16 torch returns its total in bfloat16: u_b more. The inf-norm is a maximum
+of the same entries: exact, so the totals must agree within half a unit roundoff of the total's dtype
+(that is, bit for bit). A clipped gradient is the gradient times min(1, max_norm / (total + 1e-6)),
+which moves relatively with the total, plus one rounding to the gradient's dtype on each side (2 u_g),
+and where torch's total is bfloat16 its coefficient's division and sum round there twice (2 u_b).
 """
 
 from __future__ import annotations
@@ -50,9 +78,10 @@ from propositions.kit.common import ulps_apart
 EXACT = "exact equality: max |x - y| / ulp(y) over the compared values, bound 0.5 (bit for bit)"
 DTYPES = ("float64", "float32", "bfloat16")
 NORM_TYPES = (1.0, 2.0, 3.0, math.inf)
-DTYPE_MIXES = (("float64",), ("float32",), ("float32", "bfloat16"), ("float64", "float32"))
-# clip_grad_norm_finite_ on a list of tensors (each one unit) and on a frame group (each (d, r) slice one unit)
-CLIP_FORMS = ("tensors", "frame_group")
+DTYPE_MIXES = (("float64",), ("float32",), ("bfloat16",), ("float32", "bfloat16"), ("float64", "float32"))
+# clip_grad_norm_finite_ on a list of tensors (each one unit), on a frame group (each (d, r) slice one unit) and on
+# one frame group per tensor whose "params" is that tensor itself, not a list (a param group torch.optim accepts)
+CLIP_FORMS = ("tensors", "frame_group", "tensor_groups")
 # shape classes, and shapes where gradient_norm_squared runs its route test in float64 and float32
 # (gram_identity_worth_testing: r small against d), checked by sync_free_bit_for_bit to be so
 SYNC_SHAPES = ((4, 4), (6, 1), (9, 3), (16, 4), (64, 2), (32, 8))
@@ -72,6 +101,22 @@ def _checks() -> dict:
                                "the same finite gradients, norm_type 1, 2, 3, inf, four dtype mixes: |total - total_torch| / total and "
                                "||G - G_torch|| / ||G_torch|| per tensor", "2 (gamma_N(u) + 2 u_t) for the totals (the inf-norm exact: u_t / 2), plus 2 u_g "
                                "for a clipped gradient (module docstring)"),
+        "clip_dtype": NumericalCheck("promise/clip_total_dtype", "the total clip_grad_norm_finite_ returns in every call of "
+                                     "clip_matches_torch: a 0-d tensor, float64 if any gradient is float64, else float32 (0; inf otherwise)",
+                                     "exact: the documented dtype", tightness_note="an exact equality: 0 by design"),
+        "kernel": NumericalCheck("promise/class_is_kernel", "StiefelAdam against functional.stiefel_adam_step called with its group's settings "
+                                 "on the documented state, every dtype, retraction_method and skip_nonfinite, three steps: W, m, v, step (ulps)",
+                                 EXACT, tightness_note="an exact equality: 0 by design"),
+        "tolerance": NumericalCheck("promise/tolerance_decides", "frames with ||W^T W - I||_F from 0.5 to 2 times 32 d r u_c + 4 sqrt(r) u_s "
+                                    "(measured on the stored values) under skip_nonfinite: stepped exactly when within it (0; inf otherwise)",
+                                    "exact: the documented tolerance, frames within a tenth of it not counted (module docstring)",
+                                    tightness_note="an exact equality: 0 by design"),
+        "named_refusal": NumericalCheck("promise/named_refusal", "a refused step of an optimizer built from (name, tensor) pairs: a "
+                                        "ValueError naming the parameter's place and its name (0; inf otherwise)", "exact: the documented refusal",
+                                        tightness_note="an exact equality: 0 by design"),
+        "named_checkpoint": NumericalCheck("promise/named_checkpoint", "state_dict of an optimizer built from (name, tensor) pairs loaded "
+                                           "into another built so: every state value (ulps; inf if the load raises)", EXACT,
+                                           tightness_note="an exact equality: 0 by design"),
         "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
                                "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
                                "meta device (0; inf otherwise)", "exact: the documented refusal", tightness_note="an exact equality: 0 by design"),
@@ -179,7 +224,7 @@ def _route_test_runs(functional, d: int, r: int, dtype) -> bool:
     return functional.gram_identity_worth_testing(d, r, drift / functional.unit_roundoff(dtype))
 
 
-def clip_matches_torch(subject, check, seed: int) -> None:
+def clip_matches_torch(subject, check, dtype_check, seed: int) -> None:
     import torch
 
     for mix, norm_type, form in ((m, n, f) for m in DTYPE_MIXES for n in NORM_TYPES for f in CLIP_FORMS):
@@ -194,16 +239,26 @@ def clip_matches_torch(subject, check, seed: int) -> None:
             params = [torch.nn.Parameter(v.clone()) for v in values]
             for p, g in zip(params, gradients):
                 p.grad = g.clone()
-            given = [{"params": params, "manifold": "stiefel"}] if form == "frame_group" and clip is subject.clip else params
+            given = params
+            if clip is subject.clip and form == "frame_group":
+                given = [{"params": params, "manifold": "stiefel"}]
+            elif clip is subject.clip and form == "tensor_groups":
+                given = [{"params": p, "manifold": "stiefel"} for p in params]
             total = clip(given, 1.0, norm_type=norm_type)
-            runs.append((float(total), [p.grad.to(torch.float64).numpy().copy() for p in params]))
-        (total, grads), (total_torch, grads_torch) = runs
+            runs.append((total, [p.grad.to(torch.float64).numpy().copy() for p in params]))
+        (returned, grads), (returned_torch, grads_torch) = runs
+        total, total_torch = float(returned), float(returned_torch)
         entries = sum(int(np.prod(shape)) for shape in shapes)
         u = max(UNIT["float32" if name != "float64" else "float64"] for name in mix)
         u_t = UNIT["float64" if "float64" in mix else "float32"]
         gamma = entries * u / (1 - entries * u)
+        # bfloat16 unit norms rounded on each side to different values (a slice's against its tensor's), and torch's
+        # total (and its coefficient) in bfloat16 where every gradient is (module docstring)
+        sliced = form != "tensors" and any(dt == torch.bfloat16 and len(shape) > 2 and shape[0] > 1 for shape, dt in zip(shapes, dtypes))
+        slice_term = 2.0 * UNIT["bfloat16"] if sliced else 0.0
+        torch_term = UNIT["bfloat16"] if set(mix) == {"bfloat16"} else 0.0
         # the inf-norm is a maximum of the same entries: exact, so the totals are equal (half a unit roundoff of the total's dtype)
-        total_bound = 0.5 * u_t if math.isinf(norm_type) else 2.0 * (gamma + 2.0 * u_t)
+        total_bound = 0.5 * u_t if math.isinf(norm_type) else 2.0 * (gamma + 2.0 * u_t) + slice_term + torch_term
         relative = abs(total - total_torch) / total_torch if total_torch > 0 else abs(total)
         extra = {"dtypes": list(mix), "norm_type": norm_type, "form": form}
         check.add([relative], total_bound, key=("promise", "clip_total", mix, norm_type, form), seed=seed, extra={**extra, "compared": "total"})
@@ -213,8 +268,147 @@ def clip_matches_torch(subject, check, seed: int) -> None:
         for g, g_torch, dt in zip(grads, grads_torch, dtypes):
             u_g = UNIT[str(dt).split(".")[-1]]
             scale = float(np.linalg.norm(g_torch)) or 1.0
-            check.add([float(np.linalg.norm(g - g_torch)) / scale], total_bound + 2.0 * u_g, key=("promise", "clip_grad", mix, norm_type, form),
-                      seed=seed, extra={**extra, "compared": "gradient"})
+            check.add([float(np.linalg.norm(g - g_torch)) / scale], total_bound + 2.0 * u_g + 2.0 * torch_term,
+                      key=("promise", "clip_grad", mix, norm_type, form), seed=seed, extra={**extra, "compared": "gradient"})
+        documented = torch.float64 if "float64" in mix else torch.float32
+        right = torch.is_tensor(returned) and returned.dtype == documented and returned.dim() == 0
+        dtype_check.add([0.0 if right else math.inf], 0.5, key=("promise", "clip_dtype", mix, norm_type, form), seed=seed,
+                        extra={**extra, "documented": str(documented), "returned": str(getattr(returned, "dtype", type(returned).__name__))})
+        dtype_check.cover("dtype_mix", "+".join(mix))
+
+
+def class_is_kernel(subject, check, seed: int) -> None:
+    """The class's step of a frame group against the kernel it is documented to call, with the group's
+    settings, on the state laid out in torch_impl/optimizer.py's docstring (m and v zero in the state
+    dtype, one float64 count per frame); one parameter per shape, so each is one batched call."""
+    import torch
+
+    settings = {"lr": 0.05, "betas": (0.9, 0.99), "eps": 1e-8, "trust_radius": 0.5, "weight_decay": 0.01}
+    shapes = ((3, 5, 2), (4, 4), (2, 6, 1))
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        for method in ("auto", "newton_schulz", "eigh"):
+            for skip in (False, True):
+                generator = torch.Generator().manual_seed(seed)
+                frames = [_frames(torch, shape, dtype, generator) for shape in shapes]
+                steps = [[torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype) for shape in shapes] for _ in range(3)]
+                params = [torch.nn.Parameter(f.clone()) for f in frames]
+                optimizer = subject.optimizer_class(params, retraction_method=method, skip_nonfinite=skip, **settings)
+                expected = [[f.clone(), torch.zeros(f.shape, dtype=state_dtype), torch.zeros(f.shape[:-2], dtype=state_dtype),
+                             torch.zeros(f.shape[:-2], dtype=torch.float64)] for f in frames]
+                for gradients in steps:
+                    for p, g in zip(params, gradients):
+                        p.grad = g.clone()
+                    optimizer.step()
+                    for values, g in zip(expected, gradients):
+                        W, m, v, t = values
+                        values[:3] = subject.kernel(W, g, m, v, t, settings["lr"], *settings["betas"], settings["eps"],
+                                                    settings["trust_radius"], settings["weight_decay"], retraction_method=method,
+                                                    sync_free=skip)
+                        values[3] = t + 1
+                residual = 0.0
+                for p, (W, m, v, t) in zip(params, expected):
+                    state = optimizer.state[p]
+                    residual = max(residual, _ulps(p, W), *(_ulps(state[key], value) if key in state else math.inf
+                                                           for key, value in (("exp_avg", m), ("exp_avg_sq", v), ("step", t))))
+                check.add([residual], 0.5, key=("promise", "kernel", dtype_name, method, skip), seed=seed,
+                          extra={"dtype": dtype_name, "retraction_method": method, "skip_nonfinite": skip})
+                check.cover("retraction_method", method)
+                check.cover("dtype", dtype_name)
+
+
+TOLERANCE_FACTORS = (0.5, 0.7, 0.85, 1.15, 1.4, 2.0)
+TOLERANCE_SHAPES = ((6, 1), (8, 4), (12, 3))
+TOLERANCE_FRAMES = 4  # per factor
+EVALUATION_SHARE = 0.1  # a tenth of the tolerance: above the check's own (d r + r) u_c, under 0.07 of it for d >= 2
+
+
+def documented_tolerance(d: int, r: int, dtype_name: str) -> float:
+    """32 d r u_c + 4 sqrt(r) u_s (docs/algorithm.md), u from the IEEE formats."""
+    u_c = UNIT["float64" if dtype_name == "float64" else "float32"]
+    return 32.0 * d * r * u_c + 4.0 * math.sqrt(r) * UNIT[dtype_name]
+
+
+def tolerance_decides(subject, check, seed: int) -> None:
+    import torch
+
+    from propositions.kit.common import rng_for
+
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        for d, r in TOLERANCE_SHAPES:
+            rng = rng_for(seed, "optimizer", "tolerance", dtype_name, d, r)
+            tol = documented_tolerance(d, r, dtype_name)
+            count = len(TOLERANCE_FACTORS) * TOLERANCE_FRAMES
+            Q = np.linalg.qr(rng.standard_normal((count, d, r)))[0]
+            D = rng.standard_normal((count, r, r))
+            D = D + np.swapaxes(D, -1, -2)
+            factors = np.repeat(TOLERANCE_FACTORS, TOLERANCE_FRAMES)
+            D *= (factors * tol / np.linalg.norm(D, axis=(-2, -1)))[:, None, None]
+            lam, V = np.linalg.eigh(D)
+            root = (V * np.sqrt(1.0 + lam)[:, None, :]) @ np.swapaxes(V, -1, -2)  # (I + D)^(1/2): (Q root)^T (Q root) = I + D
+            stored = torch.tensor(Q @ root).to(dtype)
+            values = stored.to(torch.float64).numpy()
+            measured = np.linalg.norm(np.swapaxes(values, -1, -2) @ values - np.eye(r), axis=(-2, -1)) / tol
+            decides = np.abs(measured - 1.0) > EVALUATION_SHARE
+            p = torch.nn.Parameter(_frames(torch, (count, d, r), dtype, torch.Generator().manual_seed(seed)))
+            optimizer = subject.optimizer_class([p], lr=0.01, skip_nonfinite=True)
+            with torch.no_grad():
+                p.copy_(stored)  # the frames changed after the optimizer was given them, as an edit or a load would
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+            optimizer.step()
+            count_after = optimizer.state[p].get("step") if p in optimizer.state else None
+            stepped = (np.zeros(count) if count_after is None else count_after.to(torch.float64).numpy().reshape(count)) > 0
+            wrong = decides & (stepped != (measured <= 1.0))
+            check.add([math.inf if wrong.any() else 0.0], 0.5, shape=(d, r), key=("promise", "tolerance", dtype_name, d, r), seed=seed,
+                      extra={"dtype": dtype_name, "deciding_frames": int(decides.sum()), "within": int((decides & (measured <= 1.0)).sum()),
+                             "wrong_at_defect_over_tolerance": [round(float(x), 3) for x in measured[wrong]]})
+            check.reach("defect_over_tolerance", measured[decides])
+            check.cover("dtype", dtype_name)
+
+
+NAMES = ("attention.query", "attention.key")
+
+
+def named_parameters(subject, refusal, checkpoint, seed: int) -> None:
+    """An optimizer built from (name, tensor) pairs, as from model.named_parameters(): a refused step names
+    the parameter at fault by its place and name; a checkpoint loads into a fresh such optimizer."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    frames = [_frames(torch, shape, torch.float64, generator) for shape in ((2, 5, 2), (4, 3))]
+    gradients = [torch.randn(f.shape, generator=generator, dtype=torch.float64) for f in frames]
+    params = [torch.nn.Parameter(f.clone()) for f in frames]
+    optimizer = subject.optimizer_class(list(zip(NAMES, params)), lr=0.05)
+    for p, g in zip(params, gradients):
+        p.grad = g.clone()
+    with torch.no_grad():
+        params[1].mul_(2.0)  # off St(d, r): the step must refuse it, naming it
+    error = None
+    try:
+        optimizer.step()
+    except Exception as caught:  # what a user would meet
+        error = caught
+    message = str(error) if error is not None else ""
+    ok = isinstance(error, ValueError) and "params[1] of param group 0" in message and NAMES[1] in message
+    refusal.add([0.0 if ok else math.inf], 0.5, key=("promise", "named_refusal"), seed=seed,
+                extra={"raised": None if error is None else f"{type(error).__name__}: {message.splitlines()[0] if message else ''}"})
+    with torch.no_grad():
+        params[1].copy_(frames[1])
+    for _ in range(2):
+        optimizer.step()
+    saved = optimizer.state_dict()
+    fresh_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fresh = subject.optimizer_class(list(zip(NAMES, fresh_params)), lr=1e-3)
+    try:
+        fresh.load_state_dict(saved)
+        residual = max(_ulps(fresh.state[q][key], optimizer.state[p][key]) if key in fresh.state[q] else math.inf
+                       for p, q in zip(params, fresh_params) for key in optimizer.state[p])
+        raised = None
+    except Exception as caught:  # a load that raises on a valid checkpoint fails the check
+        residual, raised = math.inf, f"{type(caught).__name__}: {caught}"
+    checkpoint.add([residual], 0.5, key=("promise", "named_checkpoint"), seed=seed, extra={"raised": raised})
 
 
 def meta_parameter_refused(subject, check, seed: int) -> None:
@@ -257,16 +451,21 @@ def zero_grad_sets_none(subject, check, seed: int) -> None:
               extra={"grad_is_none": none, "ulps_moved_by_the_next_step": moved})
 
 
-PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "meta": meta_parameter_refused,
-            "zero_grad": zero_grad_sets_none}
+PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "kernel": class_is_kernel,
+            "tolerance": tolerance_decides, "named": named_parameters, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
+# the checks each promise's run fills, where it fills more than the one of its own key
+FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 
 
-def promise_checks(subject, seed: int) -> list:
-    """Every promise's check on `subject` (optimizer_class.Subject), in the order of PROMISES."""
+def promise_checks(subject, seed: int, only: str | None = None) -> list:
+    """Every promise's check on `subject` (optimizer_class.Subject), in the order of PROMISES; with
+    `only` (a key of PROMISES), that promise's checks alone (a control's regime)."""
     checks = _checks()
     for key, run in PROMISES.items():
-        run(subject, checks[key], seed)
-    return list(checks.values())
+        if only is None or key == only:
+            run(subject, *(checks[name] for name in FILLS.get(key, (key,))), seed)
+    names = FILLS.get(only, (only,)) if only is not None else tuple(checks)
+    return [checks[name] for name in names]
 
 
 __all__ = ["DTYPE_MIXES", "NORM_TYPES", "PROMISES", "SYNC_SHAPES", "promise_checks"]
