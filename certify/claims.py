@@ -304,7 +304,10 @@ def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: di
     reasons = coverage_contract.shortfalls(claim_id, profile, data.get("numerical", {}).get("checks", []))
     draws = coverage_contract.load_draws().get(profile, {}).get(claim_id) or {}
     reasons += coverage_contract.draw_shortfalls(claim_id, profile, data.get("extra", {}).get("draw_keys") or {})
+    reasons += coverage_contract.draw_shortfalls(claim_id, profile, data.get("extra", {}).get("control_draw_keys") or {},
+                                                 section="control_draws")
     reasons += coverage_contract.grammar_shortfalls(claim_id, profile, data.get("extra", {}).get("grammar"))
+    reasons += coverage_contract.symbolic_shortfalls(claim_id, profile, data.get("symbolic"))
     data = {**data, "extra": {**data.get("extra", {}), "evidence_contract": {"checks": len(contract), "draw_groups": len(draws),
                                                                            "shortfalls": len(reasons)}}}
     data["inconclusive"] = list(data.get("inconclusive", [])) + reasons

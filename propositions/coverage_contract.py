@@ -13,6 +13,10 @@ profile, with the claim's default options, is inconclusive when
 * it holds fewer samples than contracted: the count where every seed the contract was written from
   gave the same count (the count is then fixed by the code, not by the draws), else one (a count the
   draws move, as in drawn scenarios, may be far smaller at another seed);
+* its smallest or its largest bound rose above the one that those seeds all gave (up to
+  FIXED_BOUND_SLACK: a bound the code fixes), or more than RATIO_SLACK above the largest they gave
+  where they gave different ones that agree within STABLE (a bound loosened, a significance level
+  lowered: the residuals need not move);
 * its largest residual/bound fell more than RATIO_SLACK below the least that those seeds reached
   (a bound loosened, or draws that no longer reach it), for a check whose count is fixed and whose
   largest ratio those seeds agree on within STABLE; more than UNSTABLE_SLACK below it where they do
@@ -27,10 +31,14 @@ profile, with the claim's default options, is inconclusive when
   shapes, leading axes, settings and features) lack a value they held at those seeds;
 * a group of its draws (the draw ledger: the first two labels of an rng_for key) asked for fewer
   distinct keys than those seeds did: exactly as many where every seed gave the same count, else at
-  least the least of them over STABLE. A key that lost the part that varies per shape, dtype, chunk
+  least the least of them over STABLE; the same for its controls' draws (extra.control_draw_keys),
+  counted apart. A key that lost the part that varies per shape, dtype, chunk
   or step draws the same numbers for what were independent draws, and the count falls.
 
-The contract covers the numerical checks only; the symbolic and exact tiers state their own cases.
+The symbolic tier is held by what it states: each step's description (which names the shapes it was
+derived at) that every seed gave must still be among the certificate's symbolic steps (a shape
+dropped from a derivation changes its description; a step removed is missing). The exact tier
+states its own cases.
 A profile the contract does not name (thorough, a test's own) is not held to it. Changing what a
 claim samples on purpose means writing the contract again, and its diff shows what moved.
 """
@@ -52,6 +60,9 @@ RATIO_SLACK = 4.0
 RATIO_FLOOR = 1e-3
 # counts and ratios that moved by more than this factor between the seeds are held loosely (above)
 STABLE = 2.0
+# a bound every seed gave the same is fixed by the code: held to it, up to a float64 evaluation's
+# rounding of the same formula on another machine (a few ulps), far below any change of a constant
+FIXED_BOUND_SLACK = 1e-9
 UNSTABLE_SLACK = 100.0
 # a drawn parameter's ends may fall short of the contracted ends by this share of their span (draws
 # near a range's ends move a little from seed to seed; a range cut to half its span moves an end by a
@@ -95,12 +106,30 @@ def _reach_contract(spans: list[list[list[float]]]) -> dict | None:
     return {"low_at_most": low + REACH_SLACK * span, "high_at_least": high - REACH_SLACK * span}
 
 
-def written_draws(certificates: list[dict]) -> dict:
+def _bound_contract(bounds: list) -> dict:
+    """The smallest and largest bound a check may give ({"min_at_most", "max_at_most"}): where every
+    seed gave the same value (a bound the code fixes, not the draws: 0.5 ulp, -log10 of a significance
+    level, a bound at fixed arguments) that value, up to FIXED_BOUND_SLACK; else RATIO_SLACK above the
+    largest the seeds gave, where they agree on it within STABLE."""
+    contract = {}
+    for index, label in ((0, "min_at_most"), (1, "max_at_most")):
+        values = [b[index] for b in bounds]
+        if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 for v in values):
+            continue
+        if max(values) <= (1.0 + FIXED_BOUND_SLACK) * min(values):
+            contract[label] = max(values) * (1.0 + FIXED_BOUND_SLACK)
+        elif max(values) <= STABLE * min(values):
+            contract[label] = max(values) * RATIO_SLACK
+    return contract
+
+
+def written_draws(certificates: list[dict], field: str = "draw_keys") -> dict:
     """The draw ledger's contract of one profile and claim from its certificates at several seeds:
-    per group the distinct keys (exact where every seed gave the same count, else the least over STABLE)."""
+    per group the distinct keys (exact where every seed gave the same count, else the least over STABLE).
+    field: "draw_keys" (the claim's own tiers and parts) or "control_draw_keys" (its controls')."""
     counts: dict = {}
     for certificate in certificates:
-        for group, keys in (certificate.get("extra", {}).get("draw_keys") or {}).items():
+        for group, keys in (certificate.get("extra", {}).get(field) or {}).items():
             counts.setdefault(group, []).append(int(keys))
     contract = {}
     for group, found in sorted(counts.items()):
@@ -120,6 +149,22 @@ def written_grammar(certificates: list[dict]) -> dict:
     return {name: [json.dumps(value, sort_keys=True) for value in values] for name, values in sorted(found[0].items())}
 
 
+def written_symbolic(certificates: list[dict]) -> list[str]:
+    """The descriptions of the symbolic steps every certificate states (a claim's symbolic tier is the
+    same at every seed)."""
+    found = [{step.get("description") for step in (certificate.get("symbolic") or {}).get("steps") or []} for certificate in certificates]
+    return sorted(set.intersection(*found) - {None}) if found else []
+
+
+def symbolic_shortfalls(claim_id: str, profile: str, symbolic: dict | None, contract: dict | None = None) -> list[str]:
+    """Why a certificate's symbolic tier states less than the contract's (empty: none)."""
+    contract = load_section("symbolic") if contract is None else contract
+    wanted = contract.get(profile, {}).get(claim_id) or []
+    stated = {step.get("description") for step in (symbolic or {}).get("steps") or []}
+    return [f"coverage contract: the symbolic tier no longer states {description!r} (a step removed, or derived at fewer shapes)"
+            for description in wanted if description not in stated]
+
+
 def grammar_shortfalls(claim_id: str, profile: str, grammar: dict | None, contract: dict | None = None) -> list[str]:
     """Why a certificate's scenarios draw from smaller alphabets than the contract's (empty: none)."""
     contract = load_section("grammar") if contract is None else contract
@@ -135,10 +180,11 @@ def grammar_shortfalls(claim_id: str, profile: str, grammar: dict | None, contra
     return reasons
 
 
-def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict | None = None) -> list[str]:
-    """Why a certificate's draw ledger (extra.draw_keys) holds fewer independent draws than the
-    contract (empty: none, or no contract for that profile and claim)."""
-    contract = load_draws() if contract is None else contract
+def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict | None = None, section: str = "draws") -> list[str]:
+    """Why a certificate's draw ledger (extra.draw_keys; with section "control_draws", its controls'
+    extra.control_draw_keys) holds fewer independent draws than the contract (empty: none, or no
+    contract for that profile and claim)."""
+    contract = load_section(section) if contract is None else contract
     wanted = contract.get(profile, {}).get(claim_id)
     if not wanted:
         return []
@@ -147,7 +193,7 @@ def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict
         found = int((draw_keys or {}).get(group, 0))
         if found < entry["keys"]:
             how = "at every seed the contract was written from" if entry["fixed"] else "at least"
-            reasons.append(f"coverage contract: draw group {group} asked rng_for for {found} distinct keys, fewer than the "
+            reasons.append(f"coverage contract: {'control ' if section == 'control_draws' else ''}draw group {group} asked rng_for for {found} distinct keys, fewer than the "
                            f"{entry['keys']} contracted ({how}): draws that were independent now share a stream")
     return reasons
 
@@ -167,6 +213,8 @@ def written(certificates: list[dict]) -> dict:
             entry["counts"].append(int(check["samples"]))
             ratio = check.get("max_ratio")
             entry["ratios"].append(float(ratio) if isinstance(ratio, (int, float)) else math.nan)
+            bound = check.get("bound") or {}
+            entry.setdefault("bounds", []).append((bound.get("min"), bound.get("max")))
             entry.setdefault("reach", []).append(check.get("reach") or {})
             entry.setdefault("covers", []).append({name: set(values) for name, values in (check.get("covers") or {}).items()})
     contract = {}
@@ -187,6 +235,9 @@ def written(certificates: list[dict]) -> dict:
             # the run with itself, a check fed nothing but exact zeros)
             slack = RATIO_SLACK if max(ratios) <= STABLE * min(ratios) else UNSTABLE_SLACK
             contract[name]["max_ratio_at_least"] = min(ratios) / slack
+        bounds = _bound_contract(entry.get("bounds") or [])
+        if bounds:
+            contract[name]["bound"] = bounds
         reached = entry.get("reach") or []
         common = set.intersection(*(set(r) for r in reached)) if reached else set()
         reach = {parameter: _reach_contract([r[parameter] for r in reached]) for parameter in sorted(common)}
@@ -225,6 +276,13 @@ def shortfalls(claim_id: str, profile: str, checks: list[dict], contract: dict |
             reasons.append(f"coverage contract: check {name} reached at most {ratio:.3g} of its bound, below the {floor:.3g} contracted "
                            f"(a {RATIO_SLACK:g}th of the least reached at the seeds it was written from): its bound is looser than it was, "
                            "or its draws no longer reach it")
+        bound = check.get("bound") or {}
+        for label, end in (("min_at_most", "min"), ("max_at_most", "max")):
+            limit, value = (entry.get("bound") or {}).get(label), bound.get(end)
+            if limit is not None and isinstance(value, (int, float)) and value > limit:
+                reasons.append(f"coverage contract: check {name}'s {'smallest' if end == 'min' else 'largest'} bound is {value:.3g}, above the "
+                               f"{limit:.3g} contracted ({RATIO_SLACK:g} times the largest at the seeds it was written from): its bound "
+                               "is looser than it was")
         for category, values in (entry.get("covers") or {}).items():
             lacking = sorted(set(values) - set((check.get("covers") or {}).get(category, [])))
             if lacking:
@@ -260,13 +318,18 @@ def main(argv: list[str] | None = None) -> int:
             if certificate["numerical"].get("profile") != args.profile:
                 raise SystemExit(f"{path}: profile {certificate['numerical'].get('profile')}, not {args.profile}")
             per_claim.setdefault(certificate["id"], []).append(certificate)
-    profiles, draws, grammar = load(), load_draws(), load_section("grammar")
+    profiles, draws, grammar, symbolic = load(), load_draws(), load_section("grammar"), load_section("symbolic")
+    control_draws = load_section("control_draws")
     complete = {claim_id: certificates for claim_id, certificates in sorted(per_claim.items()) if len(certificates) == len(args.dirs)}
     profiles[args.profile] = {claim_id: written(certificates) for claim_id, certificates in complete.items()}
     draws[args.profile] = {claim_id: written_draws(certificates) for claim_id, certificates in complete.items()}
+    control_draws[args.profile] = {claim_id: found for claim_id, certificates in complete.items()
+                                   if (found := written_draws(certificates, "control_draw_keys"))}
     grammar[args.profile] = {claim_id: found for claim_id, certificates in complete.items() if (found := written_grammar(certificates))}
+    symbolic[args.profile] = {claim_id: found for claim_id, certificates in complete.items() if (found := written_symbolic(certificates))}
     CONTRACT_FILE.write_text(json.dumps({"note": "written by python -m propositions.coverage_contract; see its docstring",
-                                         "seeds": list(SEEDS), "profiles": profiles, "draws": draws, "grammar": grammar},
+                                         "seeds": list(SEEDS), "profiles": profiles, "draws": draws, "grammar": grammar,
+                                         "symbolic": symbolic, "control_draws": control_draws},
                                         indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"{CONTRACT_FILE}: {args.profile}: {sum(len(c) for c in profiles[args.profile].values())} checks of "
           f"{len(profiles[args.profile])} claims")
@@ -277,5 +340,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "UNSTABLE_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "load", "load_draws", "load_section", "shortfalls",
+__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "UNSTABLE_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "symbolic_shortfalls", "written_symbolic", "load", "load_draws", "load_section", "shortfalls",
            "written", "written_draws", "written_grammar"]

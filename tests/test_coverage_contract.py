@@ -212,3 +212,39 @@ def test_a_check_merges_the_values_its_partial_checks_covered():
     second.add([1e-17], 1e-15)
     second.cover("norm_type", float("inf"))
     assert first.merge(second).to_dict()["covers"] == {"norm_type": ["2.0", "inf"]}
+
+
+def _bounded(name, low, high):
+    return {**_check(name, [(3, 2)], 40, 0.0), "bound": {"min": low, "max": high}}
+
+
+def test_a_bound_the_code_fixes_is_held_to_its_value_and_a_drawn_one_to_four_times_the_largest():
+    contract = cc.written([_certificate(_bounded("fixed", 0.5, 8.2), _bounded("drawn", 1e-14 * (1 + seed / 4), 3e-13)) for seed in range(3)])
+    assert contract["fixed"]["bound"] == {"min_at_most": 0.5 * (1 + cc.FIXED_BOUND_SLACK), "max_at_most": 8.2 * (1 + cc.FIXED_BOUND_SLACK)}
+    assert contract["drawn"]["bound"]["min_at_most"] == 1.5e-14 * cc.RATIO_SLACK
+    wanted = {"quick": {"P9": contract}}
+    assert cc.shortfalls("P9", "quick", [_bounded("fixed", 0.5, 8.2), _bounded("drawn", 2e-14, 3e-13)], wanted) == []
+    looser = {
+        "an exact check's half ulp made 5": [_bounded("fixed", 5.0, 8.2), _bounded("drawn", 2e-14, 3e-13)],
+        # -log10 of a significance level ten times smaller: 9.2 for 8.2, a rise no residual shows
+        "a significance level lowered tenfold": [_bounded("fixed", 0.5, 9.2), _bounded("drawn", 2e-14, 3e-13)],
+        "a drawn bound loosened tenfold": [_bounded("fixed", 0.5, 8.2), _bounded("drawn", 2e-13, 3e-12)],
+    }
+    for what, checks in looser.items():
+        assert cc.shortfalls("P9", "quick", checks, wanted), what
+
+
+def test_a_symbolic_step_derived_at_fewer_shapes_or_removed_is_a_shortfall():
+    steps = ["P_W is idempotent (shapes 3 x 2, 2 x 2)", "P_W(W) = 0 (shapes 3 x 2, 2 x 2)"]
+    contract = {"quick": {"P9": cc.written_symbolic([{"symbolic": {"steps": [{"description": d} for d in steps]}}] * 3)}}
+    assert cc.symbolic_shortfalls("P9", "quick", {"steps": [{"description": d} for d in steps]}, contract) == []
+    narrowed = {"a shape dropped": [steps[0], "P_W(W) = 0 (shapes 3 x 2)"], "a step removed": steps[:1]}
+    for what, stated in narrowed.items():
+        assert cc.symbolic_shortfalls("P9", "quick", {"steps": [{"description": d} for d in stated]}, contract), what
+
+
+def test_a_control_whose_key_lost_its_chunk_is_a_control_draw_shortfall():
+    certificates = [{"extra": {"control_draw_keys": {"P9/control": 6}}} for _ in range(3)]
+    contract = {"quick": {"P9": cc.written_draws(certificates, "control_draw_keys")}}
+    assert cc.draw_shortfalls("P9", "quick", {"P9/control": 6}, contract, section="control_draws") == []
+    assert cc.draw_shortfalls("P9", "quick", {"P9/control": 1}, contract, section="control_draws")

@@ -364,10 +364,12 @@ def _run_drawn(claim: Claim, ctx: Context) -> ClaimResult:
             evidence[part.name] = _timed(timings, part.name, part.run, ctx)
 
     controls, control_evidence, unplanted = [], [], []
+    control_drawn: set = set()  # the controls' own draw ledger, beside the claim's
     for control in claim.controls:
         try:
-            with drawing():
+            with drawing() as drawn:
                 found = _timed(timings, "controls", control.run, ctx.for_control(control.name))
+            control_drawn |= drawn
         except SourceEditError as error:
             # a bug written into the source as it was: that source has changed, and the control says so
             # (the claim is inconclusive) while the checks still judge the code as it is
@@ -391,6 +393,9 @@ def _run_drawn(claim: Claim, ctx: Context) -> ClaimResult:
 
     result = _assemble(claim, ctx, symbolic_result, exact, evidence, controls, control_evidence, timings)
     result.inconclusive += unplanted + symbolic_failed
+    if control_drawn:
+        # held by the coverage contract as the claim's are: a control whose key lost its chunk runs on fewer layers
+        result.extra["control_draw_keys"] = draw_counts(control_drawn)
     return result
 
 
