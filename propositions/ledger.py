@@ -78,7 +78,7 @@ PROMISES = (
     _p("class-checkpoints", "torch_impl.StiefelAdam.state_dict torch_impl.StiefelAdam.load_state_dict "
        "torch_impl.StiefelAdam.load_state_dict.state_dict", OPT, "their values bit for bit", "bit for bit",
        "optimizer:*/checkpoint_round_trip optimizer:*/checkpoints_change_nothing bookkeeping:checkpoint bookkeeping:rebuilt "
-       "optimizer:promise/named_checkpoint"),
+       "optimizer:promise/named_checkpoint optimizer:promise/older_checkpoint_defaults"),
     _p("class-is-kernel", "torch_impl.StiefelAdam.retraction_method torch_impl.StiefelAdam.trust_radius torch_impl.StiefelAdam.skip_nonfinite",
        OPT, "`torch_impl.functional.stiefel_adam_step`. Its state is", "bit for bit", "optimizer:promise/class_is_kernel"),
     _p("tolerance-decides", "torch_impl.manifold_tolerance.d torch_impl.manifold_tolerance.r torch_impl.manifold_tolerance.dtype", ALGO,

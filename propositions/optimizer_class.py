@@ -1549,12 +1549,14 @@ def control_part(ctx: Context) -> Evidence:
     return Evidence(checks=[c for c in checks.values() if c.samples])
 
 
-def _features(scenario: Scenario) -> set:
-    """The grammar features a scenario exercises, read from its plan without running it."""
+@functools.lru_cache(maxsize=None)
+def _features(scenario: Scenario) -> frozenset:
+    """The grammar features a scenario exercises, read from its plan without running it (kept per
+    scenario: a frozen value, and every control that orders the runs by a feature asks again)."""
     found = set(grammar.layout_features(scenario))
     for _, plan in grammar.walk(scenario):
         found.update(plan.features)
-    return found
+    return frozenset(found)
 
 
 def broken_subjects() -> dict:
@@ -1602,7 +1604,7 @@ CONTROLS = {
     "refusal_without_name": ControlSpec("refusals name a parameter by its place only, not by the name it was given", part="promises",
                                         promise="named"),
     "older_checkpoint_skips": ControlSpec("a checkpoint written before skip_nonfinite existed loads with skipping on (its groups "
-                                          "skip non-finite steps instead of refusing them)", feature="checkpoint_old_format"),
+                                          "skip non-finite steps instead of refusing them)", part="promises", promise="older"),
     "step_returns_empty_string": ControlSpec("step() without a closure returns '' instead of None"),
     "clip_beyond_its_bound": ControlSpec("clip_grad_norm_finite_ off by 30 times the clip check's own bound: a sentinel that holds "
                                          "the bound to its stated size (loosened by ten, it lets the sentinel through)", feature="clip_step"),

@@ -43,6 +43,11 @@ optimizer claim, propositions/optimizer_class.py).
                             and, when the optimizer was given `(name, tensor)` pairs ..., by its name too"; and
                             a checkpoint of an optimizer built from named parameters loads into another built so,
                             every state value bit for bit.
+  older_checkpoint_defaults torch_impl/optimizer.py, StiefelAdam.load_state_dict: a checkpoint of the older format
+                            (groups without the keys manifold, skip_nonfinite and retraction_method, one int
+                            count per parameter) loads with the settings that format's groups had (frames, no
+                            skipping, the "auto" retraction): the settings, the state and a further step bit
+                            for bit against the instance that saved it, and a non-finite step refused.
   meta_parameter_refused    docs/algorithm.md: "a step over a parameter still on the meta device raises a
                             ValueError that says so, instead of training nothing": in a frame group and in a
                             manifold="euclidean" one, with and without a gradient, beside a parameter that
@@ -117,6 +122,10 @@ def _checks() -> dict:
         "named_checkpoint": NumericalCheck("promise/named_checkpoint", "state_dict of an optimizer built from (name, tensor) pairs loaded "
                                            "into another built so: every state value (ulps; inf if the load raises)", EXACT,
                                            tightness_note="an exact equality: 0 by design"),
+        "older": NumericalCheck("promise/older_checkpoint_defaults", "a checkpoint in the older format (no manifold, skip_nonfinite or "
+                                "retraction_method key, one int count per parameter) loaded into a fresh instance: its groups' settings "
+                                "the documented defaults, its state and a further step bit for bit against the instance that saved it, and "
+                                "a non-finite step then refused (ulps; inf otherwise)", EXACT, tightness_note="an exact equality: 0 by design"),
         "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
                                "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
                                "meta device (0; inf otherwise)", "exact: the documented refusal", tightness_note="an exact equality: 0 by design"),
@@ -368,6 +377,52 @@ def tolerance_decides(subject, check, seed: int) -> None:
             check.cover("dtype", dtype_name)
 
 
+def older_checkpoint_defaults(subject, check, seed: int) -> None:
+    """A checkpoint of the older format, which its load_state_dict promises to read: what that format's
+    groups did (frames, no skipping, the "auto" retraction) is what the loaded groups do."""
+    import torch
+
+    from .optimizer_class import _older_format
+
+    generator = torch.Generator().manual_seed(seed)
+    shapes = ((2, 5, 2), (4, 3))
+    frames = [_frames(torch, shape, torch.float64, generator) for shape in shapes]
+    steps = [[torch.randn(shape, generator=generator, dtype=torch.float64) for shape in shapes] for _ in range(3)]
+    params = [torch.nn.Parameter(f.clone()) for f in frames]
+    optimizer = subject.optimizer_class([{"params": [params[0]]}, {"params": [params[1]], "lr": 0.02}], lr=0.05)
+    for gradients in steps[:2]:
+        for p, g in zip(params, gradients):
+            p.grad = g.clone()
+        optimizer.step()
+    older = _older_format(optimizer.state_dict(), optimizer)
+    fresh_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fresh = subject.optimizer_class([{"params": [fresh_params[0]]}, {"params": [fresh_params[1]]}], lr=1e-3)
+    residual, raised = 0.0, None
+    try:
+        fresh.load_state_dict(older)
+        documented = {"manifold": "stiefel", "skip_nonfinite": False, "retraction_method": "auto"}
+        if any(group.get(key) != value for group in fresh.param_groups for key, value in documented.items()):
+            residual = math.inf
+        for p, q, g in zip(params, fresh_params, steps[2]):
+            p.grad, q.grad = g.clone(), g.clone()
+        optimizer.step()
+        fresh.step()
+        residual = max(residual, *(_ulps(q, p) for p, q in zip(params, fresh_params)),
+                       *(_ulps(fresh.state[q][key], optimizer.state[p][key]) if key in fresh.state[q] else math.inf
+                         for p, q in zip(params, fresh_params) for key in optimizer.state[p]))
+        bad = torch.randn(shapes[0], generator=generator, dtype=torch.float64)
+        bad[1, 0, 0] = math.nan
+        fresh_params[0].grad = bad
+        try:
+            fresh.step()
+            residual = math.inf  # the older format's groups did not skip: the step must be refused
+        except ValueError:
+            pass
+    except Exception as caught:  # a valid older checkpoint that cannot be loaded or stepped fails the check
+        residual, raised = math.inf, f"{type(caught).__name__}: {caught}"
+    check.add([residual], 0.5, key=("promise", "older"), seed=seed, extra={"raised": raised})
+
+
 NAMES = ("attention.query", "attention.key")
 
 
@@ -452,7 +507,7 @@ def zero_grad_sets_none(subject, check, seed: int) -> None:
 
 
 PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "kernel": class_is_kernel,
-            "tolerance": tolerance_decides, "named": named_parameters, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
+            "tolerance": tolerance_decides, "named": named_parameters, "older": older_checkpoint_defaults, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
 # the checks each promise's run fills, where it fills more than the one of its own key
 FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 

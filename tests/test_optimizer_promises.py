@@ -27,6 +27,7 @@ CAUGHT_BY = {
     "tolerance_storage_term_over_sqrt_r": "promise/tolerance_decides",
     "named_load_without_position": "promise/named_checkpoint",
     "refusal_without_name": "promise/named_refusal",
+    "older_checkpoint_skips": "promise/older_checkpoint_defaults",
 }
 
 
