@@ -106,6 +106,12 @@ def _worker_start(progress_queue) -> None:
     parallel.install_for_process(Inline(), progress)
 
 
+def _warm_worker() -> None:
+    import propositions
+
+    propositions.discover()
+
+
 def _results_by_index(executor, fn, calls, on_done, label: str) -> list[Outcome]:
     """executor.submit_each, the outcomes stored by task index: the merge order never depends on completion."""
     outcomes: list = [None] * len(calls)
@@ -140,6 +146,13 @@ class Pool:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=self._context, initializer=_worker_start, initargs=(self.progress_queue,))
         return self._pool
+
+    def warm(self) -> None:
+        """Start every worker now, each importing the claim modules (propositions.discover), so that
+        their start-up overlaps the parent's own before the first claim is submitted; nothing waits."""
+        executor = self._executor()
+        for _ in range(self.workers):
+            executor.submit(_warm_worker)
 
     def _died(self, error: BaseException) -> TaskFailed:
         self._abandon()  # a fresh pool for the next tasks

@@ -348,6 +348,9 @@ def _options_for(claim_id: str) -> dict:
 
 def command_all(args, out: Output, command: str) -> int:
     notes: list[str] = []
+    warm = getattr(parallel.current(), "warm", None)
+    if warm is not None:  # a pool's workers start while this process finds the claims
+        warm()
     # claims that need an optional package (torch) run last, so that the environment of the others
     # records such a package only if they used it
     ids = sorted(claims.ALL_IDS, key=lambda claim_id: bool(_requirements(claim_id)))
