@@ -404,6 +404,15 @@ def broken_functions() -> dict:
     def untransported(W, m):
         return m
 
+    real_clip = clipping.clip_grad_norm_finite_
+
+    def clip_norm_type_lost_when_masking(parameters, max_norm, norm_type=2.0):
+        # the masked path (some unit not finite) forms its total with the 2-norm, whatever norm_type asks
+        parameters = list(parameters) if not isinstance(parameters, (torch.Tensor, dict)) else [parameters]
+        grads, frames = clipping._gradients(parameters)
+        masked = not all(bool(torch.isfinite(clipping._unit_norms(g, norm_type, f)).all()) for g, f in zip(grads, frames))
+        return real_clip(parameters, max_norm, 2.0 if masked else norm_type)
+
     def clip_ignores_norm_type(parameters, max_norm, norm_type=2.0):
         # the total always the 2-norm, whatever norm_type asks
         return torch_impl.clip_grad_norm_finite_(parameters, max_norm, 2.0)
@@ -464,6 +473,7 @@ def broken_functions() -> dict:
         **{name: ("clip", _quiet(edited("torch_impl.clipping", before, after, "clip_grad_norm_finite_"))) for name, (before, after) in CLIP_EDITS.items()},
         "clip_beyond_its_bound": ("clip", clip_beyond_its_bound),
         "clip_ignores_norm_type": ("clip", clip_ignores_norm_type),
+        "clip_norm_type_lost_when_masking": ("clip", clip_norm_type_lost_when_masking),
         "sync_free_without_sharper_test": ("kernel", sync_free_without_sharper_test),
         "untransported_moment_reported": ("transported_moment", untransported),
         "clip_counts_inf_units": ("clip", clip_counts_inf_units),

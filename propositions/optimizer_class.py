@@ -689,14 +689,15 @@ class ScenarioRun:
         """clip_grad_norm_finite_ over the optimizer's param groups, against c G from the exact norms
         of the gradients the class holds; returns the gradients the step then sees (float64)."""
         held = {key: (None if self.params[key].grad is None else _to_numpy(self.params[key].grad)) for key in plan.gradients}
-        self.subject.clip(self.optimizer.param_groups, float(op.option))
+        max_norm, norm_type = grammar.clip_option(op.option)
+        self.subject.clip(self.optimizer.param_groups, max_norm, norm_type=norm_type)
         after = {key: (None if self.params[key].grad is None else _to_numpy(self.params[key].grad)) for key in plan.gradients}
         if checks is None:
             return after
         units = {key: _units(G, self.scenario.group(key[0]).frames) for key, G in held.items() if G is not None}
         clipped = {key: _units(after[key], self.scenario.group(key[0]).frames) for key in units}
         batch = _Batch()
-        clip_samples(units, clipped, float(op.option), self.dtype_name, batch, {"op": op.id})
+        clip_samples(units, clipped, max_norm, self.dtype_name, batch, {"op": op.id, "norm_type": norm_type}, norm_type)
         batch.flush(checks, self.seed, self.key)
         return after
 
@@ -860,27 +861,37 @@ def _units(G: np.ndarray, frames: bool) -> list:
     return list(G.reshape((-1, G.shape[-2] * G.shape[-1])) if frames else G.reshape(1, -1))
 
 
-def _unit_norm(values: np.ndarray, dtype_name: str):
-    """The exact norm of one unit, or None where it is not finite: a NaN or inf entry, or a sum of
-    squares beyond the largest number of the dtype the norm is accumulated in (float64 for float64,
-    else float32: an overflowing gradient is left to the optimizer, which skips its step)."""
+def _p_norm(values, p: float) -> float:
+    """The p-norm of nonnegative or signed values (p >= 1 or inf), scaled so that no power overflows."""
+    magnitudes = np.abs(np.asarray(values, dtype=np.float64)).ravel()
+    scale = float(np.max(magnitudes)) if magnitudes.size else 0.0
+    if scale == 0.0 or math.isinf(p):
+        return scale
+    return scale * math.fsum((magnitudes / scale) ** p) ** (1.0 / p)
+
+
+def _unit_norm(values: np.ndarray, dtype_name: str, p: float = 2.0):
+    """The exact p-norm of one unit, or None where it is not finite: a NaN or inf entry, or a sum of
+    p-th powers beyond the largest number of the dtype the norm is accumulated in (float64 for float64,
+    else float32: an overflowing gradient is left to the optimizer, which skips its step; a maximum,
+    the inf-norm, never overflows)."""
     if not np.all(np.isfinite(values)):
         return None
-    scale = float(np.max(np.abs(values))) if values.size else 0.0
-    if scale == 0.0:
-        return 0.0
-    norm = scale * float(np.linalg.norm(values / scale))
+    norm = _p_norm(values, p)
+    if norm == 0.0 or math.isinf(p):
+        return norm
     largest = np.finfo(np.float64 if dtype_name == "float64" else np.float32).max
-    return norm if 2 * math.log2(norm) < math.log2(largest) else None
+    return norm if p * math.log2(norm) < math.log2(largest) else None
 
 
-def clip_samples(units: dict, clipped: dict, max_norm: float, dtype_name: str, batch: "_Batch", extra: dict) -> None:
+def clip_samples(units: dict, clipped: dict, max_norm: float, dtype_name: str, batch: "_Batch", extra: dict, norm_type: float = 2.0) -> None:
     """The clip check: units / clipped map a tensor to its units before / after clip_grad_norm_finite_;
-    c = min(1, max_norm / (total + 1e-6)) from the exact norms of the finite units. A finite unit's
-    relative distance to c G against clip_bound, exact where c = 1 or G = 0; a unit that is not finite untouched."""
-    norms = {key: [_unit_norm(values, dtype_name) for values in pieces] for key, pieces in units.items()}
+    c = min(1, max_norm / (total + 1e-6)) from the exact norm_type-norms of the finite units (the total
+    their norm_type-norm). A finite unit's relative distance to c G against clip_bound, exact where
+    c = 1 or G = 0; a unit that is not finite untouched."""
+    norms = {key: [_unit_norm(values, dtype_name, norm_type) for values in pieces] for key, pieces in units.items()}
     finite = [n for ns in norms.values() for n in ns if n is not None]
-    total = math.sqrt(math.fsum(n * n for n in finite))
+    total = _p_norm(finite, norm_type)
     c = min(1.0, max_norm / (total + 1e-6))
     bound = clip_bound(max((values.size for pieces in units.values() for values in pieces), default=1), len(finite), dtype_name)
     for key, pieces in units.items():
@@ -1610,6 +1621,9 @@ CONTROLS = {
                                          "the bound to its stated size (loosened by ten, it lets the sentinel through)", feature="clip_step"),
     "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises",
                                           promise="clip"),
+    "clip_norm_type_lost_when_masking": ControlSpec("clip_grad_norm_finite_ forms the total with the 2-norm whatever norm_type "
+                                                    "asks once some unit is not finite (its masked path): only a clip with "
+                                                    "another norm type beside a non-finite unit shows it", feature="clip_norm_with_nonfinite_unit"),
     "sync_free_without_sharper_test": ControlSpec("the sync-free route drops the sharper route test: its values differ from the default "
                                                   "route's where the route test runs", part="promises", promise="sync"),
     "first_group_settings": ControlSpec("every frame stepped with the first param group's hyper-parameters"),

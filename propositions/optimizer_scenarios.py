@@ -85,6 +85,18 @@ CHOICES = {
 EUCLIDEAN_EPS = (1e-8, 1e-6)  # AdamW divides by sqrt(v^) + eps: eps = 0 at a zero gradient is 0/0
 SCHEDULE_FACTORS = (0.5, 0.8, 1.25)
 CLIP_NORMS = (0.5, 2.0, 1e6)  # max_norm of a clip_step: mostly clipping, sometimes not
+# norm_type of a clip_step, as labels (JSON-safe: "inf"); its option is (max_norm, label). A step with
+# an overflowing gradient takes "2" or "3": a 1- or inf-norm of entries 2^(0.6 emax) is finite, so the
+# clip would scale that gradient back into range and the frame would step instead of being skipped.
+CLIP_NORM_TYPES = ("2", "1", "3", "inf")
+CLIP_NORM_TYPES_OVERFLOW = ("2", "3")
+
+
+def clip_option(option) -> tuple[float, float]:
+    """(max_norm, norm_type) of a clip_step's option: (max_norm, label), or a bare max_norm (norm 2)."""
+    if isinstance(option, (tuple, list)):
+        return float(option[0]), float(option[1])
+    return float(option), 2.0
 CHECKPOINT_KINDS = ("fresh", "same", "old_format")
 OP_KINDS = ("step", "closure_step", "clip_step", "zero_grad", "add_group", "schedule", "schedule_groups", "checkpoint", "project")
 STEP_KINDS = ("step", "closure_step", "clip_step", "zero_grad")
@@ -104,7 +116,8 @@ LAYOUT_FEATURES = (
     "joined_call", "euclidean_several_shapes", "eigh_route", "newton_schulz_route",
 )
 OPERATION_FEATURES = tuple(f"siblings_differ_in_{name}" for name in SETTING_NAMES) + (
-    "weight_decay_frames", "euclidean_weight_decay", "tensor_lr", "late_group_stepped", "clip_step", "clip_with_nonfinite_unit", "project",
+    "weight_decay_frames", "euclidean_weight_decay", "tensor_lr", "late_group_stepped", "clip_step", "clip_with_nonfinite_unit",
+    "clip_norm_1", "clip_norm_3", "clip_norm_inf", "clip_norm_with_nonfinite_unit", "project",
     "step", "closure_step", "zero_grad_set_to_none", "zero_grad_zeros", "add_group", "schedule",
     "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format", "refused_step", "refused_step_not_first_parameter",
     "count_past_256", "schedule_joins_groups", "schedule_splits_joined_groups",
@@ -234,7 +247,9 @@ def scenario_from_dict(data: dict) -> Scenario:
 
 
 def _option(kind: str, option):
-    if kind in ("schedule", "clip_step"):
+    if kind == "clip_step":
+        return (float(option[0]), str(option[1])) if isinstance(option, (tuple, list)) else float(option)
+    if kind == "schedule":
         return float(option)
     if kind == "schedule_groups":
         return tuple((str(name), float(factor)) for name, factor in option)
@@ -414,8 +429,12 @@ def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: 
     _plan_euclidean(scenario, plan, active)
     if op.kind == "clip_step" and any(e.kind in ("nan", "inf") for key, planted in events.items() if gradients[key] for e in planted):
         plan.features.append("clip_with_nonfinite_unit")
+    if op.kind == "clip_step" and isinstance(op.option, tuple) and op.option[1] != "2":
+        plan.features.append(f"clip_norm_{op.option[1]}")
+        if "clip_with_nonfinite_unit" in plan.features:
+            plan.features.append("clip_norm_with_nonfinite_unit")
     if plan.refused:  # a refused step exercises the refusal and its events, nothing that steps
-        kept = ("nan_frame", "inf_frame", "overflow_frame", "off_manifold_refused", "clip_with_nonfinite_unit")
+        kept = ("nan_frame", "inf_frame", "overflow_frame", "off_manifold_refused", "clip_with_nonfinite_unit", "clip_norm_with_nonfinite_unit")
         plan.features = ["refused_step"] + [f for f in plan.features if f in kept]
         first = (scenario.groups.index(scenario.group(active[0])), 0)
         if first not in plan.offenders:
@@ -813,6 +832,9 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
     missing = set(missing)  # this run's copy: _events takes out what it has drawn for
     wanted_kinds = [k for k in ("closure_step", "clip_step", "zero_grad_set_to_none", "zero_grad_zeros", "schedule",
                                 "checkpoint_fresh", "checkpoint_same", "checkpoint_old_format") if k in missing]
+    wanted_norms = [label for label in CLIP_NORM_TYPES if f"clip_norm_{label}" in missing]
+    if wanted_norms and "clip_step" not in wanted_kinds:
+        wanted_kinds.append("clip_step")
     if {"schedule_joins_groups", "schedule_splits_joined_groups"} & missing:
         # two frame groups that differ in lr only are made equal before the first step, so that the
         # class's first grouping puts them in one call, and split again (one lr halved) between two
@@ -859,11 +881,21 @@ def draw_ops(rng: np.random.Generator, groups: tuple[Group, ...], missing: set, 
             step_index += 1
             continue
         events = _events(rng, groups, missing if step_index < 8 else set(), step_index == 0) if (step_index < 8 or rng.random() < 0.05) else ()
-        if kind == "clip_step" and "clip_with_nonfinite_unit" in missing and not any(e.kind in ("nan", "inf") for e in events):
+        if kind == "clip_step" and {"clip_with_nonfinite_unit", "clip_norm_with_nonfinite_unit"} & missing and not any(e.kind in ("nan", "inf") for e in events):
             extra = _frame_event(rng, groups, "nan", prefer_not_last=False)
             if extra is not None and all((e.group, e.param) != (extra.group, extra.param) for e in events):
                 events = events + (extra,)
-        option = float(_pick(rng, CLIP_NORMS)) if kind == "clip_step" else None
+        option = None
+        if kind == "clip_step":
+            allowed = CLIP_NORM_TYPES_OVERFLOW if any(e.kind == "overflow" for e in events) else CLIP_NORM_TYPES
+            if "clip_norm_with_nonfinite_unit" in missing and any(e.kind in ("nan", "inf") for e in events):
+                allowed = tuple(label for label in allowed if label != "2")  # another norm type beside a unit left out
+                missing.discard("clip_norm_with_nonfinite_unit")
+            wanted = [label for label in wanted_norms if label in allowed]
+            label = wanted[0] if wanted else str(_pick(rng, allowed))
+            if label in wanted_norms:
+                wanted_norms.remove(label)
+            option = (float(_pick(rng, CLIP_NORMS)), label)
         ops.append(Op(len(ops), kind, events=events, option=option))
         for event in events:
             if event.kind == "off_manifold":

@@ -619,7 +619,12 @@ def clip_bound(entries: int, units: int, dtype_name: str) -> float:
     (gamma_n, accumulated in the compute dtype u_c: float32 for a float32 or bfloat16 gradient) and is
     returned in the gradient's dtype (u_g); the total sums `units` squares of them (u_t: float64 if any
     gradient is float64, else float32) with its root; adding 1e-6 and dividing round by u_t each; the
-    product c G rounds once to the gradient's dtype. First order: (entries + 2) u_c + u_g + (units + 4) u_t + u_g."""
+    product c G rounds once to the gradient's dtype. First order: (entries + 2) u_c + u_g + (units + 4) u_t + u_g.
+    The same bound holds for the other norm types clip_grad_norm_finite_ takes: for p = 1 and 3 each
+    |x|^p errs by at most 4 u (a pow within 4 ulps), the sum by gamma_n, and the p-th root divides the
+    relative error by p and adds its own few ulps: ((n + 4) / p + 2) u <= (n + 2) u for n >= 1 and
+    p >= 1, and likewise (units + 4) u_t for the total; the inf-norm is a maximum of the same entries,
+    exact but for the rounding of each unit's norm to the gradient's dtype."""
     u_g = UNIT_ROUNDOFFS[dtype_name]
     u_c = UNIT_ROUNDOFFS[COMPUTE_DTYPES[dtype_name]]
     u_t = UNIT_ROUNDOFFS["float64" if dtype_name == "float64" else "float32"]
