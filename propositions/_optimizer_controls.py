@@ -340,6 +340,21 @@ SOURCE_EDITS = {
         "names = None"),
 }
 
+SOURCE_EDITS.update({
+    # an unpickled optimizer (torch.save, copy.deepcopy) without the record of its step calls
+    "unpickled_without_call_record": ('"_refused": {}, "_calls": {},', '"_refused": {},'),
+    # step() no longer records that it ran (a torch lr scheduler reads it as _opt_called)
+    "step_not_marked_for_scheduler": ('self._calls["step"] = True', 'self._calls["step"] = False'),
+    # a group's retraction route not resolved when it is added: Newton-Schulz beyond its basin goes unrefused
+    "basin_unchecked_in_groups": ('        resolve_retraction(group["retraction_method"], group["trust_radius"])\n', ''),
+    # user keys refused in groups added later (torch.optim keeps them)
+    "user_keys_refused_in_added_groups": ('_check_foreign_options(param_group, f"param group {index}", unknown_ok=True)',
+                                          '_check_foreign_options(param_group, f"param group {index}", unknown_ok=len(self.param_groups) == 0)'),
+    # the largest deviation of a parameter with no frames taken as 1 (off the manifold) instead of 0
+    "zero_frame_parameter_refused": ("worst = float(residual.max()) if residual.numel() else 0.0",
+                                     "worst = float(residual.max()) if residual.numel() else 1.0"),
+})
+
 # Bugs inside torch_impl/clipping.py: name -> (the text of the source, the text written in its place)
 CLIP_EDITS = {
     # the total formed and returned in the gradients' own dtype: bfloat16 gradients alone give a bfloat16 total
@@ -373,6 +388,7 @@ def broken_functions() -> dict:
     import torch
     import torch_impl
     from torch_impl import clipping
+    from torch_impl import functional as functional_module
 
     def clip_counts_inf_units(parameters, max_norm, norm_type=2.0):
         # units screened for NaN only: an inf norm enters the total
@@ -405,6 +421,11 @@ def broken_functions() -> dict:
         return m
 
     real_clip = clipping.clip_grad_norm_finite_
+    real_kernel = functional_module.stiefel_adam_step
+
+    def kernel_default_beta1(W, G, m, v, t, lr=1e-3, beta1=0.95, *args, **kwargs):
+        # the documented default beta1 is 0.9
+        return real_kernel(W, G, m, v, t, lr, beta1, *args, **kwargs)
 
     def clip_norm_type_lost_when_masking(parameters, max_norm, norm_type=2.0):
         # the masked path (some unit not finite) forms its total with the 2-norm, whatever norm_type asks
@@ -474,6 +495,7 @@ def broken_functions() -> dict:
         "clip_beyond_its_bound": ("clip", clip_beyond_its_bound),
         "clip_ignores_norm_type": ("clip", clip_ignores_norm_type),
         "clip_norm_type_lost_when_masking": ("clip", clip_norm_type_lost_when_masking),
+        "kernel_default_beta1": ("kernel", kernel_default_beta1),
         "sync_free_without_sharper_test": ("kernel", sync_free_without_sharper_test),
         "untransported_moment_reported": ("transported_moment", untransported),
         "clip_counts_inf_units": ("clip", clip_counts_inf_units),

@@ -79,6 +79,14 @@ PROMISES = (
        "torch_impl.StiefelAdam.load_state_dict.state_dict", OPT, "their values bit for bit", "bit for bit",
        "optimizer:*/checkpoint_round_trip optimizer:*/checkpoints_change_nothing bookkeeping:checkpoint bookkeeping:rebuilt "
        "optimizer:promise/named_checkpoint optimizer:promise/older_checkpoint_defaults"),
+    _p("documented-defaults", "torch_impl.StiefelAdam.lr torch_impl.StiefelAdam.betas torch_impl.StiefelAdam.eps torch_impl.StiefelAdam.trust_radius "
+       "torch_impl.StiefelAdam.weight_decay torch_impl.stiefel_adam_step.beta1 torch_impl.stiefel_adam_step.beta2 torch_impl.polar_factor.trust_radius "
+       "torch_impl.polar_retract.trust_radius torch_impl.clip_grad_norm_finite_.norm_type", ALGO,
+       "| `betas` | (beta1, beta2) | each in [0, 1) | (0.9, 0.999) |", "bit for bit", "optimizer:promise/documented_defaults"),
+    _p("optimizer-pickles", "torch_impl.StiefelAdam.skipped_steps torch_impl.StiefelAdam.off_manifold_steps", OPT,
+       "StiefelAdam as a torch.optim.Optimizer (the API of torch/optim/adamw.py)", "bit for bit", "optimizer:promise/pickle_round_trip"),
+    _p("scheduler-sees-step", "torch_impl.StiefelAdam.step", OPT, "read by a torch lr scheduler as _opt_called", "bit for bit",
+       "optimizer:promise/scheduler_sees_step"),
     _p("class-is-kernel", "torch_impl.StiefelAdam.retraction_method torch_impl.StiefelAdam.trust_radius torch_impl.StiefelAdam.skip_nonfinite",
        OPT, "`torch_impl.functional.stiefel_adam_step`. Its state is", "bit for bit", "optimizer:promise/class_is_kernel"),
     _p("tolerance-decides", "torch_impl.manifold_tolerance.d torch_impl.manifold_tolerance.r torch_impl.manifold_tolerance.dtype", ALGO,

@@ -1301,17 +1301,31 @@ def _bad_tensors():
             ("integer", torch.zeros(5, 3, dtype=torch.int64)), ("float16", frame.to(torch.float16)))
 
 
+def _zero_frames_step(subject, good) -> None:
+    """A (0, d, r) parameter beside a frame: constructed, stepped and left empty (raises otherwise)."""
+    import torch
+
+    empty, frame = torch.nn.Parameter(torch.empty(0, *good.shape, dtype=good.dtype)), torch.nn.Parameter(good.clone())
+    optimizer = subject.optimizer_class([empty, frame], lr=0.01)
+    empty.grad, frame.grad = torch.zeros_like(empty), torch.ones_like(frame)
+    optimizer.step()
+    if empty.shape != (0, *good.shape):
+        raise ValueError(f"the empty parameter became {tuple(empty.shape)}")
+
+
 def refusal_part(ctx: Context) -> Evidence:
     """Every bad option and tensor at every place must raise ValueError naming it; every benign option is accepted."""
     import torch
 
     subject = _subject(ctx.optimizer)
-    refused = NumericalCheck("bad_options_refused", "each foreign option asking for something, bad setting or bad tensor, in the "
+    refused = NumericalCheck("bad_options_refused", "each foreign option asking for something, bad setting (alone, or retraction_method "
+                             "'newton_schulz' beyond its basin, trust_radius 2) or bad tensor, in the "
                              "constructor, in the first or a later param group and through add_param_group: ValueError naming it "
                              "(0; inf if accepted, another exception or a message that does not name it)",
                              "exact: the documented refusal", tightness_note="an exact equality: 0 by design")
     accepted = NumericalCheck("benign_options_accepted", "each foreign option at the value that asks for nothing, in the constructor "
-                              "and in a param group, and stiefel_init_ frames of every dtype: accepted (0; inf if refused)",
+                              "and in a param group, a group carrying a user's key (as torch.optim allows), a parameter of zero frames "
+                              "(stepped), and stiefel_init_ frames of every dtype: accepted (0; inf if refused)",
                               "exact: the documented acceptance",
                               tightness_note="an exact equality: 0 by design")
     good = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
@@ -1332,6 +1346,18 @@ def refusal_part(ctx: Context) -> Evidence:
             accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "benign"), seed=ctx.seed,
                          extra={"option": name, "value": repr(value), "place": place,
                                 "raised": None if error is None else f"{type(error).__name__}: {error}"})
+    # a param group may carry the user's own keys, as in torch.optim; a parameter of zero frames is a frame parameter
+    for label, make in (("user_key_in_group", lambda: subject.optimizer_class([{"params": [torch.nn.Parameter(good.clone())], "name": "attention"}])),
+                        ("user_key_in_added_group", lambda: subject.optimizer_class([torch.nn.Parameter(good.clone())]).add_param_group(
+                            {"params": [torch.nn.Parameter(good.clone())], "name": "late"})),
+                        ("zero_frames", lambda: _zero_frames_step(subject, good))):
+        try:
+            make()
+            error = None
+        except Exception as raised:  # refusing what torch.optim accepts is the failure this records
+            error = raised
+        accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, label), seed=ctx.seed,
+                     extra={"case": label, "raised": None if error is None else f"{type(error).__name__}: {error}"})
     for dtype in ("float64", "float32", "bfloat16"):  # what users initialise frames with is a frame, in every dtype
         try:
             frames = subject.init(torch.empty(4, 9, 3, dtype=getattr(torch, dtype)), generator=torch.Generator().manual_seed(ctx.seed))
@@ -1472,9 +1498,16 @@ def _public_call(check: NumericalCheck, call, extra: dict):
         return None
 
 
+# Settings bad only together: the Newton-Schulz retraction asked for beyond its basin (trust_radius <= 0.75),
+# which a group must refuse, naming trust_radius, rather than step into nonsense (torch_impl/functional.py)
+BAD_PAIRS = (("trust_radius", {"retraction_method": "newton_schulz", "trust_radius": 2.0}),)
+
+
 def _bad_cases():
     for name, value in FOREIGN_ASKING + BAD_SETTINGS:
         yield "option", value, name
+    for name, value in BAD_PAIRS:
+        yield "pair", value, name
     for label, tensor in _bad_tensors():
         yield "tensor", tensor, f"tensor:params[0]"
 
@@ -1487,16 +1520,19 @@ def _attempt(optimizer_class, good, label, name, value, place):
         return torch.nn.Parameter(x.clone())
 
     base = {"params": [param(good)]}
+    settings = dict(value) if label == "pair" else {name: value}
     if place == "euclidean_group":  # an AdamW group holding an ordinary tensor, after a frame group
-        bad_group = {"params": [param(good[:, 0])], "manifold": "euclidean", name: value}
+        bad_group = {"params": [param(good[:, 0])], "manifold": "euclidean", **settings}
         place = "later_group"
+    elif label == "pair":
+        bad_group = {"params": [param(good)], **settings}
     elif label == "tensor":
         bad_group = {"params": [param(value) if value.is_floating_point() else torch.nn.Parameter(value.clone(), requires_grad=False)]}
     else:
         bad_group = {"params": [param(good)], name: value}
     try:
         if place == "constructor":
-            optimizer_class([base], **{name: value})
+            optimizer_class([base], **settings)
         elif place == "first_group":
             optimizer_class([bad_group, base])
         elif place == "later_group":
@@ -1617,6 +1653,18 @@ CONTROLS = {
     "older_checkpoint_skips": ControlSpec("a checkpoint written before skip_nonfinite existed loads with skipping on (its groups "
                                           "skip non-finite steps instead of refusing them)", part="promises", promise="older"),
     "step_returns_empty_string": ControlSpec("step() without a closure returns '' instead of None"),
+    "kernel_default_beta1": ControlSpec("functional.stiefel_adam_step's default beta1 is 0.95, not the documented 0.9 (every "
+                                        "caller that passes its betas is unaffected)", part="promises", promise="defaults"),
+    "unpickled_without_call_record": ControlSpec("an unpickled StiefelAdam (torch.save, copy.deepcopy) lacks the record of its "
+                                                 "step calls: the copy cannot step", part="promises", promise="pickle"),
+    "step_not_marked_for_scheduler": ControlSpec("step() does not record that it ran: a scheduler stepped after it warns that it "
+                                                 "stepped first", part="promises", promise="scheduler"),
+    "basin_unchecked_in_groups": ControlSpec("a group's retraction_method is not checked against its trust_radius: 'newton_schulz' "
+                                             "beyond its basin is accepted", part="refusals"),
+    "user_keys_refused_in_added_groups": ControlSpec("add_param_group refuses a group carrying the user's own key (torch.optim "
+                                                     "accepts it)", part="refusals"),
+    "zero_frame_parameter_refused": ControlSpec("a parameter of zero frames (shape (0, d, r)) is taken as off the manifold and "
+                                                "refused", part="refusals"),
     "clip_beyond_its_bound": ControlSpec("clip_grad_norm_finite_ off by 30 times the clip check's own bound: a sentinel that holds "
                                          "the bound to its stated size (loosened by ten, it lets the sentinel through)", feature="clip_step"),
     "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises",

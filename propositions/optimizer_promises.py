@@ -48,6 +48,13 @@ optimizer claim, propositions/optimizer_class.py).
                             count per parameter) loads with the settings that format's groups had (frames, no
                             skipping, the "auto" retraction): the settings, the state and a further step bit
                             for bit against the instance that saved it, and a non-finite step refused.
+  documented_defaults       docs/algorithm.md's table of hyper-parameters and the docstrings' defaults: each public
+                            call with its defaults against the same call with those values written out, and
+                            retraction_method "auto" against the route it documents, bit for bit.
+  pickle_round_trip         torch/optim's Optimizer pickles (torch.save(optimizer), copy.deepcopy): a deep copy
+                            of a StiefelAdam that has stepped steps as the original, bit for bit.
+  scheduler_sees_step       a torch lr scheduler made before the first step and stepped after each
+                            optimizer.step() gives no warning that it stepped first, and sets its lr.
   meta_parameter_refused    docs/algorithm.md: "a step over a parameter still on the meta device raises a
                             ValueError that says so, instead of training nothing": in a frame group and in a
                             manifold="euclidean" one, with and without a gradient, beside a parameter that
@@ -126,6 +133,17 @@ def _checks() -> dict:
                                 "retraction_method key, one int count per parameter) loaded into a fresh instance: its groups' settings "
                                 "the documented defaults, its state and a further step bit for bit against the instance that saved it, and "
                                 "a non-finite step then refused (ulps; inf otherwise)", EXACT, tightness_note="an exact equality: 0 by design"),
+        "defaults": NumericalCheck("promise/documented_defaults", "StiefelAdam(params), stiefel_adam_step(W, G, m, v, t), polar_factor(A), "
+                                   "polar_retract(W, xi) and clip_grad_norm_finite_(params, max_norm) against the same calls with the "
+                                   "documented defaults written out (docs/algorithm.md's table, the docstrings); and the 'auto' route "
+                                   "against the one it documents (Newton-Schulz for trust_radius <= 0.75, eigh above) (ulps)", EXACT,
+                                   tightness_note="an exact equality: 0 by design"),
+        "pickle": NumericalCheck("promise/pickle_round_trip", "copy.deepcopy of a StiefelAdam that has stepped and skipped a frame (torch.optim's "
+                                 "pickling: __getstate__ / __setstate__): its counts, then both stepped on the same gradients: parameters and "
+                                 "state (ulps; inf if the copy cannot step or its counts differ)", EXACT, tightness_note="an exact equality: 0 by design"),
+        "scheduler": NumericalCheck("promise/scheduler_sees_step", "an lr scheduler made before the first step and stepped after each "
+                                    "optimizer.step(): no warning that the scheduler stepped first, and the lr it set (0; inf otherwise)",
+                                    "exact: torch.optim's scheduler contract", tightness_note="an exact equality: 0 by design"),
         "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
                                "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
                                "meta device (0; inf otherwise)", "exact: the documented refusal", tightness_note="an exact equality: 0 by design"),
@@ -423,6 +441,118 @@ def older_checkpoint_defaults(subject, check, seed: int) -> None:
     check.add([residual], 0.5, key=("promise", "older"), seed=seed, extra={"raised": raised})
 
 
+# docs/algorithm.md's table of hyper-parameters (lr, betas, eps, trust_radius, weight_decay) and the
+# docstrings' defaults (retraction_method "auto", manifold "stiefel", skip_nonfinite False; norm_type 2)
+DOCUMENTED = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "trust_radius": 0.5, "weight_decay": 0.0}
+
+
+def documented_defaults(subject, check, seed: int) -> None:
+    """Each public call with its defaults against the same call with the documented values written out."""
+    import torch
+
+    from torch_impl import functional
+
+    generator = torch.Generator().manual_seed(seed)
+    W = _frames(torch, (3, 6, 2), torch.float64, generator)
+    G = torch.randn(W.shape, generator=generator, dtype=torch.float64)
+    m, v, t = torch.zeros_like(W), torch.zeros(W.shape[:-2], dtype=torch.float64), torch.zeros(W.shape[:-2], dtype=torch.float64)
+
+    def compare(label, implicit, explicit):
+        try:
+            a, b = implicit(), explicit()
+            a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
+            residual = max(_ulps(x, y) for x, y in zip(a, b)) if len(a) == len(b) else math.inf
+            raised = None
+        except Exception as error:  # a default that makes a valid call fail fails the check
+            residual, raised = math.inf, f"{type(error).__name__}: {error}"
+        check.add([residual], 0.5, key=("promise", "defaults", label), seed=seed, extra={"call": label, "raised": raised})
+
+    def class_step(**settings):
+        p = torch.nn.Parameter(W.clone())
+        optimizer = subject.optimizer_class([p], **settings)
+        for _ in range(2):
+            p.grad = G.clone()
+            optimizer.step()
+        state = optimizer.state[p]
+        return (p.detach(), state["exp_avg"], state["exp_avg_sq"])
+
+    compare("StiefelAdam", class_step, lambda: class_step(**DOCUMENTED, retraction_method="auto", skip_nonfinite=False, manifold="stiefel"))
+    kernel = subject.kernel
+    compare("stiefel_adam_step", lambda: kernel(W, G, m, v, t),
+            lambda: kernel(W, G, m, v, t, DOCUMENTED["lr"], *DOCUMENTED["betas"], DOCUMENTED["eps"], DOCUMENTED["trust_radius"],
+                           DOCUMENTED["weight_decay"], retraction_method="auto", sync_free=False))
+    xi = 0.3 * functional.project_tangent(W, G) / torch.linalg.matrix_norm(functional.project_tangent(W, G))[..., None, None]
+    compare("polar_factor", lambda: functional.polar_factor(W + xi), lambda: functional.polar_factor(W + xi, 0.5, "auto"))
+    compare("polar_retract", lambda: functional.polar_retract(W, xi), lambda: functional.polar_retract(W, xi, 0.5, "auto"))
+    # "auto" is Newton-Schulz for trust_radius <= 0.75 and eigh above (torch_impl/functional.py's docstring)
+    compare("auto_is_newton_schulz", lambda: kernel(W, G, m, v, t, trust_radius=0.5, retraction_method="auto"),
+            lambda: kernel(W, G, m, v, t, trust_radius=0.5, retraction_method="newton_schulz"))
+    compare("auto_is_eigh", lambda: kernel(W, G, m, v, t, trust_radius=1.0, retraction_method="auto"),
+            lambda: kernel(W, G, m, v, t, trust_radius=1.0, retraction_method="eigh"))
+
+    def clipped(**given):
+        params = [torch.nn.Parameter(W.clone())]
+        params[0].grad = (5.0 * G).clone()
+        total = subject.clip(params, 1.0, **given)
+        return (total, params[0].grad)
+
+    compare("clip_grad_norm_finite_", clipped, lambda: clipped(norm_type=2.0))
+
+
+def pickle_round_trip(subject, check, seed: int) -> None:
+    """torch.optim's optimizers pickle (torch.save(optimizer), copy.deepcopy): the copy steps as the original."""
+    import copy as copying
+
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    shapes = ((2, 5, 2), (4, 3))
+    params = [torch.nn.Parameter(_frames(torch, shape, torch.float64, generator)) for shape in shapes]
+    steps = [[torch.randn(shape, generator=generator, dtype=torch.float64) for shape in shapes] for _ in range(3)]
+    optimizer = subject.optimizer_class(params, lr=0.05, skip_nonfinite=True)
+    steps[0][0][1, 0, 0] = math.nan  # one frame skipped before the copy: its count must come along
+    for p, g in zip(params, steps[0]):
+        p.grad = g.clone()
+    optimizer.step()
+    residual, raised = 0.0, None
+    try:
+        twin = copying.deepcopy(optimizer)
+        if (twin.skipped_steps, twin.off_manifold_steps) != (optimizer.skipped_steps, optimizer.off_manifold_steps):
+            residual = math.inf
+        twin_params = [p for group in twin.param_groups for p in group["params"]]
+        for gradients in steps[1:]:
+            for p, q, g in zip(params, twin_params, gradients):
+                p.grad, q.grad = g.clone(), g.clone()
+            optimizer.step()
+            twin.step()
+        residual = max(residual, *(_ulps(q, p) for p, q in zip(params, twin_params)),
+                       *(_ulps(twin.state[q][key], optimizer.state[p][key]) for p, q in zip(params, twin_params) for key in optimizer.state[p]))
+    except Exception as error:  # a copy that cannot step fails the check
+        residual, raised = math.inf, f"{type(error).__name__}: {error}"
+    check.add([residual], 0.5, key=("promise", "pickle"), seed=seed, extra={"raised": raised})
+
+
+def scheduler_sees_step(subject, check, seed: int) -> None:
+    """The usual loop: a scheduler made before the first step, optimizer.step() then scheduler.step()."""
+    import warnings
+
+    import torch
+
+    p = torch.nn.Parameter(_frames(torch, (2, 5, 2), torch.float64, torch.Generator().manual_seed(seed)))
+    optimizer = subject.optimizer_class([p], lr=0.05)
+    scheduler = torch.optim.lr_scheduler.MultiplicativeLR(optimizer, lr_lambda=lambda _: 0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+            optimizer.step()
+            scheduler.step()
+    about_order = [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)]
+    ok = not about_order and optimizer.param_groups[0]["lr"] == 0.05 * 0.5 * 0.5
+    check.add([0.0 if ok else math.inf], 0.5, key=("promise", "scheduler"), seed=seed,
+              extra={"warnings": about_order[:1], "lr": float(optimizer.param_groups[0]["lr"])})
+
+
 NAMES = ("attention.query", "attention.key")
 
 
@@ -507,7 +637,8 @@ def zero_grad_sets_none(subject, check, seed: int) -> None:
 
 
 PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "kernel": class_is_kernel,
-            "tolerance": tolerance_decides, "named": named_parameters, "older": older_checkpoint_defaults, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
+            "tolerance": tolerance_decides, "named": named_parameters, "older": older_checkpoint_defaults,
+            "defaults": documented_defaults, "pickle": pickle_round_trip, "scheduler": scheduler_sees_step, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
 # the checks each promise's run fills, where it fills more than the one of its own key
 FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 

@@ -28,6 +28,9 @@ CAUGHT_BY = {
     "named_load_without_position": "promise/named_checkpoint",
     "refusal_without_name": "promise/named_refusal",
     "older_checkpoint_skips": "promise/older_checkpoint_defaults",
+    "kernel_default_beta1": "promise/documented_defaults",
+    "unpickled_without_call_record": "promise/pickle_round_trip",
+    "step_not_marked_for_scheduler": "promise/scheduler_sees_step",
 }
 
 

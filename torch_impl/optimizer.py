@@ -622,9 +622,21 @@ class StiefelAdam(torch.optim.Optimizer):
     def _opt_called(self, value: bool) -> None:
         self._calls["step"] = bool(value)
 
+    def __getstate__(self) -> dict:
+        """torch.optim's pickled state (defaults, state, param_groups) and the counts of skipped frames:
+        torch.save(optimizer) and copy.deepcopy keep skipped_steps and off_manifold_steps."""
+        return {**super().__getstate__(), "_counts": (self.skipped_steps, self.off_manifold_steps)}
+
     def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        skipped, off_manifold = state.pop("_counts", (0, 0))
         super().__setstate__(state)
-        self.__dict__.setdefault("_calls", {})
+        # an unpickled optimizer (torch.save, copy.deepcopy) has only what __getstate__ kept: the rest
+        # starts as a fresh instance's; load_state_dict, which also comes here, keeps what it has
+        fresh = {"_skipped": {}, "_skipped_offset": int(skipped), "_off_manifold": {}, "_off_manifold_offset": int(off_manifold),
+                 "_refused": {}, "_calls": {}, "_accepted": None, "_plan": None}
+        for name, value in fresh.items():
+            self.__dict__.setdefault(name, value)
         for group in self.param_groups:
             # a checkpoint written before euclidean groups and skipping existed: its groups are frame groups
             group.setdefault("manifold", "stiefel")
