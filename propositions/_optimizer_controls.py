@@ -350,6 +350,10 @@ SOURCE_EDITS.update({
     # user keys refused in groups added later (torch.optim keeps them)
     "user_keys_refused_in_added_groups": ('_check_foreign_options(param_group, f"param group {index}", unknown_ok=True)',
                                           '_check_foreign_options(param_group, f"param group {index}", unknown_ok=len(self.param_groups) == 0)'),
+    # a non-finite lr set after the constructor is not named as the cause of the refused step
+    "nonfinite_lr_unnamed": ('for key in ("lr", "eps", "weight_decay", "trust_radius"):', 'for key in ("eps", "weight_decay", "trust_radius"):'),
+    # the shapes of a saved frame state not checked: another optimizer's state is loaded as it is
+    "foreign_state_loaded": ("if not torch.is_tensor(value) or tuple(value.shape) != shape:", "if not torch.is_tensor(value):"),
     # the largest deviation of a parameter with no frames taken as 1 (off the manifold) instead of 0
     "zero_frame_parameter_refused": ("worst = float(residual.max()) if residual.numel() else 0.0",
                                      "worst = float(residual.max()) if residual.numel() else 1.0"),

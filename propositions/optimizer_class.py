@@ -1301,6 +1301,69 @@ def _bad_tensors():
             ("integer", torch.zeros(5, 3, dtype=torch.int64)), ("float16", frame.to(torch.float16)))
 
 
+# settings made NaN after the constructor checked them (as a scheduler or an edit of param_groups could):
+# the step is then not finite and must be refused, naming the setting (torch_impl/optimizer.py,
+# _nonfinite_setting_or_state). Not trust_radius: a NaN radius compares false, caps nothing, and the
+# step stays finite.
+NONFINITE_SETTINGS = (("lr", math.nan), ("eps", math.nan), ("weight_decay", math.nan), ("betas", (math.nan, 0.999)))
+
+
+def _later_refusals(subject, good):
+    """(label, what the message must name, attempt) for refusals that come after the constructor: a setting
+    made non-finite before a step, and a checkpoint that is not a StiefelAdam frame state of its parameter
+    (torch.optim.Adam's, or one with a key missing or a count of the wrong shape), each refused naming the
+    parameter's place and what is wrong, before anything is written."""
+    import torch
+
+    def stepped():
+        p = torch.nn.Parameter(torch.stack([good, good]).clone())
+        optimizer = subject.optimizer_class([p], lr=0.01)
+        p.grad = torch.ones_like(p)
+        return p, optimizer
+
+    def nonfinite(key, value):
+        def attempt():
+            p, optimizer = stepped()
+            optimizer.param_groups[0][key] = value
+            try:
+                optimizer.step()
+            except Exception as error:  # the kind of exception is what is checked
+                return error
+            return None
+        return attempt
+
+    def loaded(edit):
+        def attempt():
+            p, optimizer = stepped()
+            optimizer.step()
+            saved = optimizer.state_dict()
+            edit(saved, p)
+            try:
+                subject.optimizer_class([torch.nn.Parameter(p.detach().clone())], lr=0.01).load_state_dict(saved)
+            except Exception as error:  # the kind of exception is what is checked
+                return error
+            return None
+        return attempt
+
+    def adam_state(saved, p):
+        adam = torch.optim.Adam([torch.nn.Parameter(p.detach().clone())])
+        adam.param_groups[0]["params"][0].grad = torch.ones_like(p)
+        adam.step()
+        saved["state"] = adam.state_dict()["state"]
+
+    def without(key):
+        return lambda saved, p: saved["state"][0].pop(key)
+
+    def wrong_count(saved, p):
+        saved["state"][0]["step"] = torch.zeros(3, dtype=torch.float64)
+
+    for key, value in NONFINITE_SETTINGS:
+        yield f"nonfinite_{key}", key, nonfinite(key, value)
+    yield "adam_state", "exp_avg_sq", loaded(adam_state)
+    yield "state_without_exp_avg_sq", "exp_avg_sq", loaded(without("exp_avg_sq"))
+    yield "count_of_wrong_shape", "step", loaded(wrong_count)
+
+
 def _zero_frames_step(subject, good) -> None:
     """A (0, d, r) parameter beside a frame: constructed, stepped and left empty (raises otherwise)."""
     import torch
@@ -1319,7 +1382,9 @@ def refusal_part(ctx: Context) -> Evidence:
 
     subject = _subject(ctx.optimizer)
     refused = NumericalCheck("bad_options_refused", "each foreign option asking for something, bad setting (alone, or retraction_method "
-                             "'newton_schulz' beyond its basin, trust_radius 2) or bad tensor, in the "
+                             "'newton_schulz' beyond its basin, trust_radius 2; or made non-finite after the constructor, refused at the "
+                             "step) or bad tensor, and a checkpoint that is not a frame state of its parameter (torch.optim.Adam's, a key "
+                             "missing, a count of the wrong shape, refused at the load), in the "
                              "constructor, in the first or a later param group and through add_param_group: ValueError naming it "
                              "(0; inf if accepted, another exception or a message that does not name it)",
                              "exact: the documented refusal", tightness_note="an exact equality: 0 by design")
@@ -1340,6 +1405,12 @@ def refusal_part(ctx: Context) -> Evidence:
             refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals"), seed=ctx.seed,
                         extra={"option": name, "value": repr(value) if label != "tensor" else name, "place": place,
                                "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
+    for label, name, attempt in _later_refusals(subject, good):
+        error = attempt()
+        ok = isinstance(error, ValueError) and name in str(error) and "param group 0" in str(error)
+        refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=ctx.seed,
+                    extra={"option": name, "value": label, "place": "step" if label.startswith("nonfinite") else "load_state_dict",
+                           "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
     for name, value in FOREIGN_BENIGN:
         for place in ("constructor", "later_group"):
             error = _attempt(subject.optimizer_class, good, "option", name, value, place)
@@ -1663,6 +1734,10 @@ CONTROLS = {
                                              "beyond its basin is accepted", part="refusals"),
     "user_keys_refused_in_added_groups": ControlSpec("add_param_group refuses a group carrying the user's own key (torch.optim "
                                                      "accepts it)", part="refusals"),
+    "nonfinite_lr_unnamed": ControlSpec("a step refused for an lr made NaN after the constructor does not name lr (only the "
+                                        "overflow)", part="refusals"),
+    "foreign_state_loaded": ControlSpec("load_state_dict takes a saved exp_avg or exp_avg_sq of another shape (torch.optim.Adam's "
+                                        "elementwise exp_avg_sq) without refusing it", part="refusals"),
     "zero_frame_parameter_refused": ControlSpec("a parameter of zero frames (shape (0, d, r)) is taken as off the manifold and "
                                                 "refused", part="refusals"),
     "clip_beyond_its_bound": ControlSpec("clip_grad_norm_finite_ off by 30 times the clip check's own bound: a sentinel that holds "
