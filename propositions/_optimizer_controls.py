@@ -414,6 +414,12 @@ def broken_functions() -> dict:
     def init_ignores_generator(tensor, generator=None):
         return torch_impl.stiefel_init_(tensor)
 
+    def project_refusal_unnamed(tensor):
+        # the shape refused with a message that does not say which argument is wrong
+        if tensor.dim() < 2:
+            raise ValueError(f"expected at least 2 dims, got shape {tuple(tensor.shape)}")
+        return torch_impl.stiefel_project_(tensor)
+
     @torch.no_grad()
     def project_by_qr(tensor):
         Q, R = torch.linalg.qr(tensor.detach().to(torch.float64))
@@ -506,4 +512,5 @@ def broken_functions() -> dict:
         "clip_groups_default_to_frames": ("clip", clip_groups_default_to_frames),
         "init_ignores_generator": ("init", init_ignores_generator),
         "project_by_qr": ("project", project_by_qr),
+        "project_refusal_unnamed": ("project", project_refusal_unnamed),
     }

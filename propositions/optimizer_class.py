@@ -1364,6 +1364,24 @@ def _later_refusals(subject, good):
     yield "count_of_wrong_shape", "step", loaded(wrong_count)
 
 
+def _public_refusals(subject):
+    """(label, what the message must name, call) for the public functions' refusals of bad input:
+    a tensor that is not (..., d, r) given to stiefel_init_ or stiefel_project_ (named by its parameter,
+    "tensor"), a frame group's 1-d parameter given to clip_grad_norm_finite_ (the shape it wants), and a
+    max_norm that is not positive (named)."""
+    import torch
+
+    def clipped(members, max_norm):
+        for p in members:
+            p.grad = torch.ones_like(p)
+        return lambda: subject.clip([{"params": members, "manifold": "stiefel"}], max_norm)
+
+    yield "init_one_dimensional", "tensor", lambda: subject.init(torch.empty(5, dtype=torch.float64))
+    yield "project_one_dimensional", "tensor", lambda: subject.project(torch.ones(5, dtype=torch.float64))
+    yield "clip_one_dimensional_frame", "(..., d, r)", clipped([torch.nn.Parameter(torch.ones(5, dtype=torch.float64))], 1.0)
+    yield "clip_max_norm_zero", "max_norm", clipped([torch.nn.Parameter(torch.ones(2, 5, 2, dtype=torch.float64))], 0.0)
+
+
 def _zero_frames_step(subject, good) -> None:
     """A (0, d, r) parameter beside a frame: constructed, stepped and left empty (raises otherwise)."""
     import torch
@@ -1384,7 +1402,8 @@ def refusal_part(ctx: Context) -> Evidence:
     refused = NumericalCheck("bad_options_refused", "each foreign option asking for something, bad setting (alone, or retraction_method "
                              "'newton_schulz' beyond its basin, trust_radius 2; or made non-finite after the constructor, refused at the "
                              "step) or bad tensor, and a checkpoint that is not a frame state of its parameter (torch.optim.Adam's, a key "
-                             "missing, a count of the wrong shape, refused at the load), in the "
+                             "missing, a count of the wrong shape, refused at the load), and bad input of the public functions "
+                             "(stiefel_init_, stiefel_project_, clip_grad_norm_finite_), in the "
                              "constructor, in the first or a later param group and through add_param_group: ValueError naming it "
                              "(0; inf if accepted, another exception or a message that does not name it)",
                              "exact: the documented refusal", tightness_note="an exact equality: 0 by design")
@@ -1410,6 +1429,16 @@ def refusal_part(ctx: Context) -> Evidence:
         ok = isinstance(error, ValueError) and name in str(error) and "param group 0" in str(error)
         refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=ctx.seed,
                     extra={"option": name, "value": label, "place": "step" if label.startswith("nonfinite") else "load_state_dict",
+                           "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
+    for label, name, attempt in _public_refusals(subject):
+        try:
+            attempt()
+            error = None
+        except Exception as caught:  # the kind of exception is what is checked
+            error = caught
+        ok = isinstance(error, ValueError) and name in str(error)
+        refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=ctx.seed,
+                    extra={"option": name, "value": label, "place": "public function",
                            "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
     for name, value in FOREIGN_BENIGN:
         for place in ("constructor", "later_group"):
@@ -1736,6 +1765,7 @@ CONTROLS = {
                                                      "accepts it)", part="refusals"),
     "nonfinite_lr_unnamed": ControlSpec("a step refused for an lr made NaN after the constructor does not name lr (only the "
                                         "overflow)", part="refusals"),
+    "project_refusal_unnamed": ControlSpec("stiefel_project_ refuses a tensor that is not (..., d, r) without naming it", part="refusals"),
     "foreign_state_loaded": ControlSpec("load_state_dict takes a saved exp_avg or exp_avg_sq of another shape (torch.optim.Adam's "
                                         "elementwise exp_avg_sq) without refusing it", part="refusals"),
     "zero_frame_parameter_refused": ControlSpec("a parameter of zero frames (shape (0, d, r)) is taken as off the manifold and "
