@@ -352,35 +352,11 @@ def _overflow_exponent(dtype_name: str) -> int:
     return int(0.6 * emax)
 
 
-class ScenarioRun:
-    """One scenario against one Subject, lock-step against the float64 model (module docstring).
-
-    lockstep=False runs the class alone (no model, no checks): the free runs of the resume check."""
-
-    def __init__(self, scenario: Scenario, seed: int, subject: Subject, device: str = "cpu", lockstep: bool = True):
-        import torch
-
-        self.scenario, self.seed, self.subject, self.device, self.lockstep = scenario, seed, subject, device, lockstep
-        self.dtype_name = scenario.dtype
-        self.dtype = _torch_dtype(scenario.dtype)
-        self.state_dtype = _torch_dtype(step_analysis.COMPUTE_DTYPES[scenario.dtype])
-        self.key = (CLAIM_ID, scenario.dtype, scenario.label)
-        self.params: dict = {}
-        self.models: dict = {}
-        for group in scenario.groups:
-            for p, shape in enumerate(group.shapes):
-                initial = self._initial(group, p, shape)
-                self.params[(group.name, p)] = torch.nn.Parameter(torch.tensor(initial, dtype=self.dtype, device=device))
-                if group.frames:
-                    self.models[(group.name, p)] = _Frames(initial)
-        self.active = [g.name for g in scenario.groups if not g.late]
-        self.lr = {g.name: g.settings.lr for g in scenario.groups}
-        self.skipped = self.off_manifold = 0
-        self.stepped = 0
-        self.optimizer = self._build(self.active)
-        self.twin, self.twin_params = self._build_twin()
-        self.undefined: list = []
-        self.pending = _PendingBounds()
+class _RunLayout:
+    """The job of building a scenario's run: its parameters and initial frames, the optimizer under test
+    and the torch.optim.AdamW twin of its ordinary groups, the groups added later, and the drawn
+    gradients with their planted events. ScenarioRun's attributes (scenario, seed, subject, params,
+    active, lr, optimizer, twin, twin_params) are set by its constructor."""
 
     # construction -------------------------------------------------------------------------
 
@@ -446,52 +422,6 @@ class ScenarioRun:
                 view[event.frame] = 0.0
         return G
 
-    # the run --------------------------------------------------------------------------------
-
-    def run(self, checks: dict | None, coverage: dict | None, stop=None) -> bool:
-        """Every op of the scenario; with checks, lock-step comparisons after each step. stop: a
-        predicate on the checks, asked after each op; the run ends there when it holds. Returns
-        whether every op ran."""
-        with np.errstate(over="ignore", invalid="ignore"):  # the model meets the overflowing gradients too
-            return self._run(checks, coverage, stop)
-
-    def _run(self, checks, coverage, stop=None) -> bool:
-        try:
-            return self._ops(checks, coverage, stop)
-        finally:
-            self.settle(checks)
-
-    def settle(self, checks) -> None:
-        """The pending steps' samples into the checks (_PendingBounds)."""
-        if checks is None or not self.pending.groups:
-            return
-        batch = _Batch()
-        self.pending.settle(batch, self.undefined)
-        batch.flush(checks, self.seed, self.key)
-
-    def _ops(self, checks, coverage, stop=None) -> bool:
-        for op, plan in grammar.walk(self.scenario):
-            if stop is not None:
-                self.settle(checks)
-                if stop(checks):
-                    return False
-            if coverage is not None:
-                for name in plan.features:
-                    coverage[name] = coverage.get(name, 0) + 1
-            if op.kind == "add_group":
-                self._add_group(op.option)
-            elif op.kind == "schedule":
-                self._schedule(op.option)
-            elif op.kind == "schedule_groups":
-                self._schedule(dict(op.option))
-            elif op.kind == "checkpoint":
-                self._checkpoint(op, plan, checks)
-            elif op.kind == "project":
-                self._project(op, checks)
-            else:
-                self._step(op, plan, checks)
-        return True
-
     def _add_group(self, name: str) -> None:
         self.optimizer.add_param_group(self._group_options(name))
         self.active.append(name)
@@ -503,6 +433,19 @@ class ScenarioRun:
                 self.twin = torch.optim.AdamW([group])
             else:
                 self.twin.add_param_group(group)
+
+
+    def _live_params(self):
+        for name in self.active:
+            for p in range(len(self.scenario.group(name).shapes)):
+                yield (name, p), self.params[(name, p)]
+
+
+class _RunOperations:
+    """The job of carrying out each operation of the grammar on the optimizer under test: schedules,
+    checkpoints and their loads, projections, steps (plain, with a closure, after a clip, after
+    zero_grad), the planted drift of frames, and keeping the float64 model in lock-step (ScenarioRun
+    holds the state, _RunComparisons the comparisons each operation hands its results to)."""
 
     def _schedule(self, factor) -> None:
         """A MultiplicativeLR step: every lr times `factor`, or (a dict) each named group's times its
@@ -595,11 +538,6 @@ class ScenarioRun:
         batch = _Batch()
         batch.add("projected", ref.frobenius(_to_numpy(p).reshape(-1, d, r) - expected), bound, {"op": op.id, "parameter": f"{key[0]}.{key[1]}"})
         batch.flush(checks, self.seed, self.key)
-
-    def _live_params(self):
-        for name in self.active:
-            for p in range(len(self.scenario.group(name).shapes)):
-                yield (name, p), self.params[(name, p)]
 
     # a step ---------------------------------------------------------------------------------
 
@@ -739,6 +677,12 @@ class ScenarioRun:
                 state["exp_avg"].copy_(torch.from_numpy(model.moment_in.reshape(p.shape)).to(device=self.device, dtype=self.state_dtype))
                 state["exp_avg_sq"].copy_(torch.from_numpy(model.v.reshape(p.shape[:-2])).to(device=self.device, dtype=self.state_dtype))
 
+
+class _RunComparisons:
+    """The job of holding what an operation did to the model: a refused step left everything as it
+    was, each stepped frame against the float64 reference step within its bound, each ordinary tensor
+    against the AdamW twin bit for bit, and the final values that the free runs compare."""
+
     def _compare_refused(self, op, plan, before, skipped_before, raised, checks) -> None:
         batch = _Batch()
         unchanged = max((max(_max_ulps(_to_numpy(p), _to_numpy(before[key][0])), _state_ulps(self.optimizer.state[p], before[key][1]))
@@ -845,6 +789,84 @@ class ScenarioRun:
             out[key] = (_to_numpy(p), {k: (str(v.dtype), _to_numpy(v)) if hasattr(v, "dtype") else (type(v).__name__, np.asarray(float(v)))
                                        for k, v in state.items()})
         return out
+
+
+class ScenarioRun(_RunLayout, _RunOperations, _RunComparisons):
+    """One scenario against one Subject, lock-step against the float64 model (module docstring).
+
+    lockstep=False runs the class alone (no model, no checks): the free runs of the resume check."""
+
+    def __init__(self, scenario: Scenario, seed: int, subject: Subject, device: str = "cpu", lockstep: bool = True):
+        import torch
+
+        self.scenario, self.seed, self.subject, self.device, self.lockstep = scenario, seed, subject, device, lockstep
+        self.dtype_name = scenario.dtype
+        self.dtype = _torch_dtype(scenario.dtype)
+        self.state_dtype = _torch_dtype(step_analysis.COMPUTE_DTYPES[scenario.dtype])
+        self.key = (CLAIM_ID, scenario.dtype, scenario.label)
+        self.params: dict = {}
+        self.models: dict = {}
+        for group in scenario.groups:
+            for p, shape in enumerate(group.shapes):
+                initial = self._initial(group, p, shape)
+                self.params[(group.name, p)] = torch.nn.Parameter(torch.tensor(initial, dtype=self.dtype, device=device))
+                if group.frames:
+                    self.models[(group.name, p)] = _Frames(initial)
+        self.active = [g.name for g in scenario.groups if not g.late]
+        self.lr = {g.name: g.settings.lr for g in scenario.groups}
+        self.skipped = self.off_manifold = 0
+        self.stepped = 0
+        self.optimizer = self._build(self.active)
+        self.twin, self.twin_params = self._build_twin()
+        self.undefined: list = []
+        self.pending = _PendingBounds()
+
+    # the run --------------------------------------------------------------------------------
+
+    def run(self, checks: dict | None, coverage: dict | None, stop=None) -> bool:
+        """Every op of the scenario; with checks, lock-step comparisons after each step. stop: a
+        predicate on the checks, asked after each op; the run ends there when it holds. Returns
+        whether every op ran."""
+        with np.errstate(over="ignore", invalid="ignore"):  # the model meets the overflowing gradients too
+            return self._run(checks, coverage, stop)
+
+    def _run(self, checks, coverage, stop=None) -> bool:
+        try:
+            return self._ops(checks, coverage, stop)
+        finally:
+            self.settle(checks)
+
+    def settle(self, checks) -> None:
+        """The pending steps' samples into the checks (_PendingBounds)."""
+        if checks is None or not self.pending.groups:
+            return
+        batch = _Batch()
+        self.pending.settle(batch, self.undefined)
+        batch.flush(checks, self.seed, self.key)
+
+    def _ops(self, checks, coverage, stop=None) -> bool:
+        for op, plan in grammar.walk(self.scenario):
+            if stop is not None:
+                self.settle(checks)
+                if stop(checks):
+                    return False
+            if coverage is not None:
+                for name in plan.features:
+                    coverage[name] = coverage.get(name, 0) + 1
+            if op.kind == "add_group":
+                self._add_group(op.option)
+            elif op.kind == "schedule":
+                self._schedule(op.option)
+            elif op.kind == "schedule_groups":
+                self._schedule(dict(op.option))
+            elif op.kind == "checkpoint":
+                self._checkpoint(op, plan, checks)
+            elif op.kind == "project":
+                self._project(op, checks)
+            else:
+                self._step(op, plan, checks)
+        return True
+
 
 
 def _cloned(p):
