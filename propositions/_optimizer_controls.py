@@ -354,6 +354,16 @@ SOURCE_EDITS.update({
     "nonfinite_lr_unnamed": ('for key in ("lr", "eps", "weight_decay", "trust_radius"):', 'for key in ("eps", "weight_decay", "trust_radius"):'),
     # the shapes of a saved frame state not checked: another optimizer's state is loaded as it is
     "foreign_state_loaded": ("if not torch.is_tensor(value) or tuple(value.shape) != shape:", "if not torch.is_tensor(value):"),
+    # load_state_dict checks only frames with saved state
+    "load_checks_stepped_frames_only": ("                    _check_frame(name, p)\n                    if saved_id in saved_state:\n"
+                                        "                        _check_saved_frame_state(name, p, saved_state[saved_id])\n",
+                                        "                    if saved_id in saved_state:\n                        _check_frame(name, p)\n"
+                                        "                        _check_saved_frame_state(name, p, saved_state[saved_id])\n"),
+    # the bucket key without the dtype: frames of one shape in different dtypes share one call
+    "buckets_ignore_dtype": ("key = (classes[group_index], tuple(p.shape[-2:]), p.dtype, p.device)",
+                             "key = (classes[group_index], tuple(p.shape[-2:]), p.device)"),
+    # a frame off the manifold with a non-finite step counted as skipped too
+    "off_manifold_also_skipped": ("skipped = (bucket.on_manifold & ~bucket.finite).sum()", "skipped = (~bucket.finite).sum()"),
     # the largest deviation of a parameter with no frames taken as 1 (off the manifold) instead of 0
     "zero_frame_parameter_refused": ("worst = float(residual.max()) if residual.numel() else 0.0",
                                      "worst = float(residual.max()) if residual.numel() else 1.0"),

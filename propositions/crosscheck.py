@@ -187,6 +187,8 @@ def _lockstep_chunk(seed, key, size, config_name, steps, device, dtype, variant,
     rounding = _kernel_rounding(config, dtype, d, r)
     drift_bound = step_analysis.frame_drift_bound(d, r, rounding.u_W, rounding.u_c, config.trust_radius)
     near_eps = _near_eps_scales(seed, key, size, config, rounding.u_c)
+    if config.eps > 0 and np.any(near_eps != 1.0):  # how far below and above eps the scaled frames reach
+        checks["m"].reach("log2_scale_over_eps", np.log2(near_eps[near_eps != 1.0] / config.eps))
     for t in range(steps):
         G = rng.standard_normal(W.shape) * near_eps[:, None, None]
         if t == 0:

@@ -1381,6 +1381,25 @@ def _later_refusals(subject, good):
 
     for key, value in NONFINITE_SETTINGS:
         yield f"nonfinite_{key}", key, nonfinite(key, value)
+    def off_without_state():
+        # a frame that never stepped (no saved state) and was then changed off St(d, r): "Every frame that has
+        # values is checked to be on St(d, r)" by load_state_dict
+        stepped_p, frame_p = torch.nn.Parameter(good.clone()), torch.nn.Parameter(good.clone())
+        optimizer = subject.optimizer_class([stepped_p, frame_p], lr=0.01)
+        stepped_p.grad = torch.ones_like(stepped_p)
+        optimizer.step()
+        saved = optimizer.state_dict()
+        fresh = [torch.nn.Parameter(stepped_p.detach().clone()), torch.nn.Parameter(good.clone())]
+        target = subject.optimizer_class(fresh, lr=0.01)
+        with torch.no_grad():
+            fresh[1].mul_(2.0)
+        try:
+            target.load_state_dict(saved)
+        except Exception as error:  # the kind of exception is what is checked
+            return error
+        return None
+
+    yield "off_frame_without_state", "params[1]", off_without_state
     yield "adam_state", "exp_avg_sq", loaded(adam_state)
     yield "state_without_exp_avg_sq", "exp_avg_sq", loaded(without("exp_avg_sq"))
     yield "count_of_wrong_shape", "step", loaded(wrong_count)
@@ -1787,6 +1806,12 @@ CONTROLS = {
                                                      "accepts it)", part="refusals"),
     "nonfinite_lr_unnamed": ControlSpec("a step refused for an lr made NaN after the constructor does not name lr (only the "
                                         "overflow)", part="refusals"),
+    "load_checks_stepped_frames_only": ControlSpec("load_state_dict checks only the frames that have saved state: a frame "
+                                                   "that never stepped and was changed off St(d, r) is loaded", part="refusals"),
+    "buckets_ignore_dtype": ControlSpec("parameters of one (d, r) but different dtypes are joined into one batched call",
+                                        part="promises", promise="mixed"),
+    "off_manifold_also_skipped": ControlSpec("a frame off the manifold whose step is also not finite is counted in skipped_steps "
+                                             "too", part="promises", promise="counts"),
     "project_refusal_unnamed": ControlSpec("stiefel_project_ refuses a tensor that is not (..., d, r) without naming it", part="refusals"),
     "foreign_state_loaded": ControlSpec("load_state_dict takes a saved exp_avg or exp_avg_sq of another shape (torch.optim.Adam's "
                                         "elementwise exp_avg_sq) without refusing it", part="refusals"),

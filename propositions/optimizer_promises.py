@@ -55,6 +55,11 @@ optimizer claim, propositions/optimizer_class.py).
                             of a StiefelAdam that has stepped steps as the original, bit for bit.
   scheduler_sees_step       a torch lr scheduler made before the first step and stepped after each
                             optimizer.step() gives no warning that it stepped first, and sets its lr.
+  mixed_dtypes              torch_impl/optimizer.py: parameters are joined into one batched call only when they
+                            share (d, r), dtype and device: frames of one shape in three dtypes, in one group
+                            or a group each, step as each does alone, bit for bit.
+  counts_each_frame_once    torch_impl/optimizer.py: a frame off the manifold is counted in off_manifold_steps
+                            only, even when its step is also not finite; a NaN step in skipped_steps.
   meta_parameter_refused    docs/algorithm.md: "a step over a parameter still on the meta device raises a
                             ValueError that says so, instead of training nothing": in a frame group and in a
                             manifold="euclidean" one, with and without a gradient, beside a parameter that
@@ -104,7 +109,8 @@ UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8}
 def _checks() -> dict:
     return {
         "lr": NumericalCheck("promise/lr_tensor_bit_for_bit", "a float lr and eps against 0-d tensors of the same values, every parameter "
-                             "and tensor dtype, three steps: every parameter and state (ulps)", EXACT,
+                             "and tensor dtype, three steps: every parameter and state, per parameter (ulps); and the kernel with an int "
+                             "count against the float lr (ulps)", EXACT,
                              tightness_note="an exact equality: 0 by design"),
         "sync": NumericalCheck("promise/sync_free_bit_for_bit", "functional.stiefel_adam_step with sync_free=True against the default, every "
                                "dtype, shape class and route-testing shape: W, m, v (ulps)", EXACT,
@@ -117,7 +123,8 @@ def _checks() -> dict:
                                      "clip_matches_torch: a 0-d tensor, float64 if any gradient is float64, else float32 (0; inf otherwise)",
                                      "exact: the documented dtype", tightness_note="an exact equality: 0 by design"),
         "kernel": NumericalCheck("promise/class_is_kernel", "StiefelAdam against functional.stiefel_adam_step called with its group's settings "
-                                 "on the documented state, every dtype, retraction_method and skip_nonfinite, three steps: W, m, v, step (ulps)",
+                                 "on the documented state, every dtype, retraction_method and skip_nonfinite, three steps: W, m, v, step "
+                                 "per parameter (ulps)",
                                  EXACT, tightness_note="an exact equality: 0 by design"),
         "tolerance": NumericalCheck("promise/tolerance_decides", "frames with ||W^T W - I||_F from 0.5 to 2 times 32 d r u_c + 4 sqrt(r) u_s "
                                     "(measured on the stored values) under skip_nonfinite: stepped exactly when within it (0; inf otherwise)",
@@ -144,6 +151,13 @@ def _checks() -> dict:
         "scheduler": NumericalCheck("promise/scheduler_sees_step", "an lr scheduler made before the first step and stepped after each "
                                     "optimizer.step(): no warning that the scheduler stepped first, and the lr it set (0; inf otherwise)",
                                     "exact: torch.optim's scheduler contract", tightness_note="an exact equality: 0 by design"),
+        "mixed": NumericalCheck("promise/mixed_dtypes", "one StiefelAdam over frames of one shape in float64, float32 and bfloat16 (one "
+                                "group, and a group each) against one optimizer per parameter, three steps: every parameter and state "
+                                "(ulps)", EXACT, tightness_note="an exact equality: 0 by design"),
+        "counts": NumericalCheck("promise/counts_each_frame_once", "under skip_nonfinite, a frame off St(d, r) whose gradient is also NaN "
+                                 "beside a frame with a NaN gradient only: skipped_steps and off_manifold_steps against 1 and 1, and "
+                                 "neither frame written (0; inf otherwise)", "exact: the documented counts",
+                                 tightness_note="an exact equality: 0 by design"),
         "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
                                "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
                                "meta device (0; inf otherwise)", "exact: the documented refusal", tightness_note="an exact equality: 0 by design"),
@@ -182,16 +196,38 @@ def lr_tensor_bit_for_bit(subject, check, seed: int) -> None:
                         p.grad = g.clone()
                     optimizer.step()
                 runs.append((params, optimizer))
-            residual = 0.0
-            for (p, q) in zip(runs[0][0], runs[1][0]):
-                residual = max(residual, _ulps(p, q))
+            for shape, p, q in zip(shapes, runs[0][0], runs[1][0]):
+                residual = _ulps(p, q)
                 for key in ("exp_avg", "exp_avg_sq", "step"):
                     a, b = runs[0][1].state[p].get(key), runs[1][1].state[q].get(key)
-                    if a is not None and b is not None:
-                        residual = max(residual, _ulps(a, b))
-            check.add([residual], 0.5, key=("promise", "lr", dtype_name, tensor_dtype), seed=seed,
-                      extra={"parameter_dtype": dtype_name, "tensor_dtype": tensor_dtype})
+                    residual = max(residual, _ulps(a, b) if a is not None and b is not None else math.inf)
+                check.add([residual], 0.5, shape=shape[-2:], key=("promise", "lr", dtype_name, tensor_dtype), seed=seed,
+                          extra={"parameter_dtype": dtype_name, "tensor_dtype": tensor_dtype, "shape": list(shape)})
+            check.reach("steps", len(gradients))
             check.cover("dtypes", f"{dtype_name} parameter, {tensor_dtype} lr")
+            # the kernel itself, with an int count (the class passes per-frame counts): a 0-d tensor lr against its float
+            _kernel_lr_tensor(subject, check, seed, dtype_name, lr)
+
+
+def _kernel_lr_tensor(subject, check, seed: int, dtype_name: str, lr) -> None:
+    """functional.stiefel_adam_step with t an int (one count for every frame) and lr a 0-d tensor against
+    the float of the same value, three steps: W, m, v bit for bit."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    generator = torch.Generator().manual_seed(seed)
+    W = _frames(torch, (3, 6, 2), dtype, generator)
+    gradients = [torch.randn(W.shape, generator=generator, dtype=torch.float64).to(dtype) for _ in range(3)]
+    outputs = []
+    for given in (float(lr), lr.clone()):
+        Wk, mk, vk = W.clone(), torch.zeros(W.shape, dtype=state_dtype), torch.zeros(W.shape[:-2], dtype=state_dtype)
+        for t, G in enumerate(gradients):
+            Wk, mk, vk = subject.kernel(Wk, G, mk, vk, t, lr=given, trust_radius=0.5)
+        outputs.append((Wk, mk, vk))
+    residual = max(_ulps(a, b) for a, b in zip(*outputs))
+    check.add([residual], 0.5, shape=(6, 2), key=("promise", "lr_kernel", dtype_name, str(lr.dtype)), seed=seed,
+              extra={"parameter_dtype": dtype_name, "tensor_dtype": str(lr.dtype), "kernel": True, "count": "int"})
 
 
 def _ulps(a, b) -> float:
@@ -334,13 +370,13 @@ def class_is_kernel(subject, check, seed: int) -> None:
                                                     settings["trust_radius"], settings["weight_decay"], retraction_method=method,
                                                     sync_free=skip)
                         values[3] = t + 1
-                residual = 0.0
-                for p, (W, m, v, t) in zip(params, expected):
+                for shape, p, (W, m, v, t) in zip(shapes, params, expected):
                     state = optimizer.state[p]
-                    residual = max(residual, _ulps(p, W), *(_ulps(state[key], value) if key in state else math.inf
-                                                           for key, value in (("exp_avg", m), ("exp_avg_sq", v), ("step", t))))
-                check.add([residual], 0.5, key=("promise", "kernel", dtype_name, method, skip), seed=seed,
-                          extra={"dtype": dtype_name, "retraction_method": method, "skip_nonfinite": skip})
+                    residual = max(_ulps(p, W), *(_ulps(state[key], value) if key in state else math.inf
+                                                  for key, value in (("exp_avg", m), ("exp_avg_sq", v), ("step", t))))
+                    check.add([residual], 0.5, shape=shape[-2:], key=("promise", "kernel", dtype_name, method, skip), seed=seed,
+                              extra={"dtype": dtype_name, "retraction_method": method, "skip_nonfinite": skip, "shape": list(shape)})
+                check.reach("steps", len(steps))
                 check.cover("retraction_method", method)
                 check.cover("dtype", dtype_name)
 
@@ -553,6 +589,63 @@ def scheduler_sees_step(subject, check, seed: int) -> None:
               extra={"warnings": about_order[:1], "lr": float(optimizer.param_groups[0]["lr"])})
 
 
+def mixed_dtypes(subject, check, seed: int) -> None:
+    """Frames of one shape in three dtypes in one optimizer step as each does alone: the batched calls
+    join parameters of one (d, r), dtype and device only (torch_impl/optimizer.py's docstring)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    dtypes = [getattr(torch, name) for name in DTYPES]
+    frames = [_frames(torch, (2, 5, 2), dtype, generator) for dtype in dtypes]
+    steps = [[torch.randn(f.shape, generator=generator, dtype=torch.float64).to(f.dtype) for f in frames] for _ in range(3)]
+    for layout in ("one_group", "group_each"):
+        together = [torch.nn.Parameter(f.clone()) for f in frames]
+        groups = together if layout == "one_group" else [{"params": [p]} for p in together]
+        joint = subject.optimizer_class(groups, lr=0.05)
+        alone = [torch.nn.Parameter(f.clone()) for f in frames]
+        singles = [subject.optimizer_class([p], lr=0.05) for p in alone]
+        try:
+            for gradients in steps:
+                for p, q, g in zip(together, alone, gradients):
+                    p.grad, q.grad = g.clone(), g.clone()
+                joint.step()
+                for optimizer in singles:
+                    optimizer.step()
+            raised = None
+        except Exception as error:  # a valid mixture that cannot step fails the check
+            raised = f"{type(error).__name__}: {error}"
+        for p, q, optimizer, dtype in zip(together, alone, singles, DTYPES):
+            residual = math.inf if raised else max(_ulps(p, q), *(_ulps(joint.state[p][key], optimizer.state[q][key]) if key in joint.state[p]
+                                                                   else math.inf for key in optimizer.state[q]))
+            check.add([residual], 0.5, shape=(5, 2), key=("promise", "mixed", layout, dtype), seed=seed,
+                      extra={"layout": layout, "dtype": dtype, "raised": raised})
+            check.cover("dtype", dtype)
+
+
+def counts_each_frame_once(subject, check, seed: int) -> None:
+    """A frame off the manifold is counted in off_manifold_steps only, even when its step is also not
+    finite ("a frame off the manifold is counted there only"), and a NaN step in skipped_steps."""
+    import torch
+
+    W = _frames(torch, (3, 5, 2), torch.float64, torch.Generator().manual_seed(seed))
+    p = torch.nn.Parameter(W.clone())
+    optimizer = subject.optimizer_class([p], lr=0.05, skip_nonfinite=True)
+    G = torch.randn(W.shape, generator=torch.Generator().manual_seed(seed + 3), dtype=torch.float64)
+    G[0, 0, 0] = G[1, 0, 0] = math.nan
+    with torch.no_grad():
+        p[0].mul_(1.1)  # frame 0 off St(d, r), as an edit would leave it
+    before = p.detach().clone()
+    p.grad = G
+    try:
+        optimizer.step()
+        counts = (optimizer.skipped_steps, optimizer.off_manifold_steps)
+        ok = counts == (1, 1) and _ulps(p[:2], before[:2]) == 0 and _ulps(p[2:], before[2:]) > 0
+        raised = None
+    except Exception as error:  # skip_nonfinite must not raise here
+        counts, ok, raised = None, False, f"{type(error).__name__}: {error}"
+    check.add([0.0 if ok else math.inf], 0.5, key=("promise", "counts"), seed=seed, extra={"counts": counts, "expected": [1, 1], "raised": raised})
+
+
 NAMES = ("attention.query", "attention.key")
 
 
@@ -638,7 +731,8 @@ def zero_grad_sets_none(subject, check, seed: int) -> None:
 
 PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "kernel": class_is_kernel,
             "tolerance": tolerance_decides, "named": named_parameters, "older": older_checkpoint_defaults,
-            "defaults": documented_defaults, "pickle": pickle_round_trip, "scheduler": scheduler_sees_step, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
+            "defaults": documented_defaults, "pickle": pickle_round_trip, "scheduler": scheduler_sees_step,
+            "mixed": mixed_dtypes, "counts": counts_each_frame_once, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
 # the checks each promise's run fills, where it fills more than the one of its own key
 FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 

@@ -31,6 +31,8 @@ CAUGHT_BY = {
     "kernel_default_beta1": "promise/documented_defaults",
     "unpickled_without_call_record": "promise/pickle_round_trip",
     "step_not_marked_for_scheduler": "promise/scheduler_sees_step",
+    "buckets_ignore_dtype": "promise/mixed_dtypes",
+    "off_manifold_also_skipped": "promise/counts_each_frame_once",
 }
 
 
