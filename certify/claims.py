@@ -287,7 +287,7 @@ def _with_promise_coverage(claim_id: str, data: dict, options: dict) -> dict:
     return data
 
 
-def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: dict) -> dict:
+def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: dict, seed: int | None = None) -> dict:
     """With the claim's default options at a contracted profile, the evidence held to the coverage
     contract (propositions/coverage_contract.py): each shortfall makes the claim inconclusive, and
     extra.evidence_contract says how many checks were held to it."""
@@ -301,11 +301,11 @@ def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: di
         # none of the contracted checks ran: not the project's claim of that id (a claim registered in
         # its place, as a test's double), which the contract does not describe
         return data
-    reasons = coverage_contract.shortfalls(claim_id, profile, data.get("numerical", {}).get("checks", []))
+    reasons = coverage_contract.shortfalls(claim_id, profile, data.get("numerical", {}).get("checks", []), seed=seed)
     draws = coverage_contract.load_draws().get(profile, {}).get(claim_id) or {}
-    reasons += coverage_contract.draw_shortfalls(claim_id, profile, data.get("extra", {}).get("draw_keys") or {})
+    reasons += coverage_contract.draw_shortfalls(claim_id, profile, data.get("extra", {}).get("draw_keys") or {}, seed=seed)
     reasons += coverage_contract.draw_shortfalls(claim_id, profile, data.get("extra", {}).get("control_draw_keys") or {},
-                                                 section="control_draws")
+                                                 section="control_draws", seed=seed)
     reasons += coverage_contract.grammar_shortfalls(claim_id, profile, data.get("extra", {}).get("grammar"))
     reasons += coverage_contract.symbolic_shortfalls(claim_id, profile, data.get("symbolic"))
     data = {**data, "extra": {**data.get("extra", {}), "evidence_contract": {"checks": len(contract), "draw_groups": len(draws),
@@ -345,7 +345,7 @@ def build_certificate(
         data = _result_without_evidence("none (the claim did not run)", verdict="inconclusive", inconclusive=[problem or "the claim produced no result"])
     elif optimizer == DEFAULT_OPTIMIZER:
         data = _with_promise_coverage(claim_id, data, options)
-        data = _with_coverage_contract(claim_id, profile, data, options)
+        data = _with_coverage_contract(claim_id, profile, data, options, seed)
     verdict, failures, inconclusive = _audited_verdict(data)
     extra, claim_timings = split_run_record(data.get("extra", {}))
     numerical = _numerical_part(data.get("numerical", {}), seed, profile, reproduce)

@@ -35,6 +35,14 @@ profile, with the claim's default options, is inconclusive when
   counted apart. A key that lost the part that varies per shape, dtype, chunk
   or step draws the same numbers for what were independent draws, and the count falls.
 
+At the seeds the contract was written from, a certificate is also held to what that very seed gave
+(`at_seed`): each check's samples at least AT_SEED_SLACK below that seed's count, its smallest and
+largest bound at most AT_SEED_SLACK above that seed's, and each draw group's distinct keys at least
+AT_SEED_SLACK below that seed's. The drawn scenarios' counts and bounds move from seed to seed, so
+the seed-free terms above hold them loosely; at the same seed they reproduce, and a bound loosened
+tenfold or a key that lost one label (a few per cent fewer keys) falls short. The slack leaves room
+for a frame or two that another machine's rounding decides differently.
+
 The symbolic tier is held by what it states: each step's description (which names the shapes it was
 derived at) that every seed gave must still be among the certificate's symbolic steps (a shape
 dropped from a derivation changes its description; a step removed is missing). The exact tier
@@ -63,6 +71,10 @@ STABLE = 2.0
 # a bound every seed gave the same is fixed by the code: held to it, up to a float64 evaluation's
 # rounding of the same formula on another machine (a few ulps), far below any change of a constant
 FIXED_BOUND_SLACK = 1e-9
+# what one seed gave is held at that seed up to this share (a borderline frame decided otherwise by
+# another machine's rounding moves a count by one in thousands; a tenfold bound, or a dropped label,
+# by far more)
+AT_SEED_SLACK = 0.01
 UNSTABLE_SLACK = 100.0
 # a drawn parameter's ends may fall short of the contracted ends by this share of their span (draws
 # near a range's ends move a little from seed to seed; a range cut to half its span moves an end by a
@@ -128,15 +140,21 @@ def written_draws(certificates: list[dict], field: str = "draw_keys") -> dict:
     per group the distinct keys (exact where every seed gave the same count, else the least over STABLE).
     field: "draw_keys" (the claim's own tiers and parts) or "control_draw_keys" (its controls')."""
     counts: dict = {}
+    seeds: dict = {}
     for certificate in certificates:
+        seed = (certificate.get("numerical") or {}).get("seed")
         for group, keys in (certificate.get("extra", {}).get(field) or {}).items():
             counts.setdefault(group, []).append(int(keys))
+            if seed is not None:
+                seeds.setdefault(group, {})[str(seed)] = int(keys)
     contract = {}
     for group, found in sorted(counts.items()):
         if len(found) != len(certificates):
             continue
         fixed = len(set(found)) == 1
         contract[group] = {"keys": found[0] if fixed else max(1, int(min(found) // STABLE)), "fixed": fixed}
+        if not fixed and len(seeds.get(group, {})) == len(certificates):
+            contract[group]["at_seed"] = seeds[group]
     return contract
 
 
@@ -180,7 +198,8 @@ def grammar_shortfalls(claim_id: str, profile: str, grammar: dict | None, contra
     return reasons
 
 
-def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict | None = None, section: str = "draws") -> list[str]:
+def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict | None = None, section: str = "draws",
+                    seed: int | None = None) -> list[str]:
     """Why a certificate's draw ledger (extra.draw_keys; with section "control_draws", its controls'
     extra.control_draw_keys) holds fewer independent draws than the contract (empty: none, or no
     contract for that profile and claim)."""
@@ -191,6 +210,12 @@ def draw_shortfalls(claim_id: str, profile: str, draw_keys: dict, contract: dict
     reasons = []
     for group, entry in wanted.items():
         found = int((draw_keys or {}).get(group, 0))
+        at_seed = (entry.get("at_seed") or {}).get(str(seed))
+        if at_seed is not None and found < (1.0 - AT_SEED_SLACK) * at_seed:
+            reasons.append(f"coverage contract: {'control ' if section == 'control_draws' else ''}draw group {group} asked rng_for for "
+                           f"{found} distinct keys, fewer than the {at_seed} this seed ({seed}) gave when the contract was written: "
+                           "draws that were independent now share a stream")
+            continue
         if found < entry["keys"]:
             how = "at every seed the contract was written from" if entry["fixed"] else "at least"
             reasons.append(f"coverage contract: {'control ' if section == 'control_draws' else ''}draw group {group} asked rng_for for {found} distinct keys, fewer than the "
@@ -209,6 +234,10 @@ def written(certificates: list[dict]) -> dict:
     for certificate in certificates:
         for check in certificate["numerical"]["checks"]:
             entry = by_check.setdefault(check["name"], {"shapes": [], "counts": [], "ratios": []})
+            seed = (certificate.get("numerical") or {}).get("seed")
+            if seed is not None:
+                bound = check.get("bound") or {}
+                entry.setdefault("at_seed", {})[str(seed)] = {"samples": int(check["samples"]), "bound": [bound.get("min"), bound.get("max")]}
             entry["shapes"].append({_shape_key(s) for s in check.get("shapes") or []})
             entry["counts"].append(int(check["samples"]))
             ratio = check.get("max_ratio")
@@ -235,6 +264,8 @@ def written(certificates: list[dict]) -> dict:
             # the run with itself, a check fed nothing but exact zeros)
             slack = RATIO_SLACK if max(ratios) <= STABLE * min(ratios) else UNSTABLE_SLACK
             contract[name]["max_ratio_at_least"] = min(ratios) / slack
+        if entry.get("at_seed") and len(entry["at_seed"]) == len(certificates):
+            contract[name]["at_seed"] = entry["at_seed"]
         bounds = _bound_contract(entry.get("bounds") or [])
         if bounds:
             contract[name]["bound"] = bounds
@@ -252,7 +283,7 @@ def written(certificates: list[dict]) -> dict:
     return contract
 
 
-def shortfalls(claim_id: str, profile: str, checks: list[dict], contract: dict | None = None) -> list[str]:
+def shortfalls(claim_id: str, profile: str, checks: list[dict], contract: dict | None = None, seed: int | None = None) -> list[str]:
     """Why a certificate of claim_id at `profile` holds less evidence than the contract (empty: none,
     or no contract for that profile and claim)."""
     contract = load() if contract is None else contract
@@ -277,6 +308,16 @@ def shortfalls(claim_id: str, profile: str, checks: list[dict], contract: dict |
                            f"(a {RATIO_SLACK:g}th of the least reached at the seeds it was written from): its bound is looser than it was, "
                            "or its draws no longer reach it")
         bound = check.get("bound") or {}
+        at_seed = (entry.get("at_seed") or {}).get(str(seed))
+        if at_seed is not None:
+            if check["samples"] < (1.0 - AT_SEED_SLACK) * at_seed["samples"]:
+                reasons.append(f"coverage contract: check {name} holds {check['samples']} samples, fewer than the {at_seed['samples']} "
+                               f"this seed ({seed}) gave when the contract was written")
+            for index, end in ((0, "min"), (1, "max")):
+                then, now = at_seed["bound"][index], bound.get(end)
+                if isinstance(then, (int, float)) and isinstance(now, (int, float)) and now > (1.0 + AT_SEED_SLACK) * then:
+                    reasons.append(f"coverage contract: check {name}'s {'smallest' if end == 'min' else 'largest'} bound is {now:.3g}, "
+                                   f"above the {then:.3g} this seed ({seed}) gave when the contract was written: its bound is looser than it was")
         for label, end in (("min_at_most", "min"), ("max_at_most", "max")):
             limit, value = (entry.get("bound") or {}).get(label), bound.get(end)
             if limit is not None and isinstance(value, (int, float)) and value > limit:
@@ -340,5 +381,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "UNSTABLE_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "symbolic_shortfalls", "written_symbolic", "load", "load_draws", "load_section", "shortfalls",
+__all__ = ["AT_SEED_SLACK", "CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "UNSTABLE_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "symbolic_shortfalls", "written_symbolic", "load", "load_draws", "load_section", "shortfalls",
            "written", "written_draws", "written_grammar"]
