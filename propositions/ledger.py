@@ -91,6 +91,8 @@ PROMISES = (
        "bit for bit", "optimizer:promise/mixed_dtypes"),
     _p("counted-once", "torch_impl.StiefelAdam.skipped_steps torch_impl.StiefelAdam.off_manifold_steps", OPT,
        "manifold is counted there only (its step is often not finite too", "bit for bit", "optimizer:promise/counts_each_frame_once"),
+    _p("frame-independent-of-batch", "torch_impl.StiefelAdam.step torch_impl.stiefel_adam_step.W", FUNC,
+       "a frame's result must not\n    # depend on the other frames of its batch", "bit for bit", "optimizer:promise/joined_states_with_gap"),
     _p("class-is-kernel", "torch_impl.StiefelAdam.retraction_method torch_impl.StiefelAdam.trust_radius torch_impl.StiefelAdam.skip_nonfinite",
        OPT, "`torch_impl.functional.stiefel_adam_step`. Its state is", "bit for bit", "optimizer:promise/class_is_kernel"),
     _p("tolerance-decides", "torch_impl.manifold_tolerance.d torch_impl.manifold_tolerance.r torch_impl.manifold_tolerance.dtype", ALGO,

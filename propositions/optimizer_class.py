@@ -1867,7 +1867,7 @@ CONTROLS = {
                                                         "groups is unchanged: groups a per-group scheduler splits stay in one call",
                                                         feature="schedule_splits_joined_groups"),
     "joined_view_ignores_gap": ControlSpec("the states of one call are joined without copying even when a parameter without a "
-                                           "gradient lies between two in their buffer", feature="no_grad_between_joined_parameters"),
+                                           "gradient lies between two in their buffer", part="promises", promise="gap"),
 }
 CONTROL_NAMES = tuple(CONTROLS)
 

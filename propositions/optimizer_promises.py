@@ -60,6 +60,9 @@ optimizer claim, propositions/optimizer_class.py).
                             or a group each, step as each does alone, bit for bit.
   counts_each_frame_once    torch_impl/optimizer.py: a frame off the manifold is counted in off_manifold_steps
                             only, even when its step is also not finite; a NaN step in skipped_steps.
+  joined_states_with_gap    torch_impl/functional.py: "a frame's result must not depend on the other frames of its
+                            batch": three parameters of one shape whose states share one buffer, the middle one
+                            without a gradient at one step, against one optimizer per parameter, bit for bit.
   meta_parameter_refused    docs/algorithm.md: "a step over a parameter still on the meta device raises a
                             ValueError that says so, instead of training nothing": in a frame group and in a
                             manifold="euclidean" one, with and without a gradient, beside a parameter that
@@ -158,6 +161,10 @@ def _checks() -> dict:
                                  "beside a frame with a NaN gradient only: skipped_steps and off_manifold_steps against 1 and 1, and "
                                  "neither frame written (0; inf otherwise)", "exact: the documented counts",
                                  tightness_note="an exact equality: 0 by design"),
+        "gap": NumericalCheck("promise/joined_states_with_gap", "three parameters of one shape in one group, whose states the first step "
+                              "puts in one buffer, stepped with the middle one's gradient None between steps with all three, against one "
+                              "optimizer per parameter, in every dtype: every parameter and state (ulps)", EXACT,
+                              tightness_note="an exact equality: 0 by design"),
         "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
                                "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
                                "meta device (0; inf otherwise)", "exact: the documented refusal", tightness_note="an exact equality: 0 by design"),
@@ -646,6 +653,37 @@ def counts_each_frame_once(subject, check, seed: int) -> None:
     check.add([0.0 if ok else math.inf], 0.5, key=("promise", "counts"), seed=seed, extra={"counts": counts, "expected": [1, 1], "raised": raised})
 
 
+def joined_states_with_gap(subject, check, seed: int) -> None:
+    """The batched call reads and writes the states of its parameters in place where they lie one after
+    the other in one buffer; a parameter without a gradient between two that have one breaks that
+    order. Each frame's step must still be its own ("a frame's result must not depend on the other
+    frames of its batch", torch_impl/functional.py): the joined run against one optimizer per parameter."""
+    import torch
+
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        generator = torch.Generator().manual_seed(seed)
+        frames = [_frames(torch, (2, 5, 2), dtype, generator) for _ in range(3)]
+        steps = [[torch.randn(f.shape, generator=generator, dtype=torch.float64).to(dtype) for f in frames] for _ in range(4)]
+        together = [torch.nn.Parameter(f.clone()) for f in frames]
+        joint = subject.optimizer_class(together, lr=0.05)
+        alone = [torch.nn.Parameter(f.clone()) for f in frames]
+        singles = [subject.optimizer_class([q], lr=0.05) for q in alone]
+        for index, gradients in enumerate(steps):
+            for position, (p, q, g) in enumerate(zip(together, alone, gradients)):
+                given = None if index == 1 and position == 1 else g  # the middle one without a gradient at the second step
+                p.grad, q.grad = (None, None) if given is None else (given.clone(), given.clone())
+            joint.step()
+            for optimizer in singles:
+                optimizer.step()
+        for position, (p, q, optimizer) in enumerate(zip(together, alone, singles)):
+            residual = max(_ulps(p, q), *(_ulps(joint.state[p][key], optimizer.state[q][key]) if key in joint.state[p] else math.inf
+                                          for key in optimizer.state[q]))
+            check.add([residual], 0.5, shape=(5, 2), key=("promise", "gap", dtype_name, position), seed=seed,
+                      extra={"dtype": dtype_name, "parameter": position})
+        check.cover("dtype", dtype_name)
+
+
 NAMES = ("attention.query", "attention.key")
 
 
@@ -732,7 +770,7 @@ def zero_grad_sets_none(subject, check, seed: int) -> None:
 PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "kernel": class_is_kernel,
             "tolerance": tolerance_decides, "named": named_parameters, "older": older_checkpoint_defaults,
             "defaults": documented_defaults, "pickle": pickle_round_trip, "scheduler": scheduler_sees_step,
-            "mixed": mixed_dtypes, "counts": counts_each_frame_once, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
+            "mixed": mixed_dtypes, "counts": counts_each_frame_once, "gap": joined_states_with_gap, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
 # the checks each promise's run fills, where it fills more than the one of its own key
 FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 

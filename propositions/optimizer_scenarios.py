@@ -274,6 +274,9 @@ class FrameBook:
     v_zero: bool = True
     drifted: bool = False
     has_state: bool = False  # the class keeps a state for its parameter (a written step with a gradient)
+    # which buffer the class keeps that state in: the states a step creates together share one buffer, and
+    # a load puts a group's states of one shape in one buffer (torch_impl/optimizer.py's load_state_dict)
+    buffer: tuple | None = None
 
 
 @dataclass
@@ -338,6 +341,10 @@ def walk(scenario: Scenario):
                 plan.features.append("checkpoint_refused_off_manifold")
             elif op.option != "old_format" or _older_counts(scenario, books, active):
                 plan.features.append(f"checkpoint_{op.option}")
+            if not plan.refused:
+                for key, book in books.items():
+                    if book.has_state:
+                        book.buffer = ("load", op.id, key[0], tuple(scenario.group(key[0]).shapes[key[1]][-2:]))
         elif op.kind == "project":
             for key, book in books.items():
                 if key[:2] == tuple(op.option):
@@ -445,6 +452,8 @@ def _plan_step(scenario: Scenario, op: Op, active: list, has_grad: dict, books: 
     plan.features += _setting_features(scenario, plan)
     for key, what in plan.frames.items():
         book = books[key]
+        if what != "keep" and not book.has_state:
+            book.buffer = ("step", op.id, key[0], tuple(scenario.group(key[0]).shapes[key[1]][-2:]))
         book.has_state = book.has_state or what != "keep"
         if what == "step":
             book.t += 1
@@ -538,15 +547,18 @@ def _plan_frames(scenario: Scenario, plan: StepPlan, active: list, books: dict) 
 
 def _between_features(scenario: Scenario, plan: StepPlan, active: list, books: dict) -> None:
     """no_grad_between_joined_parameters: in a frame group, a parameter without a gradient between two
-    of the same shape that have one, all three with a state (their states share a buffer)."""
+    of the same shape that have one, all three with a state in one buffer (created by one step, or put
+    there by a load), at a shape other than 1 x 1."""
     for name in active:
         group = scenario.group(name)
         if not group.frames:
             continue
         for p in range(1, len(group.shapes) - 1):
             tails = {tuple(group.shapes[q][-2:]) for q in (p - 1, p, p + 1)}
-            with_state = all(books[(name, q, 0)].has_state for q in (p - 1, p, p + 1))
-            if (len(tails) == 1 and with_state and plan.gradients[(name, p)] is None
+            with_state = (all(books[(name, q, 0)].has_state for q in (p - 1, p, p + 1))
+                          and len({books[(name, q, 0)].buffer for q in (p - 1, p, p + 1)}) == 1)
+            # not at 1 x 1, whose tangent space is {0}: every state there is m = 0, v = 0, and one state read for another is equal
+            if (len(tails) == 1 and tails != {(1, 1)} and with_state and plan.gradients[(name, p)] is None
                     and plan.gradients[(name, p - 1)] is not None and plan.gradients[(name, p + 1)] is not None):
                 plan.features.append("no_grad_between_joined_parameters")
 

@@ -33,6 +33,7 @@ CAUGHT_BY = {
     "step_not_marked_for_scheduler": "promise/scheduler_sees_step",
     "buckets_ignore_dtype": "promise/mixed_dtypes",
     "off_manifold_also_skipped": "promise/counts_each_frame_once",
+    "joined_view_ignores_gap": "promise/joined_states_with_gap",
 }
 
 
