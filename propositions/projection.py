@@ -390,7 +390,8 @@ def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape
     checks = {"retract": NumericalCheck(f"{prefix}polar_retract", "||polar_retract(W, xi) - project_to_manifold(W + xi)||_F (torch_impl, "
                                         "Newton-Schulz route), xi tangent or not, ||xi||_F <= trust_radius",
                                         _text(retract_bound)),
-              "refused": NumericalCheck(f"{prefix}polar_retract_refuses", "a step longer than the trust radius on the Newton-Schulz route: "
+              "refused": NumericalCheck(f"{prefix}polar_retract_refuses", "a step longer than the trust radius on the Newton-Schulz route, alone and as the "
+                                        "last frame of a batch whose other steps are within it: "
                                         "ValueError naming trust_radius (0; inf if returned)", "exact: the documented refusal",
                                         tightness_note="an exact equality: 0 by design"),
               "isolated": NumericalCheck(f"{prefix}polar_retract_nonfinite_isolated",
@@ -421,12 +422,18 @@ def retract_checks(seed: int, profile, retract=None, prefix: str = "", per_shape
                     checks["retract"].add(np.linalg.norm(computed - ref.project_to_manifold(A), axis=(-2, -1)),
                                           retract_bound(d, r, dtype_name, radius, np.linalg.norm(A, axis=(-2, -1)), singular[:, -1], singular[:, 0]),
                                           shape=(d, r), key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius, "basin_edge": bool(edge)})
-                try:
-                    retract(W[:1], xi[:1] * (1.5 * radius / float(torch.linalg.matrix_norm(xi[:1].double()).max())), radius)
-                    refused = False
-                except ValueError as error:
-                    refused = "trust_radius" in str(error)
-                checks["refused"].add([0.0 if refused else math.inf], 0.5, key=key, seed=seed, extra={"dtype": dtype_name, "trust_radius": radius})
+                # one frame too long, alone and as the last of a batch whose other steps are within the radius
+                norms = torch.linalg.matrix_norm(xi.double()).to(xi.dtype)[..., None, None]
+                batch = xi * (0.5 * radius / norms)
+                batch[-1] = xi[-1] * (1.5 * radius / float(norms[-1]))
+                for label, (W_long, xi_long) in (("alone", (W[:1], xi[:1] * (1.5 * radius / float(norms[0])))), ("last_of_batch", (W, batch))):
+                    try:
+                        retract(W_long, xi_long, radius)
+                        refused = False
+                    except ValueError as error:
+                        refused = "trust_radius" in str(error)
+                    checks["refused"].add([0.0 if refused else math.inf], 0.5, key=key, seed=seed,
+                                          extra={"dtype": dtype_name, "trust_radius": radius, "frames": label})
                 if radius == RETRACT_TRUST_RADII[-1]:  # once per dtype and shape (the check's own radius is EIGH_RADIUS)
                     checks["isolated"].add([_nonfinite_isolated(retract, W, xi, torch.finfo(dtype).max)], 0.5, shape=(d, r), key=key,
                                            seed=seed, extra={"dtype": dtype_name, "trust_radius": EIGH_RADIUS})
