@@ -64,6 +64,7 @@ from propositions.kit.step_analysis import clip_bound, reference_quantities
 from propositions.kit.threads import one_thread_environment
 
 from . import optimizer_scenarios as grammar
+from .optimizer_scenarios import older_format as _older_format
 from .optimizer_scenarios import NONFINITE, Scenario, StepPlan, frame_count
 
 CLAIM_ID = "optimizer"
@@ -946,33 +947,6 @@ def _closure_ulps(returned, expected) -> float:
     return _max_ulps(_to_numpy(returned), _to_numpy(expected))
 
 
-# Group settings the older format did not have, and the value a group of that format then has: a
-# group holding that value loses the key (a group with another value could not be saved in that format).
-OLDER_FORMAT_DEFAULTS = (("skip_nonfinite", False), ("retraction_method", "auto"))
-
-
-def _older_format(saved: dict, optimizer) -> dict:
-    """The state_dict as the class's older format holds it (the format its load_state_dict promises to
-    read): frame groups without the keys "manifold", "skip_nonfinite" and "retraction_method" (that
-    format's groups stepped frames, refused a step that was not finite, and retracted by the "auto"
-    route), and one int step count per frame parameter (a parameter whose frames have different counts
-    could not be saved in that format: kept per frame)."""
-    import torch
-
-    converted = copy.deepcopy(saved)
-    frame_ids = set()
-    for group in converted["param_groups"]:
-        if group.get("manifold", "stiefel") == "stiefel":
-            group.pop("manifold", None)
-            for key, value in OLDER_FORMAT_DEFAULTS:
-                if key in group and group[key] == value:
-                    del group[key]
-            frame_ids.update(group["params"])
-    for saved_id, state in converted["state"].items():
-        count = state.get("step")
-        if saved_id in frame_ids and torch.is_tensor(count) and count.numel() and bool((count == count.reshape(-1)[0]).all()):
-            state["step"] = int(count.reshape(-1)[0])
-    return converted
 
 
 # --------------------------------------------------------------------------------------------

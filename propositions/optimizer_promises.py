@@ -443,7 +443,7 @@ def older_checkpoint_defaults(subject, check, seed: int) -> None:
     groups did (frames, no skipping, the "auto" retraction) is what the loaded groups do."""
     import torch
 
-    from .optimizer_class import _older_format
+    from .optimizer_scenarios import older_format
 
     generator = torch.Generator().manual_seed(seed)
     shapes = ((2, 5, 2), (4, 3))
@@ -455,7 +455,7 @@ def older_checkpoint_defaults(subject, check, seed: int) -> None:
         for p, g in zip(params, gradients):
             p.grad = g.clone()
         optimizer.step()
-    older = _older_format(optimizer.state_dict(), optimizer)
+    older = older_format(optimizer.state_dict(), optimizer)
     fresh_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     fresh = subject.optimizer_class([{"params": [fresh_params[0]]}, {"params": [fresh_params[1]]}], lr=1e-3)
     residual, raised = 0.0, None

@@ -55,6 +55,7 @@ so every feature of FEATURES is exercised at every profile, in every dtype, by c
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -1048,6 +1049,40 @@ def _with_shape(scenario: Scenario, name: str, p: int, shape: tuple) -> Scenario
 
 __all__ = [
     "CLAIM_ID", "DTYPES", "EVENT_KINDS", "Event", "FEATURES", "Group", "LONG_RUN_STEPS", "OP_KINDS", "Op", "PlanSettings",
-    "Scenario", "Settings", "StepPlan", "draw_plan", "draw_run", "features", "frame_count", "layout_features",
-    "plan_settings", "scenario_from_dict", "simpler_events", "simpler_layouts", "walk", "without_ops",
+    "OLDER_FORMAT_DEFAULTS", "Scenario", "Settings", "StepPlan", "clip_option", "draw_plan", "draw_run", "features", "frame_count", "layout_features",
+    "older_format", "plan_settings", "scenario_from_dict", "simpler_events", "simpler_layouts", "walk", "without_ops",
 ]
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+# Group settings the older format did not have, and the value a group of that format then has: a
+# group holding that value loses the key (a group with another value could not be saved in that format).
+OLDER_FORMAT_DEFAULTS = (("skip_nonfinite", False), ("retraction_method", "auto"))
+
+
+def older_format(saved: dict, optimizer=None) -> dict:
+    """The state_dict as the class's older format holds it (the format its load_state_dict promises to
+    read): frame groups without the keys "manifold", "skip_nonfinite" and "retraction_method" (that
+    format's groups stepped frames, refused a step that was not finite, and retracted by the "auto"
+    route), and one int step count per frame parameter (a parameter whose frames have different counts
+    could not be saved in that format: kept per frame)."""
+    import torch
+
+    converted = copy.deepcopy(saved)
+    frame_ids = set()
+    for group in converted["param_groups"]:
+        if group.get("manifold", "stiefel") == "stiefel":
+            group.pop("manifold", None)
+            for key, value in OLDER_FORMAT_DEFAULTS:
+                if key in group and group[key] == value:
+                    del group[key]
+            frame_ids.update(group["params"])
+    for saved_id, state in converted["state"].items():
+        count = state.get("step")
+        if saved_id in frame_ids and torch.is_tensor(count) and count.numel() and bool((count == count.reshape(-1)[0]).all()):
+            state["step"] = int(count.reshape(-1)[0])
+    return converted
