@@ -119,9 +119,10 @@ def _checks() -> dict:
                                "dtype, shape class and route-testing shape: W, m, v (ulps)", EXACT,
                                tightness_note="an exact equality: 0 by design"),
         "clip": NumericalCheck("promise/clip_matches_torch", "clip_grad_norm_finite_ against torch.nn.utils.clip_grad_norm_ on copies of "
-                               "the same finite gradients, norm_type 1, 2, 3, inf, four dtype mixes: |total - total_torch| / total and "
-                               "||G - G_torch|| / ||G_torch|| per tensor", "2 (gamma_N(u) + 2 u_t) for the totals (the inf-norm exact: u_t / 2), plus 2 u_g "
-                               "for a clipped gradient (module docstring)"),
+                               "the same finite gradients, norm_type 1, 2, 3, inf, five dtype mixes, three forms of param group: |total - total_torch| / "
+                               "total and ||G - G_torch|| / ||G_torch|| per tensor", "2 (gamma_N(u) + 2 u_t) for the totals (the inf-norm exact: u_t / 2), "
+                               "plus 2 u_b where a unit is one slice of a bfloat16 tensor of several frames and u_b where torch's total is "
+                               "bfloat16; plus 2 u_g (and 2 u_b for torch's bfloat16 coefficient) for a clipped gradient (module docstring)"),
         "clip_dtype": NumericalCheck("promise/clip_total_dtype", "the total clip_grad_norm_finite_ returns in every call of "
                                      "clip_matches_torch: a 0-d tensor, float64 if any gradient is float64, else float32 (0; inf otherwise)",
                                      "exact: the documented dtype", tightness_note="an exact equality: 0 by design"),
@@ -235,6 +236,13 @@ def _kernel_lr_tensor(subject, check, seed: int, dtype_name: str, lr) -> None:
     residual = max(_ulps(a, b) for a, b in zip(*outputs))
     check.add([residual], 0.5, shape=(6, 2), key=("promise", "lr_kernel", dtype_name, str(lr.dtype)), seed=seed,
               extra={"parameter_dtype": dtype_name, "tensor_dtype": str(lr.dtype), "kernel": True, "count": "int"})
+
+
+def _same_as(p, optimizer, q, expected) -> float:
+    """ulps between parameter p, with its state in `optimizer`, and q with its state in `expected`: the
+    values and every key of q's state (inf where p's state lacks one)."""
+    state, wanted = optimizer.state[p], expected.state[q]
+    return max(_ulps(p, q), *(_ulps(state[key], wanted[key]) if key in state else math.inf for key in wanted))
 
 
 def _ulps(a, b) -> float:
@@ -468,9 +476,7 @@ def older_checkpoint_defaults(subject, check, seed: int) -> None:
             p.grad, q.grad = g.clone(), g.clone()
         optimizer.step()
         fresh.step()
-        residual = max(residual, *(_ulps(q, p) for p, q in zip(params, fresh_params)),
-                       *(_ulps(fresh.state[q][key], optimizer.state[p][key]) if key in fresh.state[q] else math.inf
-                         for p, q in zip(params, fresh_params) for key in optimizer.state[p]))
+        residual = max(residual, *(_same_as(q, fresh, p, optimizer) for p, q in zip(params, fresh_params)))
         bad = torch.randn(shapes[0], generator=generator, dtype=torch.float64)
         bad[1, 0, 0] = math.nan
         fresh_params[0].grad = bad
@@ -568,8 +574,7 @@ def pickle_round_trip(subject, check, seed: int) -> None:
                 p.grad, q.grad = g.clone(), g.clone()
             optimizer.step()
             twin.step()
-        residual = max(residual, *(_ulps(q, p) for p, q in zip(params, twin_params)),
-                       *(_ulps(twin.state[q][key], optimizer.state[p][key]) for p, q in zip(params, twin_params) for key in optimizer.state[p]))
+        residual = max(residual, *(_same_as(q, twin, p, optimizer) for p, q in zip(params, twin_params)))
     except Exception as error:  # a copy that cannot step fails the check
         residual, raised = math.inf, f"{type(error).__name__}: {error}"
     check.add([residual], 0.5, key=("promise", "pickle"), seed=seed, extra={"raised": raised})
@@ -622,8 +627,7 @@ def mixed_dtypes(subject, check, seed: int) -> None:
         except Exception as error:  # a valid mixture that cannot step fails the check
             raised = f"{type(error).__name__}: {error}"
         for p, q, optimizer, dtype in zip(together, alone, singles, DTYPES):
-            residual = math.inf if raised else max(_ulps(p, q), *(_ulps(joint.state[p][key], optimizer.state[q][key]) if key in joint.state[p]
-                                                                   else math.inf for key in optimizer.state[q]))
+            residual = math.inf if raised else _same_as(p, joint, q, optimizer)
             check.add([residual], 0.5, shape=(5, 2), key=("promise", "mixed", layout, dtype), seed=seed,
                       extra={"layout": layout, "dtype": dtype, "raised": raised})
             check.cover("dtype", dtype)
@@ -677,8 +681,7 @@ def joined_states_with_gap(subject, check, seed: int) -> None:
             for optimizer in singles:
                 optimizer.step()
         for position, (p, q, optimizer) in enumerate(zip(together, alone, singles)):
-            residual = max(_ulps(p, q), *(_ulps(joint.state[p][key], optimizer.state[q][key]) if key in joint.state[p] else math.inf
-                                          for key in optimizer.state[q]))
+            residual = _same_as(p, joint, q, optimizer)
             check.add([residual], 0.5, shape=(5, 2), key=("promise", "gap", dtype_name, position), seed=seed,
                       extra={"dtype": dtype_name, "parameter": position})
         check.cover("dtype", dtype_name)
@@ -719,8 +722,7 @@ def named_parameters(subject, refusal, checkpoint, seed: int) -> None:
     fresh = subject.optimizer_class(list(zip(NAMES, fresh_params)), lr=1e-3)
     try:
         fresh.load_state_dict(saved)
-        residual = max(_ulps(fresh.state[q][key], optimizer.state[p][key]) if key in fresh.state[q] else math.inf
-                       for p, q in zip(params, fresh_params) for key in optimizer.state[p])
+        residual = max(_same_as(q, fresh, p, optimizer) for p, q in zip(params, fresh_params))
         raised = None
     except Exception as caught:  # a load that raises on a valid checkpoint fails the check
         residual, raised = math.inf, f"{type(caught).__name__}: {caught}"
