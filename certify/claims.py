@@ -308,6 +308,7 @@ def _with_coverage_contract(claim_id: str, profile: str, data: dict, options: di
                                                  section="control_draws", seed=seed)
     reasons += coverage_contract.grammar_shortfalls(claim_id, profile, data.get("extra", {}).get("grammar"))
     reasons += coverage_contract.symbolic_shortfalls(claim_id, profile, data.get("symbolic"))
+    reasons += coverage_contract.figure_shortfalls(claim_id, profile, data.get("figures"))
     data = {**data, "extra": {**data.get("extra", {}), "evidence_contract": {"checks": len(contract), "draw_groups": len(draws),
                                                                            "shortfalls": len(reasons)}}}
     data["inconclusive"] = list(data.get("inconclusive", [])) + reasons

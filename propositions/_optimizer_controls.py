@@ -364,6 +364,8 @@ SOURCE_EDITS.update({
                              "key = (classes[group_index], tuple(p.shape[-2:]), p.device)"),
     # a frame off the manifold with a non-finite step counted as skipped too
     "off_manifold_also_skipped": ("skipped = (bucket.on_manifold & ~bucket.finite).sum()", "skipped = (~bucket.finite).sum()"),
+    # the batch of an off-manifold refusal read as the first two axes: a (B, d, r) parameter's frame named by (b, i) of (B, d)
+    "off_manifold_message_batch_of_two_axes": ("batch = tuple(p.shape[:-2])", "batch = tuple(p.shape[:2])"),
     # the largest deviation of a parameter with no frames taken as 1 (off the manifold) instead of 0
     "zero_frame_parameter_refused": ("worst = float(residual.max()) if residual.numel() else 0.0",
                                      "worst = float(residual.max()) if residual.numel() else 1.0"),
@@ -375,10 +377,26 @@ CLIP_EDITS = {
     "clip_total_in_gradient_dtype": (
         "dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32",
         "dtype = None"),
+    # no gradient at all: the total returned as 1 instead of the documented 0
+    "clip_total_of_nothing_is_one": ("return torch.tensor(0.0)", "return torch.tensor(1.0)"),
     # a param group whose "params" is one tensor read row by row: rows have no .grad, so the group is neither counted nor clipped
     "clip_group_tensor_by_rows": (
         "members = [members] if isinstance(members, torch.Tensor) else list(members)",
         "members = list(members)"),
+}
+
+
+# Bugs inside torch_impl/functional.py's documented rules: name -> (the text of the source, the text written in its
+# place); the subject's `functional` becomes the edited copy of the module
+FUNCTIONAL_EDITS = {
+    # Delta^3 for Delta^2 in kappa: the drift bound a few per cent smaller than its docstring derives
+    "drift_bound_kappa_cubed": ("kappa = math.sqrt(1.0 + trust_radius**2)", "kappa = math.sqrt(1.0 + trust_radius**3)"),
+    # ||Sigma||^2 of a typical gradient taken as 2 r (r + 1): the route test made for fewer shapes than documented
+    "route_rule_sigma_four_times": ("gradient_sq, sigma_sq, square_norm = d * r, r * (r + 1) / 2, r**1.5 / math.sqrt(2.0)",
+                                    "gradient_sq, sigma_sq, square_norm = d * r, r * (r + 1) * 2, r**1.5 / math.sqrt(2.0)"),
+    # the Newton-Schulz count from the upper end's deviation measured from 2, not 1
+    "newton_schulz_count_from_two": ("deviations = [1.0 - low / scale, high / scale - 1.0]",
+                                     "deviations = [1.0 - low / scale, high / scale - 2.0]"),
 }
 
 
@@ -510,8 +528,12 @@ def broken_functions() -> dict:
             g.copy_((g.to(torch.float64).reshape(unit_finite.shape[0], -1) * scale[:, None]).reshape(g.shape).to(g.dtype))
         return total
 
+    import types
+
     return {
         **{name: ("clip", _quiet(edited("torch_impl.clipping", before, after, "clip_grad_norm_finite_"))) for name, (before, after) in CLIP_EDITS.items()},
+        **{name: ("functional", types.SimpleNamespace(**edited("torch_impl.functional", before, after, "__dict__")))
+           for name, (before, after) in FUNCTIONAL_EDITS.items()},
         "clip_beyond_its_bound": ("clip", clip_beyond_its_bound),
         "clip_ignores_norm_type": ("clip", clip_ignores_norm_type),
         "clip_norm_type_lost_when_masking": ("clip", clip_norm_type_lost_when_masking),

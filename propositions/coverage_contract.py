@@ -43,6 +43,12 @@ the seed-free terms above hold them loosely; at the same seed they reproduce, an
 tenfold or a key that lost one label (a few per cent fewer keys) falls short. The slack leaves room
 for a frame or two that another machine's rounding decides differently.
 
+A certificate's figures are held by their size: each series of a figure (a series' x values, or a
+figure's own) has at least as many points as it had at every seed the contract was written from,
+where those seeds all gave the same count (a count the code fixes: the steps a figure follows, the
+grid it plots); a figure or series missing is a shortfall too. The figures are what a reader of
+REPORT.md sees of a claim beyond its verdict, and a figure cut short shows less than it says.
+
 The symbolic tier is held by what it states: each step's description (which names the shapes it was
 derived at) that every seed gave must still be among the certificate's symbolic steps (a shape
 dropped from a derivation changes its description; a step removed is missing). The exact tier
@@ -172,6 +178,42 @@ def written_symbolic(certificates: list[dict]) -> list[str]:
     same at every seed)."""
     found = [{step.get("description") for step in (certificate.get("symbolic") or {}).get("steps") or []} for certificate in certificates]
     return sorted(set.intersection(*found) - {None}) if found else []
+
+
+def _figure_sizes(figures: dict | None) -> dict:
+    """{"figure" or "figure/series label": number of x values} of a certificate's figures."""
+    sizes = {}
+    for name, figure in (figures or {}).items():
+        if not isinstance(figure, dict):
+            continue
+        if isinstance(figure.get("x"), list):
+            sizes[name] = len(figure["x"])
+        for index, series in enumerate(figure.get("series") or []):
+            if isinstance(series, dict) and isinstance(series.get("x"), list):
+                sizes[f"{name}/{series.get('label', index)}"] = len(series["x"])
+    return sizes
+
+
+def written_figures(certificates: list[dict]) -> dict:
+    """The figures' contract of one profile and claim: each series whose size every seed gave alike."""
+    found = [_figure_sizes(certificate.get("figures")) for certificate in certificates]
+    if not found:
+        return {}
+    return {key: size for key, size in sorted(found[0].items()) if all(sizes.get(key) == size for sizes in found)}
+
+
+def figure_shortfalls(claim_id: str, profile: str, figures: dict | None, contract: dict | None = None) -> list[str]:
+    """Why a certificate's figures show fewer points than the contract's (empty: none)."""
+    contract = load_section("figures") if contract is None else contract
+    wanted = contract.get(profile, {}).get(claim_id) or {}
+    have = _figure_sizes(figures)
+    reasons = []
+    for key, size in wanted.items():
+        if key not in have:
+            reasons.append(f"coverage contract: the figure series {key!r} is missing")
+        elif have[key] < size:
+            reasons.append(f"coverage contract: the figure series {key!r} has {have[key]} points, fewer than {size}")
+    return reasons
 
 
 def symbolic_shortfalls(claim_id: str, profile: str, symbolic: dict | None, contract: dict | None = None) -> list[str]:
@@ -360,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{path}: profile {certificate['numerical'].get('profile')}, not {args.profile}")
             per_claim.setdefault(certificate["id"], []).append(certificate)
     profiles, draws, grammar, symbolic = load(), load_draws(), load_section("grammar"), load_section("symbolic")
-    control_draws = load_section("control_draws")
+    control_draws, figures = load_section("control_draws"), load_section("figures")
     complete = {claim_id: certificates for claim_id, certificates in sorted(per_claim.items()) if len(certificates) == len(args.dirs)}
     profiles[args.profile] = {claim_id: written(certificates) for claim_id, certificates in complete.items()}
     draws[args.profile] = {claim_id: written_draws(certificates) for claim_id, certificates in complete.items()}
@@ -368,9 +410,10 @@ def main(argv: list[str] | None = None) -> int:
                                    if (found := written_draws(certificates, "control_draw_keys"))}
     grammar[args.profile] = {claim_id: found for claim_id, certificates in complete.items() if (found := written_grammar(certificates))}
     symbolic[args.profile] = {claim_id: found for claim_id, certificates in complete.items() if (found := written_symbolic(certificates))}
+    figures[args.profile] = {claim_id: found for claim_id, certificates in complete.items() if (found := written_figures(certificates))}
     CONTRACT_FILE.write_text(json.dumps({"note": "written by python -m propositions.coverage_contract; see its docstring",
                                          "seeds": list(SEEDS), "profiles": profiles, "draws": draws, "grammar": grammar,
-                                         "symbolic": symbolic, "control_draws": control_draws},
+                                         "symbolic": symbolic, "control_draws": control_draws, "figures": figures},
                                         indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"{CONTRACT_FILE}: {args.profile}: {sum(len(c) for c in profiles[args.profile].values())} checks of "
           f"{len(profiles[args.profile])} claims")
@@ -381,5 +424,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["AT_SEED_SLACK", "CONTRACT_FILE", "RATIO_SLACK", "REACH_SLACK", "UNSTABLE_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "symbolic_shortfalls", "written_symbolic", "load", "load_draws", "load_section", "shortfalls",
+__all__ = ["AT_SEED_SLACK", "CONTRACT_FILE", "figure_shortfalls", "written_figures", "RATIO_SLACK", "REACH_SLACK", "UNSTABLE_SLACK", "SEEDS", "STABLE", "draw_shortfalls", "grammar_shortfalls", "symbolic_shortfalls", "written_symbolic", "load", "load_draws", "load_section", "shortfalls",
            "written", "written_draws", "written_grammar"]

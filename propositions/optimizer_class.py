@@ -335,6 +335,9 @@ class Subject:
     project: object = None
     name: str = REAL_OPTIMIZER
     kernel: object = None  # functional.stiefel_adam_step, whose sync_free route the promises part compares
+    # torch_impl.functional (or a namespace of its names): the rules its docstrings state (the route test of
+    # ||g||^2, the drift bound, the Newton-Schulz count) and polar_retract, which the promises part holds to them
+    functional: object = None
 
 
 def real_subject() -> Subject:
@@ -342,7 +345,7 @@ def real_subject() -> Subject:
     from torch_impl.functional import stiefel_adam_step, transported_moment
 
     return Subject(torch_impl.StiefelAdam, transported_moment, torch_impl.clip_grad_norm_finite_, torch_impl.stiefel_init_,
-                   torch_impl.stiefel_project_, kernel=stiefel_adam_step)
+                   torch_impl.stiefel_project_, kernel=stiefel_adam_step, functional=torch_impl.functional)
 
 
 def _overflow_exponent(dtype_name: str) -> int:
@@ -1304,6 +1307,16 @@ def _bad_tensors():
 NONFINITE_SETTINGS = (("lr", math.nan), ("eps", math.nan), ("weight_decay", math.nan), ("betas", (math.nan, 0.999)))
 
 
+def _names(error: BaseException, what) -> bool:
+    """Whether the message of `error` names `what` (a text, or a tuple of texts that must all occur), each as
+    a whole: not inside a longer word ("betas" is not named by "XXbetasXX", nor "lr" by "lr_typo")."""
+    import re
+
+    message = str(error)
+    texts = (what,) if isinstance(what, str) else tuple(what)
+    return all(re.search(rf"(?<![\w]){re.escape(text)}(?![\w])", message) for text in texts)
+
+
 def _later_refusals(subject, good):
     """(label, what the message must name, attempt) for refusals that come after the constructor: a setting
     made non-finite before a step, and a checkpoint that is not a StiefelAdam frame state of its parameter
@@ -1355,6 +1368,39 @@ def _later_refusals(subject, good):
 
     for key, value in NONFINITE_SETTINGS:
         yield f"nonfinite_{key}", key, nonfinite(key, value)
+
+    def overflow_first_step():
+        # docs/algorithm.md: "a finite gradient [that] overflows the compute dtype" is refused like any
+        # non-finite step; at the first step the parameter has no state yet
+        p = torch.nn.Parameter(good.to(torch.float32).clone())
+        optimizer = subject.optimizer_class([p], lr=0.01)
+        p.grad = torch.full_like(p, 1e30)
+        try:
+            optimizer.step()
+        except Exception as error:  # the kind of exception is what is checked
+            return error
+        return None
+
+    yield "nonfinite_step_of_finite_gradient", "params[0]", overflow_first_step
+
+    def off_in_batch(batch, index):
+        # a frame of a batched parameter moved off St(d, r) after the constructor: the refusal names which
+        # frame, by its coordinates in the batch, and the batch's shape
+        def attempt():
+            p = torch.nn.Parameter(good.expand(*batch, *good.shape).clone())
+            optimizer = subject.optimizer_class([p], lr=0.01)
+            with torch.no_grad():
+                p.view(-1, *good.shape)[index].mul_(2.0)
+            p.grad = torch.ones_like(p)
+            try:
+                optimizer.step()
+            except Exception as error:  # the kind of exception is what is checked
+                return error
+            return None
+        return attempt
+
+    yield "frame_off_in_batch", ("params[0]", "frame 2 of its (4,) frames"), off_in_batch((4,), 2)
+    yield "frame_off_in_batch_of_two_axes", ("params[0]", "frame (1, 2) of its (2, 3) frames"), off_in_batch((2, 3), 5)
     def off_without_state():
         # a frame that never stepped (no saved state) and was then changed off St(d, r): "Every frame that has
         # values is checked to be on St(d, r)" by load_state_dict
@@ -1374,7 +1420,8 @@ def _later_refusals(subject, good):
         return None
 
     yield "off_frame_without_state", "params[1]", off_without_state
-    yield "adam_state", "exp_avg_sq", loaded(adam_state)
+    # the message names the shape it found (torch.optim.Adam's exp_avg_sq has the parameter's, (2, d, r))
+    yield "adam_state", ("exp_avg_sq", f"shape {(2, *good.shape)}"), loaded(adam_state)
     yield "state_without_exp_avg_sq", "exp_avg_sq", loaded(without("exp_avg_sq"))
     yield "count_of_wrong_shape", "step", loaded(wrong_count)
 
@@ -1391,6 +1438,14 @@ def _public_refusals(subject):
             p.grad = torch.ones_like(p)
         return lambda: subject.clip([{"params": members, "manifold": "stiefel"}], max_norm)
 
+    from .optimizer_promises import DOCUMENTED
+
+    # an unknown option is refused naming it and every option the class takes (the documented table and the
+    # docstring's skip_nonfinite, retraction_method and manifold), each as a whole word
+    taken = (*DOCUMENTED, "skip_nonfinite", "retraction_method", "manifold")
+    yield "unknown_option", ("learning_rate", *taken), lambda: subject.optimizer_class(
+        [torch.nn.Parameter(torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0])],
+        learning_rate=0.01)
     yield "init_one_dimensional", "tensor", lambda: subject.init(torch.empty(5, dtype=torch.float64))
     yield "project_one_dimensional", "tensor", lambda: subject.project(torch.ones(5, dtype=torch.float64))
     yield "clip_one_dimensional_frame", "(..., d, r)", clipped([torch.nn.Parameter(torch.ones(5, dtype=torch.float64))], 1.0)
@@ -1435,15 +1490,16 @@ def refusal_part(ctx: Context) -> Evidence:
             if place == "euclidean_group" and name in FRAME_ONLY_SETTINGS:
                 continue
             error = _attempt(subject.optimizer_class, good, label, name, value, place)
-            ok = isinstance(error, ValueError) and name.split(":")[-1] in str(error)
+            ok = isinstance(error, ValueError) and _names(error, name.split(":")[-1])
             refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals"), seed=ctx.seed,
                         extra={"option": name, "value": repr(value) if label != "tensor" else name, "place": place,
                                "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
     for label, name, attempt in _later_refusals(subject, good):
         error = attempt()
-        ok = isinstance(error, ValueError) and name in str(error) and "param group 0" in str(error)
+        ok = isinstance(error, ValueError) and _names(error, name) and "param group 0" in str(error)
         refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=ctx.seed,
-                    extra={"option": name, "value": label, "place": "step" if label.startswith("nonfinite") else "load_state_dict",
+                    extra={"option": name if isinstance(name, str) else list(name), "value": label,
+                           "place": "step" if label.startswith(("nonfinite", "frame_")) else "load_state_dict",
                            "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
     for label, name, attempt in _public_refusals(subject):
         try:
@@ -1451,9 +1507,9 @@ def refusal_part(ctx: Context) -> Evidence:
             error = None
         except Exception as caught:  # the kind of exception is what is checked
             error = caught
-        ok = isinstance(error, ValueError) and name in str(error)
+        ok = isinstance(error, ValueError) and _names(error, name)
         refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=ctx.seed,
-                    extra={"option": name, "value": label, "place": "public function",
+                    extra={"option": name if isinstance(name, str) else list(name), "value": label, "place": "public function",
                            "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
     for name, value in FOREIGN_BENIGN:
         for place in ("constructor", "later_group"):
@@ -1619,7 +1675,12 @@ BAD_PAIRS = (("trust_radius", {"retraction_method": "newton_schulz", "trust_radi
 
 
 def _bad_cases():
+    import torch
+
     for name, value in FOREIGN_ASKING + BAD_SETTINGS:
+        yield "option", value, name
+    # only lr and eps may be tensors (docs/algorithm.md): the others enter the step as host numbers
+    for name, value in (("betas", (torch.tensor(0.9), 0.999)), ("trust_radius", torch.tensor(0.5)), ("weight_decay", torch.tensor(0.0))):
         yield "option", value, name
     for name, value in BAD_PAIRS:
         yield "pair", value, name
@@ -1791,6 +1852,19 @@ CONTROLS = {
                                         "elementwise exp_avg_sq) without refusing it", part="refusals"),
     "zero_frame_parameter_refused": ControlSpec("a parameter of zero frames (shape (0, d, r)) is taken as off the manifold and "
                                                 "refused", part="refusals"),
+    "off_manifold_message_batch_of_two_axes": ControlSpec("the refusal of a frame off St(d, r) reads the batch as the parameter's "
+                                                          "first two axes: a (B, d, r) parameter's frame is named by wrong "
+                                                          "coordinates of a wrong batch", part="refusals"),
+    "clip_total_of_nothing_is_one": ControlSpec("clip_grad_norm_finite_ over parameters none of which has a gradient returns 1, not the "
+                                                "documented 0 (torch's)", part="promises", promise="edges"),
+    "drift_bound_kappa_cubed": ControlSpec("frame_drift_bound takes kappa = sqrt(1 + Delta^3) for its docstring's sqrt(1 + Delta^2): "
+                                           "a bound a few per cent off, within every rounding bound of the step", part="promises",
+                                           promise="constants"),
+    "newton_schulz_count_from_two": ControlSpec("newton_schulz_iterations measures the upper end's deviation from 2, not 1: another "
+                                                "iteration count, the iteration still converging", part="promises", promise="constants"),
+    "route_rule_sigma_four_times": ControlSpec("gram_identity_worth_testing takes ||Sigma||^2 of a typical gradient as 2 r (r + 1), "
+                                               "not r (r + 1) / 2: the route test made at fewer shapes than documented (both routes "
+                                               "within the bounds)", part="promises", promise="route"),
     "clip_beyond_its_bound": ControlSpec("clip_grad_norm_finite_ off by 30 times the clip check's own bound: a sentinel that holds "
                                          "the bound to its stated size (loosened by ten, it lets the sentinel through)", feature="clip_step"),
     "clip_ignores_norm_type": ControlSpec("clip_grad_norm_finite_ forms the 2-norm total whatever norm_type asks", part="promises",

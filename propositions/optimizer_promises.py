@@ -169,6 +169,21 @@ def _checks() -> dict:
         "meta": NumericalCheck("promise/meta_parameter_refused", "step() over a parameter on the meta device, in a frame group and in a "
                                "manifold='euclidean' group, with and without a gradient, beside one with values: a ValueError that names the "
                                "meta device (0; inf otherwise)", "exact: the documented refusal", tightness_note="an exact equality: 0 by design"),
+        "route": NumericalCheck("promise/route_test_as_documented", "gram_identity_worth_testing and gradient_norm_squared (both "
+                                "routes) probed 1e-10 of the test's terms below and above their own threshold of drift / u, computed in "
+                                "50 digits from the terms their docstrings document, on nine shapes and on frames whose gradients go from "
+                                "mostly tangent to mostly normal: the identity taken exactly where documented (0; inf otherwise)",
+                                "exact: the documented rule, probed where the code's rounding cannot decide it otherwise (module constants)",
+                                tightness_note="an exact equality: 0 by design"),
+        "constants": NumericalCheck("promise/derived_constants", "frame_drift_bound against its docstring's formula (every dtype, "
+                                    "trust_radius 0.25 to 1, relative difference), and newton_schulz_iterations against the fewest "
+                                    "iterations of the exact quintic map from the documented interval (60 digits) and the counts "
+                                    "docs/algorithm.md quotes (0; inf otherwise)", "32 u_64: the same dozen positive terms in another order "
+                                    "(the counts exact)", tightness_note="an exact equality up to the order of a sum"),
+        "edges": NumericalCheck("promise/edge_inputs", "clip_grad_norm_finite_ without any gradient (total 0 as torch's, nothing "
+                                "touched), polar_retract of a batch of no frames on both routes, and stiefel_adam_step with int64 and "
+                                "float32 counts against float64 ones, two steps, every dtype (ulps; inf if refused or different)", EXACT,
+                                tightness_note="an exact equality: 0 by design"),
         "zero_grad": NumericalCheck("promise/zero_grad_sets_none", "zero_grad() with no argument leaves .grad None, and the next step leaves "
                                     "the parameter untouched (0; inf otherwise)", "exact: torch.optim.Optimizer.zero_grad's default",
                                     tightness_note="an exact equality: 0 by design"),
@@ -769,10 +784,261 @@ def zero_grad_sets_none(subject, check, seed: int) -> None:
               extra={"grad_is_none": none, "ulps_moved_by_the_next_step": moved})
 
 
+# --------------------------------------------------------------------------------------------
+# The rules torch_impl/functional.py's docstrings state, and its calls on empty and integer input
+# --------------------------------------------------------------------------------------------
+
+# (d, r) of the route test's rule: r small against d (the test runs for typical gradients), r not small
+# (it never runs), r = 1, and d r^2 = 2^20 (it always runs, whatever the drift)
+RULE_SHAPES = ((6, 1), (16, 2), (64, 2), (128, 4), (32, 8), (200, 3), (20, 10), (16, 16), (4096, 16))
+# frames whose route is probed on each side of their own threshold, per shape (float64)
+ROUTE_SHAPES = ((16, 2), (64, 2), (32, 4))
+ROUTE_FRAMES = 12
+# the probes sit this far (relative to the test's terms R + E) from the threshold: far above the float64
+# evaluation of the test's terms ((d r + 10) u per term, under 1e-13 here), far below any change of a constant
+PROBE_SHARE = 1e-10
+# the frames' own defect ||W^T W - I||_F: the identity and the explicit ||g||^2 then differ by <D, Sigma^2>, about
+# 1e-3 ||Sigma||^2, so which of the two a call returned is read off its value
+ROUTE_DEFECT = 1e-3
+DRIFT_RADII = (0.25, 0.5, 0.75, 1.0)
+DRIFT_SHAPES = ((6, 1), (8, 4), (40, 5), (64, 32))
+# the drift bound evaluated by the check and by the code: a dozen positive terms each, in another order: at
+# most 12 u_64 apart each, relative
+DRIFT_EVALUATION = 32 * UNIT["float64"]
+NEWTON_SCHULZ_RADII = (0.05, 0.25, 0.5, 0.6, 0.75)
+
+
+def _documented_route_rule(d: int, r: int, drift_per_u: float) -> tuple[float, float, float]:
+    """gram_identity_worth_testing's docstring: the test of gradient_norm_squared's docstring at ||G~||^2 = d r,
+    ||Sigma||^2 = r (r + 1) / 2, ||Sigma^2||_F = r^1.5 / sqrt(2), in 50 digits: (R, E, Q) with the rule
+    R + drift_per_u Q <= E (R the identity's rounding terms, E the explicit route's, in units of u)."""
+    import mpmath
+
+    with mpmath.workdps(50):
+        gradient_sq, sigma_sq = mpmath.mpf(d * r), mpmath.mpf(r * (r + 1)) / 2
+        square_norm = mpmath.mpf(r) ** 1.5 / mpmath.sqrt(2)
+        identity = gradient_sq - sigma_sq
+        cross = mpmath.sqrt(sigma_sq * gradient_sq)
+        rounding = (d * r + 3) * gradient_sq + 2 * (d + 2) * mpmath.sqrt(r) * cross + (r * r + 3) * sigma_sq + abs(identity)
+        explicit = d * r * identity + 2 * (d + r + 2) * mpmath.sqrt(r) * mpmath.sqrt(max(identity, 0) * gradient_sq)
+        return float(rounding), float(explicit), float(square_norm)
+
+
+def _documented_worth_testing(d: int, r: int, drift_per_u: float) -> bool:
+    if d * r * r >= 2**20:  # "wherever one product costs more than the test (d r^2 >= GRAM_IDENTITY_MIN_PRODUCT)"
+        return True
+    if d * r <= r * (r + 1) / 2:  # ||g||^2 of a typical gradient is 0: nothing to test
+        return False
+    rounding, explicit, square_norm = _documented_route_rule(d, r, drift_per_u)
+    return rounding + drift_per_u * square_norm <= explicit
+
+
+def route_test_as_documented(subject, check, seed: int) -> None:
+    """gradient_norm_squared takes the Gram identity for a frame exactly where its docstring's test says, and
+    gram_identity_worth_testing makes the test exactly where its docstring's rule says: each probed on both
+    sides of its own threshold of drift_per_u (the drift bound over u), the threshold computed here in 50
+    digits from the documented terms."""
+    import torch
+
+    from propositions.kit.common import rng_for
+
+    functional = subject.functional
+    for d, r in RULE_SHAPES:
+        rounding, explicit, square_norm = _documented_route_rule(d, r, 0.0)
+        threshold = (explicit - rounding) / square_norm
+        probes = [0.0, 1e30] if d * r * r >= 2**20 or threshold <= 0 else \
+            [threshold - PROBE_SHARE * (rounding + explicit) / square_norm, threshold + PROBE_SHARE * (rounding + explicit) / square_norm]
+        for drift_per_u in probes:
+            expected = _documented_worth_testing(d, r, drift_per_u)
+            try:
+                got = bool(functional.gram_identity_worth_testing(d, r, drift_per_u))
+                raised = None
+            except Exception as error:  # a rule that cannot be evaluated fails the check
+                got, raised = None, f"{type(error).__name__}: {error}"
+            check.add([0.0 if got == expected else math.inf], 0.5, shape=(d, r), key=("promise", "worth_testing", d, r), seed=seed,
+                      extra={"rule": "gram_identity_worth_testing", "drift_per_u": drift_per_u, "threshold": threshold,
+                             "documented": expected, "returned": got, "raised": raised})
+        check.cover("worth_testing", "always" if d * r * r >= 2**20 else "never" if threshold <= 0 else "below a drift")
+    u = UNIT["float64"]
+    for d, r in ROUTE_SHAPES:
+        rng = rng_for(seed, "optimizer", "route_rule", d, r)
+        Q = np.linalg.qr(rng.standard_normal((ROUTE_FRAMES, d, r)))[0]
+        D = rng.standard_normal((ROUTE_FRAMES, r, r))
+        D = D + np.swapaxes(D, -1, -2)
+        D *= (ROUTE_DEFECT / np.linalg.norm(D, axis=(-2, -1)))[:, None, None]
+        lam, V = np.linalg.eigh(D)
+        W = Q @ ((V * np.sqrt(1.0 + lam)[:, None, :]) @ np.swapaxes(V, -1, -2))  # W^T W = I + D
+        # gradients from mostly tangent to mostly normal: W (skew + share * sym) + normal part
+        share = np.linspace(0.0, 3.0, ROUTE_FRAMES)
+        A = rng.standard_normal((ROUTE_FRAMES, r, r))
+        normal = rng.standard_normal((ROUTE_FRAMES, d, r))
+        normal -= Q @ (np.swapaxes(Q, -1, -2) @ normal)
+        G = W @ (A - np.swapaxes(A, -1, -2) + share[:, None, None] * (A + np.swapaxes(A, -1, -2))) + normal
+        for index in range(ROUTE_FRAMES):
+            w, g = W[index], G[index]
+            sigma = 0.5 * (w.T @ g + g.T @ w)
+            gradient_norm, sigma_norm = np.linalg.norm(g), np.linalg.norm(sigma)
+            identity = gradient_norm**2 - sigma_norm**2
+            exact_explicit = np.linalg.norm(g - w @ sigma) ** 2
+            rounding = (d * r + 3) * gradient_norm**2 + 2 * (d + 2) * math.sqrt(r) * sigma_norm * gradient_norm + (r * r + 3) * sigma_norm**2 + abs(identity)
+            explicit = d * r * identity + 2 * (d + r + 2) * math.sqrt(r) * math.sqrt(max(identity, 0.0)) * gradient_norm
+            square = np.linalg.norm(sigma @ sigma)
+            if explicit <= rounding:  # the identity is never taken for this frame: probe at no drift
+                probes = [0.0]
+            else:
+                threshold = (explicit - rounding) / square
+                probes = [threshold - PROBE_SHARE * (rounding + explicit) / square, threshold + PROBE_SHARE * (rounding + explicit) / square]
+            for drift_per_u in probes:
+                # the docstring: the coarse test with ||Sigma||^2, then (where the identity's terms are below the explicit
+                # route's) the sharper one with ||Sigma^2||_F; inside the shapes worth testing at that drift
+                takes = _documented_worth_testing(d, r, drift_per_u) and (
+                    rounding + drift_per_u * sigma_norm**2 <= explicit or (rounding < explicit and rounding + drift_per_u * square <= explicit))
+                for sync_free in (False, True):
+                    tensors = [torch.tensor(x[None]) for x in (w, g, w.T @ g)]
+                    try:
+                        value = float(functional.gradient_norm_squared(*tensors, drift_per_u * u, sync_free)[0])
+                        took = abs(value - identity) < abs(value - exact_explicit)
+                        raised = None
+                    except Exception as error:  # a call that fails fails the check
+                        took, raised = None, f"{type(error).__name__}: {error}"
+                    check.add([0.0 if took == takes else math.inf], 0.5, shape=(d, r), key=("promise", "route", d, r, index), seed=seed,
+                              extra={"rule": "gradient_norm_squared", "frame": index, "drift_per_u": drift_per_u, "sync_free": sync_free,
+                                     "documented_identity": takes, "returned_identity": took, "raised": raised})
+                    check.cover("route", "identity" if takes else "explicit")
+                    check.cover("sync_free", sync_free)
+
+
+def _documented_drift_bound(d: int, r: int, dtype_name: str, trust_radius: float) -> float:
+    """frame_drift_bound's docstring: (d (r + Delta^2) + (2 kappa + 7) r^1.5 + sqrt(r)) u_c + 2 sqrt(r) u_s, kappa =
+    sqrt(1 + Delta^2), on the Newton-Schulz route (trust_radius <= 0.75); inf on the eigh route."""
+    if trust_radius > 0.75:
+        return math.inf
+    u_c, u_s = UNIT["float64" if dtype_name == "float64" else "float32"], UNIT[dtype_name]
+    kappa = math.sqrt(1.0 + trust_radius * trust_radius)
+    return (d * (r + trust_radius * trust_radius) + (2.0 * kappa + 7.0) * r * math.sqrt(r) + math.sqrt(r)) * u_c + 2.0 * math.sqrt(r) * u_s
+
+
+def _documented_newton_schulz_count(trust_radius: float, dtype_name: str, allowance: float) -> tuple[int, float]:
+    """newton_schulz_iterations' docstring: the fewest iterations of the exact scalar map x -> x p(x)^2,
+    p(x) = 15/8 - 5/4 x + 3/8 x^2, that bring both ends of [(sqrt(1 - a) - Delta)^2, (sqrt(1 + a) + Delta)^2]
+    divided by its midpoint within u of 1, in 60 digits; and how close the last deviation came to u (the ratio,
+    to leave out a count that the code's float64 evaluation could decide either way)."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        low = (mpmath.sqrt(1 - mpmath.mpf(allowance)) - mpmath.mpf(trust_radius)) ** 2
+        high = (mpmath.sqrt(1 + mpmath.mpf(allowance)) + mpmath.mpf(trust_radius)) ** 2
+        ends = [low * 2 / (low + high), high * 2 / (low + high)]
+        target = mpmath.mpf(UNIT[dtype_name])
+        for count in range(1, 16):
+            ends = [x * (mpmath.mpf(15) / 8 - mpmath.mpf(5) / 4 * x + mpmath.mpf(3) / 8 * x * x) ** 2 for x in ends]
+            worst = max(abs(1 - x) for x in ends)
+            if worst <= target:
+                return count, float(worst / target)
+    raise AssertionError("the quintic map does not converge from the documented interval")
+
+
+def derived_constants(subject, check, seed: int) -> None:
+    """frame_drift_bound and newton_schulz_iterations against the formulas their docstrings derive, evaluated
+    here (u from the IEEE formats), and the counts docs/algorithm.md quotes (5 in float64, 4 in float32 at
+    Delta = 0.5)."""
+    import torch
+
+    functional = subject.functional
+    for d, r in DRIFT_SHAPES:
+        for dtype_name in DTYPES:
+            for radius in DRIFT_RADII:
+                documented = _documented_drift_bound(d, r, dtype_name, radius)
+                try:
+                    returned = float(functional.frame_drift_bound(d, r, getattr(torch, dtype_name), radius, "auto"))
+                    raised = None
+                except Exception as error:  # a bound that cannot be evaluated fails the check
+                    returned, raised = math.nan, f"{type(error).__name__}: {error}"
+                relative = (0.0 if returned == documented else math.inf) if math.isinf(documented) else abs(returned - documented) / documented
+                check.add([relative], DRIFT_EVALUATION, shape=(d, r), key=("promise", "drift_bound", dtype_name, radius), seed=seed,
+                          extra={"constant": "frame_drift_bound", "dtype": dtype_name, "trust_radius": radius, "documented": documented,
+                                 "returned": returned, "raised": raised})
+                check.cover("dtype", dtype_name)
+    allowance = float(functional.DRIFT_ALLOWANCE)
+    quoted = {("float64", 0.5): 5, ("float32", 0.5): 4}
+    for dtype_name in ("float64", "float32"):  # the compute dtypes
+        for radius in NEWTON_SCHULZ_RADII:
+            count, closeness = _documented_newton_schulz_count(radius, dtype_name, allowance)
+            if abs(closeness - 1.0) < 1e-6:  # the last deviation is u itself, up to the code's rounding: undecided
+                continue
+            try:
+                returned = int(functional.newton_schulz_iterations(radius, getattr(torch, dtype_name)))
+                raised = None
+            except Exception as error:  # a count that cannot be evaluated fails the check
+                returned, raised = None, f"{type(error).__name__}: {error}"
+            right = returned == count and quoted.get((dtype_name, radius), count) == count
+            check.add([0.0 if right else math.inf], DRIFT_EVALUATION, key=("promise", "newton_schulz", dtype_name, radius), seed=seed,
+                      extra={"constant": "newton_schulz_iterations", "dtype": dtype_name, "trust_radius": radius, "documented": count,
+                             "quoted": quoted.get((dtype_name, radius)), "returned": returned, "raised": raised})
+            check.reach("trust_radius", [radius])
+
+
+def edge_inputs(subject, check, seed: int) -> None:
+    """Calls at the edges of what the public functions take: clip_grad_norm_finite_ over parameters none of
+    which has a gradient (documented: the total is 0, as torch.nn.utils.clip_grad_norm_'s, a float32 0-d tensor,
+    and nothing is touched); polar_retract of a batch of no frames, on both routes (an empty batch back); and
+    stiefel_adam_step with its per-frame count t as an int64 or a float32 tensor, against the float64 tensor of
+    the same counts, two steps, bit for bit (t is "a tensor of shape (...)", of any dtype that holds the counts)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(_frames(torch, (2, 5, 2), torch.float64, generator)), torch.nn.Parameter(torch.ones(3, dtype=torch.float32))]
+    before = [p.detach().clone() for p in params]
+    try:
+        total = subject.clip(params, 1.0)
+        reference = torch.nn.utils.clip_grad_norm_([p.detach().clone().requires_grad_() for p in params], 1.0)
+        right = (torch.is_tensor(total) and total.dim() == 0 and total.dtype == reference.dtype and float(total) == float(reference)
+                 and all(p.grad is None and torch.equal(p.detach(), b) for p, b in zip(params, before)))
+        raised = None
+    except Exception as error:  # refusing a valid call fails the check
+        right, raised = False, f"{type(error).__name__}: {error}"
+    check.add([0.0 if right else math.inf], 0.5, key=("promise", "edge", "clip_without_gradients"), seed=seed,
+              extra={"call": "clip_grad_norm_finite_ without gradients", "raised": raised})
+    check.cover("edge", "clip_without_gradients")
+    for radius in (0.5, 1.0):
+        W = torch.empty(0, 6, 2, dtype=torch.float64)
+        try:
+            out = subject.functional.polar_retract(W, torch.zeros_like(W), radius)
+            right, raised = tuple(out.shape) == (0, 6, 2), None
+        except Exception as error:  # refusing an empty batch fails the check
+            right, raised = False, f"{type(error).__name__}: {error}"
+        check.add([0.0 if right else math.inf], 0.5, key=("promise", "edge", "retract_empty", radius), seed=seed,
+                  extra={"call": f"polar_retract of (0, 6, 2) at trust_radius {radius}", "raised": raised})
+        check.cover("edge", f"retract_empty_{radius}")
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        W = _frames(torch, (3, 6, 2), dtype, generator)
+        gradients = [torch.randn(W.shape, generator=generator, dtype=torch.float64).to(dtype) for _ in range(2)]
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        runs = {}
+        for count_dtype in (torch.float64, torch.int64, torch.float32):
+            w, m, v, t = W.clone(), torch.zeros(W.shape, dtype=work), torch.zeros(W.shape[:-2], dtype=work), torch.zeros(W.shape[:-2], dtype=count_dtype)
+            try:
+                for G in gradients:
+                    w, m, v = subject.kernel(w, G, m, v, t, 0.05)
+                    t = t + 1
+                runs[count_dtype] = (w, m, v)
+            except Exception as error:  # a count the docstring allows that the call refuses fails the check
+                runs[count_dtype] = f"{type(error).__name__}: {error}"
+        for count_dtype in (torch.int64, torch.float32):
+            got, want = runs[count_dtype], runs[torch.float64]
+            residual = max(_ulps(a, b) for a, b in zip(got, want)) if not isinstance(got, str) and not isinstance(want, str) else math.inf
+            check.add([residual], 0.5, key=("promise", "edge", "count_dtype", dtype_name, str(count_dtype)), seed=seed,
+                      extra={"call": f"stiefel_adam_step with t a {count_dtype} tensor", "dtype": dtype_name,
+                             "raised": got if isinstance(got, str) else None})
+            check.cover("count_dtype", str(count_dtype).replace("torch.", ""))
+
+
 PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "kernel": class_is_kernel,
             "tolerance": tolerance_decides, "named": named_parameters, "older": older_checkpoint_defaults,
             "defaults": documented_defaults, "pickle": pickle_round_trip, "scheduler": scheduler_sees_step,
-            "mixed": mixed_dtypes, "counts": counts_each_frame_once, "gap": joined_states_with_gap, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none}
+            "mixed": mixed_dtypes, "counts": counts_each_frame_once, "gap": joined_states_with_gap, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none,
+            "route": route_test_as_documented, "constants": derived_constants, "edges": edge_inputs}
 # the checks each promise's run fills, where it fills more than the one of its own key
 FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 

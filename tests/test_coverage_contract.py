@@ -265,3 +265,24 @@ def test_at_a_seed_the_contract_was_written_from_its_own_counts_and_bounds_are_h
     assert cc.draw_shortfalls("P9", "quick", {"P9/gradient": 3079}, draws, seed=0) == []
     assert cc.draw_shortfalls("P9", "quick", {"P9/gradient": 2996}, draws, seed=0)
     assert cc.draw_shortfalls("P9", "quick", {"P9/gradient": 2996}, draws, seed=7) == []
+
+
+def test_a_figure_cut_short_or_missing_falls_short():
+    """The figures' term: a series with fewer points than every seed gave, or a series gone, is a shortfall;
+    a figure whose size moves from seed to seed is not contracted."""
+    from propositions.coverage_contract import figure_shortfalls, written_figures
+
+    def figure(points, label="decay"):
+        return {"weight_norm": {"kind": "line", "series": [{"label": label, "x": list(range(points)), "y": [0.0] * points}]},
+                "scan": {"kind": "line", "x": list(range(points // 2)), "y": [0.0] * (points // 2)}}
+
+    seeds = [{"figures": figure(101)}, {"figures": figure(101)}, {"figures": {**figure(101), "scan": {"x": [0.0], "y": [0.0]}}}]
+    contract = {"default": {"P5": written_figures(seeds)}}
+    assert contract["default"]["P5"] == {"weight_norm/decay": 101}
+    assert figure_shortfalls("P5", "default", figure(101), contract) == []
+    assert figure_shortfalls("P5", "default", figure(120), contract) == []
+    assert figure_shortfalls("P5", "default", figure(51), contract) == [
+        "coverage contract: the figure series 'weight_norm/decay' has 51 points, fewer than 101"]
+    assert figure_shortfalls("P5", "default", figure(101, label="other"), contract) == [
+        "coverage contract: the figure series 'weight_norm/decay' is missing"]
+    assert figure_shortfalls("P5", "quick", figure(51), contract) == []

@@ -34,6 +34,10 @@ CAUGHT_BY = {
     "buckets_ignore_dtype": "promise/mixed_dtypes",
     "off_manifold_also_skipped": "promise/counts_each_frame_once",
     "joined_view_ignores_gap": "promise/joined_states_with_gap",
+    "clip_total_of_nothing_is_one": "promise/edge_inputs",
+    "drift_bound_kappa_cubed": "promise/derived_constants",
+    "newton_schulz_count_from_two": "promise/derived_constants",
+    "route_rule_sigma_four_times": "promise/route_test_as_documented",
 }
 
 
