@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 import reference_impl as ref
-from propositions._common import NumericalCheck, rng_for
+from propositions._common import NumericalCheck, rng_for, stop_at_detection
 from propositions.kit import step_analysis
 from propositions.kit.kernel_bounds import kernel_inputs, reference_moment, step_error_bound, transport_roundoff
 from propositions.kit.protocol import Claim, Context, Control, Evidence, Part, Symbolic
@@ -1369,19 +1369,26 @@ def _later_refusals(subject, good):
     for key, value in NONFINITE_SETTINGS:
         yield f"nonfinite_{key}", key, nonfinite(key, value)
 
-    def overflow_first_step():
+    def overflow(after: int):
         # docs/algorithm.md: "a finite gradient [that] overflows the compute dtype" is refused like any
-        # non-finite step; at the first step the parameter has no state yet
-        p = torch.nn.Parameter(good.to(torch.float32).clone())
-        optimizer = subject.optimizer_class([p], lr=0.01)
-        p.grad = torch.full_like(p, 1e30)
-        try:
-            optimizer.step()
-        except Exception as error:  # the kind of exception is what is checked
-            return error
-        return None
+        # non-finite step: at the first step (the parameter has no state yet) and after `after` steps
+        def attempt():
+            p = torch.nn.Parameter(good.to(torch.float32).clone())
+            optimizer = subject.optimizer_class([p], lr=0.01)
+            for _ in range(after):
+                p.grad = torch.ones_like(p)
+                optimizer.step()
+            p.grad = torch.full_like(p, 1e30)
+            try:
+                optimizer.step()
+            except Exception as error:  # the kind of exception is what is checked
+                return error
+            return None
+        return attempt
 
-    yield "nonfinite_step_of_finite_gradient", "params[0]", overflow_first_step
+    # the message says that the step overflowed, not another cause (its stored moments are finite)
+    yield "nonfinite_step_of_finite_gradient", ("params[0]", "overflowed"), overflow(0)
+    yield "nonfinite_later_step_of_finite_gradient", ("params[0]", "overflowed"), overflow(2)
 
     def off_in_batch(batch, index):
         # a frame of a batched parameter moved off St(d, r) after the constructor: the refusal names which
@@ -1399,6 +1406,7 @@ def _later_refusals(subject, good):
             return None
         return attempt
 
+    yield "frame_off", ("params[0]", "its frame"), off_in_batch((), 0)
     yield "frame_off_in_batch", ("params[0]", "frame 2 of its (4,) frames"), off_in_batch((4,), 2)
     yield "frame_off_in_batch_of_two_axes", ("params[0]", "frame (1, 2) of its (2, 3) frames"), off_in_batch((2, 3), 5)
     def off_without_state():
@@ -1424,6 +1432,8 @@ def _later_refusals(subject, good):
     yield "adam_state", ("exp_avg_sq", f"shape {(2, *good.shape)}"), loaded(adam_state)
     yield "state_without_exp_avg_sq", "exp_avg_sq", loaded(without("exp_avg_sq"))
     yield "count_of_wrong_shape", "step", loaded(wrong_count)
+    # a saved moment that is not a tensor: the message names the type it found
+    yield "moment_not_a_tensor", ("exp_avg", "list"), loaded(lambda saved, p: saved["state"][0].__setitem__("exp_avg", [0.0]))
 
 
 def _public_refusals(subject):
@@ -1464,10 +1474,71 @@ def _zero_frames_step(subject, good) -> None:
         raise ValueError(f"the empty parameter became {tuple(empty.shape)}")
 
 
-def refusal_part(ctx: Context) -> Evidence:
-    """Every bad option and tensor at every place must raise ValueError naming it; every benign option is accepted."""
+def _fill_refusals(subject, seed: int, refused: NumericalCheck, accepted: NumericalCheck) -> None:
+    """The refusal part's cases, each added to `refused` or `accepted`."""
     import torch
 
+    good = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
+    for label, value, name in _bad_cases():
+        for place in ("constructor", "first_group", "later_group", "add_param_group", "euclidean_group"):
+            if label == "tensor" and place in ("constructor", "euclidean_group"):
+                continue
+            if place == "euclidean_group" and name in FRAME_ONLY_SETTINGS:
+                continue
+            error = _attempt(subject.optimizer_class, good, label, name, value, place)
+            ok = isinstance(error, ValueError) and _names(error, name.split(":")[-1])
+            refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals"), seed=seed,
+                        extra={"option": name, "value": repr(value) if label != "tensor" else name, "place": place,
+                               "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
+    for label, name, attempt in _later_refusals(subject, good):
+        error = attempt()
+        ok = isinstance(error, ValueError) and _names(error, name) and "param group 0" in str(error)
+        refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=seed,
+                    extra={"option": name if isinstance(name, str) else list(name), "value": label,
+                           "place": "step" if label.startswith(("nonfinite", "frame_")) else "load_state_dict",
+                           "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
+    for label, name, attempt in _public_refusals(subject):
+        try:
+            attempt()
+            error = None
+        except Exception as caught:  # the kind of exception is what is checked
+            error = caught
+        ok = isinstance(error, ValueError) and _names(error, name)
+        refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=seed,
+                    extra={"option": name if isinstance(name, str) else list(name), "value": label, "place": "public function",
+                           "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
+    for name, value in FOREIGN_BENIGN:
+        for place in ("constructor", "later_group"):
+            error = _attempt(subject.optimizer_class, good, "option", name, value, place)
+            accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "benign"), seed=seed,
+                         extra={"option": name, "value": repr(value), "place": place,
+                                "raised": None if error is None else f"{type(error).__name__}: {error}"})
+    # a param group may carry the user's own keys, as in torch.optim; a parameter of zero frames is a frame parameter
+    for label, make in (("user_key_in_group", lambda: subject.optimizer_class([{"params": [torch.nn.Parameter(good.clone())], "name": "attention"}])),
+                        ("user_key_in_added_group", lambda: subject.optimizer_class([torch.nn.Parameter(good.clone())]).add_param_group(
+                            {"params": [torch.nn.Parameter(good.clone())], "name": "late"})),
+                        ("zero_frames", lambda: _zero_frames_step(subject, good))):
+        try:
+            make()
+            error = None
+        except Exception as raised:  # refusing what torch.optim accepts is the failure this records
+            error = raised
+        accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, label), seed=seed,
+                     extra={"case": label, "raised": None if error is None else f"{type(error).__name__}: {error}"})
+    for dtype in ("float64", "float32", "bfloat16"):  # what users initialise frames with is a frame, in every dtype
+        try:
+            frames = subject.init(torch.empty(4, 9, 3, dtype=getattr(torch, dtype)), generator=torch.Generator().manual_seed(seed))
+            subject.optimizer_class([torch.nn.Parameter(frames)])
+            error = None
+        except Exception as raised:  # refusing a stiefel_init_ frame is the failure this records
+            error = raised
+        accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "stiefel_init"), seed=seed,
+                     extra={"tensor": f"stiefel_init_ (4, 9, 3) {dtype}", "raised": None if error is None else f"{type(error).__name__}: {error}"})
+
+
+def refusal_part(ctx: Context, stop: bool = False) -> Evidence:
+    """Every bad option and tensor at every place must raise ValueError naming it; every benign option is accepted.
+    stop: a control's run, which ends at its first detection (kit.common.stop_at_detection)."""
     subject = _subject(ctx.optimizer)
     refused = NumericalCheck("bad_options_refused", "each foreign option asking for something, bad setting (alone, or retraction_method "
                              "'newton_schulz' beyond its basin, trust_radius 2; or made non-finite after the constructor, refused at the "
@@ -1482,62 +1553,8 @@ def refusal_part(ctx: Context) -> Evidence:
                               "(stepped), and stiefel_init_ frames of every dtype: accepted (0; inf if refused)",
                               "exact: the documented acceptance",
                               tightness_note="an exact equality: 0 by design")
-    good = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
-    for label, value, name in _bad_cases():
-        for place in ("constructor", "first_group", "later_group", "add_param_group", "euclidean_group"):
-            if label == "tensor" and place in ("constructor", "euclidean_group"):
-                continue
-            if place == "euclidean_group" and name in FRAME_ONLY_SETTINGS:
-                continue
-            error = _attempt(subject.optimizer_class, good, label, name, value, place)
-            ok = isinstance(error, ValueError) and _names(error, name.split(":")[-1])
-            refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals"), seed=ctx.seed,
-                        extra={"option": name, "value": repr(value) if label != "tensor" else name, "place": place,
-                               "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
-    for label, name, attempt in _later_refusals(subject, good):
-        error = attempt()
-        ok = isinstance(error, ValueError) and _names(error, name) and "param group 0" in str(error)
-        refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=ctx.seed,
-                    extra={"option": name if isinstance(name, str) else list(name), "value": label,
-                           "place": "step" if label.startswith(("nonfinite", "frame_")) else "load_state_dict",
-                           "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
-    for label, name, attempt in _public_refusals(subject):
-        try:
-            attempt()
-            error = None
-        except Exception as caught:  # the kind of exception is what is checked
-            error = caught
-        ok = isinstance(error, ValueError) and _names(error, name)
-        refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=ctx.seed,
-                    extra={"option": name if isinstance(name, str) else list(name), "value": label, "place": "public function",
-                           "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
-    for name, value in FOREIGN_BENIGN:
-        for place in ("constructor", "later_group"):
-            error = _attempt(subject.optimizer_class, good, "option", name, value, place)
-            accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "benign"), seed=ctx.seed,
-                         extra={"option": name, "value": repr(value), "place": place,
-                                "raised": None if error is None else f"{type(error).__name__}: {error}"})
-    # a param group may carry the user's own keys, as in torch.optim; a parameter of zero frames is a frame parameter
-    for label, make in (("user_key_in_group", lambda: subject.optimizer_class([{"params": [torch.nn.Parameter(good.clone())], "name": "attention"}])),
-                        ("user_key_in_added_group", lambda: subject.optimizer_class([torch.nn.Parameter(good.clone())]).add_param_group(
-                            {"params": [torch.nn.Parameter(good.clone())], "name": "late"})),
-                        ("zero_frames", lambda: _zero_frames_step(subject, good))):
-        try:
-            make()
-            error = None
-        except Exception as raised:  # refusing what torch.optim accepts is the failure this records
-            error = raised
-        accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, label), seed=ctx.seed,
-                     extra={"case": label, "raised": None if error is None else f"{type(error).__name__}: {error}"})
-    for dtype in ("float64", "float32", "bfloat16"):  # what users initialise frames with is a frame, in every dtype
-        try:
-            frames = subject.init(torch.empty(4, 9, 3, dtype=getattr(torch, dtype)), generator=torch.Generator().manual_seed(ctx.seed))
-            subject.optimizer_class([torch.nn.Parameter(frames)])
-            error = None
-        except Exception as raised:  # refusing a stiefel_init_ frame is the failure this records
-            error = raised
-        accepted.add([0.0 if error is None else math.inf], 0.5, key=(CLAIM_ID, "stiefel_init"), seed=ctx.seed,
-                     extra={"tensor": f"stiefel_init_ (4, 9, 3) {dtype}", "raised": None if error is None else f"{type(error).__name__}: {error}"})
+    with stop_at_detection([refused, accepted], active=stop):
+        _fill_refusals(subject, ctx.seed, refused, accepted)
     return Evidence(checks=[refused, accepted])
 
 
@@ -1744,13 +1761,13 @@ def control_part(ctx: Context) -> Evidence:
 
     spec = CONTROLS[ctx.optimizer]
     if spec.part == "refusals":
-        return refusal_part(ctx)
+        return refusal_part(ctx, stop=True)
     if spec.part == "public":
         return public_functions_part(ctx)
     if spec.part == "promises":
         from .optimizer_promises import promise_checks
 
-        return Evidence(checks=promise_checks(_subject(ctx.optimizer), ctx.seed, only=spec.promise))
+        return Evidence(checks=promise_checks(_subject(ctx.optimizer), ctx.seed, only=spec.promise, stop=True))
     subject = _subject(ctx.optimizer)
     runs = list(_plan(ctx.seed, spec.dtype, grammar.plan_settings(ctx.profile))[0])
     checks = _new_checks(spec.dtype)

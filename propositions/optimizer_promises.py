@@ -181,7 +181,7 @@ def _checks() -> dict:
                                     "docs/algorithm.md quotes (0; inf otherwise)", "32 u_64: the same dozen positive terms in another order "
                                     "(the counts exact)", tightness_note="an exact equality up to the order of a sum"),
         "edges": NumericalCheck("promise/edge_inputs", "clip_grad_norm_finite_ without any gradient (total 0 as torch's, nothing "
-                                "touched), polar_retract of a batch of no frames on both routes, and stiefel_adam_step with int64 and "
+                                "touched), polar_retract of a step as long as the trust radius and of a batch of no frames, and stiefel_adam_step with int64 and "
                                 "float32 counts against float64 ones, two steps, every dtype (ulps; inf if refused or different)", EXACT,
                                 tightness_note="an exact equality: 0 by design"),
         "zero_grad": NumericalCheck("promise/zero_grad_sets_none", "zero_grad() with no argument leaves .grad None, and the next step leaves "
@@ -981,7 +981,8 @@ def derived_constants(subject, check, seed: int) -> None:
 def edge_inputs(subject, check, seed: int) -> None:
     """Calls at the edges of what the public functions take: clip_grad_norm_finite_ over parameters none of
     which has a gradient (documented: the total is 0, as torch.nn.utils.clip_grad_norm_'s, a float32 0-d tensor,
-    and nothing is touched); polar_retract of a batch of no frames, on both routes (an empty batch back); and
+    and nothing is touched); polar_retract of a step as long as trust_radius (retracted: the docstring asks
+    ||xi||_F <= trust_radius) and of a batch of no frames, on both routes (an empty batch back); and
     stiefel_adam_step with its per-frame count t as an int64 or a float32 tensor, against the float64 tensor of
     the same counts, two steps, bit for bit (t is "a tensor of shape (...)", of any dtype that holds the counts)."""
     import torch
@@ -1000,6 +1001,21 @@ def edge_inputs(subject, check, seed: int) -> None:
     check.add([0.0 if right else math.inf], 0.5, key=("promise", "edge", "clip_without_gradients"), seed=seed,
               extra={"call": "clip_grad_norm_finite_ without gradients", "raised": raised})
     check.cover("edge", "clip_without_gradients")
+    # a step of length trust_radius itself, the longest the optimizer takes: "the step must then satisfy ||xi||_F <=
+    # trust_radius" (polar_retract's docstring), so it is retracted, not refused, on the Newton-Schulz route
+    W = _frames(torch, (3, 6, 2), torch.float64, generator)
+    direction = torch.randn(W.shape, generator=generator, dtype=torch.float64)
+    direction = direction - W @ (0.5 * (W.mT @ direction + direction.mT @ W))
+    for radius in (0.25, 0.5, 0.75):
+        xi = direction * (radius / torch.linalg.matrix_norm(direction))[..., None, None]
+        try:
+            out = subject.functional.polar_retract(W, xi, radius)
+            right, raised = bool(torch.isfinite(out).all()) and tuple(out.shape) == tuple(W.shape), None
+        except Exception as error:  # refusing a step within the trust region fails the check
+            right, raised = False, f"{type(error).__name__}: {error}"
+        check.add([0.0 if right else math.inf], 0.5, key=("promise", "edge", "retract_at_radius", radius), seed=seed,
+                  extra={"call": f"polar_retract of a step of length {radius} at trust_radius {radius}", "raised": raised})
+        check.cover("edge", f"retract_at_radius_{radius}")
     for radius in (0.5, 1.0):
         W = torch.empty(0, 6, 2, dtype=torch.float64)
         try:
@@ -1043,13 +1059,18 @@ PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": 
 FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 
 
-def promise_checks(subject, seed: int, only: str | None = None) -> list:
+def promise_checks(subject, seed: int, only: str | None = None, stop: bool = False) -> list:
     """Every promise's check on `subject` (optimizer_class.Subject), in the order of PROMISES; with
-    `only` (a key of PROMISES), that promise's checks alone (a control's regime)."""
+    `only` (a key of PROMISES), that promise's checks alone (a control's regime). stop: a control's
+    run, which ends at its first detection (kit.common.stop_at_detection)."""
+    from propositions._common import stop_at_detection
+
     checks = _checks()
     for key, run in PROMISES.items():
         if only is None or key == only:
-            run(subject, *(checks[name] for name in FILLS.get(key, (key,))), seed)
+            filled = [checks[name] for name in FILLS.get(key, (key,))]
+            with stop_at_detection(filled, active=stop):
+                run(subject, *filled, seed)
     names = FILLS.get(only, (only,)) if only is not None else tuple(checks)
     return [checks[name] for name in names]
 

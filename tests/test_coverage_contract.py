@@ -286,3 +286,24 @@ def test_a_figure_cut_short_or_missing_falls_short():
     assert figure_shortfalls("P5", "default", figure(101, label="other"), contract) == [
         "coverage contract: the figure series 'weight_norm/decay' is missing"]
     assert figure_shortfalls("P5", "quick", figure(51), contract) == []
+
+
+def test_a_control_run_stops_at_its_first_detection():
+    """kit.common.stop_at_detection: a block of adds ends at the first that misses by DETECTION_FACTOR, keeps what
+    came before, and leaves the checks' add as it was; inactive, it runs the whole block."""
+    from propositions._common import DETECTION_FACTOR, NumericalCheck, stop_at_detection
+
+    def fill(active):
+        check = NumericalCheck("c", "d", "b")
+        added = []
+        with stop_at_detection([check], active=active):
+            for residual in (0.1, 0.2, 2.0 * DETECTION_FACTOR, 0.3):
+                check.add([residual], 1.0)
+                added.append(residual)
+        return check, added
+
+    check, added = fill(True)
+    assert added == [0.1, 0.2] and check.samples == 3 and check.max_ratio == 2.0 * DETECTION_FACTOR
+    assert "add" not in vars(check)
+    check, added = fill(False)
+    assert added == [0.1, 0.2, 2.0 * DETECTION_FACTOR, 0.3] and check.samples == 4

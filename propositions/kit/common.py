@@ -27,6 +27,7 @@ Conventions that keep every certificate honest and reproducible:
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -669,7 +670,39 @@ def to_jsonable(obj):
     return obj
 
 
+class _Detected(Exception):
+    """Raised inside stop_at_detection once a check misses its bound by DETECTION_FACTOR."""
+
+
+def _add_then_stop(check: "NumericalCheck", *args, **kwargs) -> None:
+    NumericalCheck.add(check, *args, **kwargs)
+    if check.samples and check.max_ratio >= DETECTION_FACTOR:
+        raise _Detected(check.name)
+
+
+class stop_at_detection:
+    """A control's run of a block of checks: the first add that makes one of `checks` miss its bound by
+    DETECTION_FACTOR ends the block (the control's verdict is decided there, and the rest of the block
+    could only add to a margin already past the factor). Inactive (active=False) it changes nothing:
+    the claim's own run fills every check. The checks keep what was added before the stop."""
+
+    def __init__(self, checks, active: bool = True):
+        self.checks, self.active = list(checks), active
+
+    def __enter__(self):
+        if self.active:
+            for check in self.checks:
+                check.add = functools.partial(_add_then_stop, check)
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        for check in self.checks:
+            check.__dict__.pop("add", None)
+        return kind is _Detected
+
+
 __all__ = [
+    'stop_at_detection',
     'u', 'DETECTION_FACTOR', 'RATIO_BINS', 'QUANTILE_POOL_SIZE', 'TIGHTNESS_THRESHOLD',
     'wide_scale_gradients', 'Profile', 'PROFILES', 'get_profile', 'SMALL_SHAPES', 'LARGE_SHAPES',
     'ShapeBatch', 'shape_plan', 'chunk_sizes', 'batch_chunks', 'chunk_frames', 'chunk_trajectories', 'spawn_key', 'rng_for', 'ulps_apart',
