@@ -59,6 +59,8 @@ claim samples on purpose means writing the contract again, and its diff shows wh
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
 from pathlib import Path
@@ -89,19 +91,30 @@ REACH_SLACK = 0.1
 REACH_STABLE = 0.05
 
 
-def load(path: Path = CONTRACT_FILE) -> dict:
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, modified_ns: int, size: int) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _contract(path: Path) -> dict | None:
+    """The contract file parsed once per version of it (its path, modification time and size): every
+    certificate of a run reads several of its sections. Read only: main() copies what it changes."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))["profiles"]
+        stat = path.stat()
     except FileNotFoundError:
-        return {}
+        return None
+    return _parsed(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def load(path: Path = CONTRACT_FILE) -> dict:
+    contract = _contract(path)
+    return {} if contract is None else contract["profiles"]
 
 
 def load_section(section: str, path: Path = CONTRACT_FILE) -> dict:
     """{profile: {claim: ...}} of one section of the committed contract ("draws", "grammar")."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get(section, {})
-    except FileNotFoundError:
-        return {}
+    contract = _contract(path)
+    return {} if contract is None else contract.get(section, {})
 
 
 def load_draws(path: Path = CONTRACT_FILE) -> dict:
@@ -401,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             if certificate["numerical"].get("profile") != args.profile:
                 raise SystemExit(f"{path}: profile {certificate['numerical'].get('profile')}, not {args.profile}")
             per_claim.setdefault(certificate["id"], []).append(certificate)
-    profiles, draws, grammar, symbolic = load(), load_draws(), load_section("grammar"), load_section("symbolic")
-    control_draws, figures = load_section("control_draws"), load_section("figures")
+    profiles, draws, grammar, symbolic = copy.deepcopy((load(), load_draws(), load_section("grammar"), load_section("symbolic")))
+    control_draws, figures = copy.deepcopy((load_section("control_draws"), load_section("figures")))
     complete = {claim_id: certificates for claim_id, certificates in sorted(per_claim.items()) if len(certificates) == len(args.dirs)}
     profiles[args.profile] = {claim_id: written(certificates) for claim_id, certificates in complete.items()}
     draws[args.profile] = {claim_id: written_draws(certificates) for claim_id, certificates in complete.items()}

@@ -720,10 +720,11 @@ class _RunComparisons:
         W_before, state_before = before
         d, r = model.W.shape[-2:]
         W_now = _to_numpy(p).reshape(-1, d, r)
+        W_then = _to_numpy(W_before).reshape(-1, d, r) if len(stepping) < frames else None
         for k in range(frames):
             if what[k] == "step":
                 continue
-            residual = _max_ulps(W_now[k], _to_numpy(W_before).reshape(-1, d, r)[k])
+            residual = _max_ulps(W_now[k], W_then[k])
             if len(state_before):
                 residual = max(residual, _frame_state_ulps(state, state_before, k, d, r))
             elif len(state):  # a first step that is skipped must not leave a state behind with a count
