@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 import reference_impl as ref
-from propositions._common import NumericalCheck, get_profile, rng_for, Profile
+from propositions._common import NumericalCheck, Profile, get_profile, rng_for, stop_at_detection
 from propositions.kit import step_analysis
 from propositions.kit.bounds import projection, stage
 from propositions.kit.threads import one_thread_environment
@@ -161,8 +161,9 @@ def _run_layout(factory: TorchFactory, layout: str, W, gradients):
     return history
 
 
-def invariance_part(ctx: Context) -> Evidence:
-    """Every layout against the reference layout, over SHAPES and runs_for(profile) draws."""
+def invariance_part(ctx: Context, stop: bool = False) -> Evidence:
+    """Every layout against the reference layout, over SHAPES and runs_for(profile) draws. stop: a
+    control's run, which ends at its first detection (kit.common.stop_at_detection)."""
     from propositions._common import ulps_apart
 
     factory = _factory_for(ctx.optimizer)
@@ -176,27 +177,28 @@ def invariance_part(ctx: Context) -> Evidence:
                                "exact: a correct optimizer raises in none of these layouts", tightness_note="an exact equality: 0 by design")
     steps = max(3, ctx.profile.steps // 2)
     frames = 0
-    for d, r in SHAPES:
-        for run in range(runs_for(ctx.profile)):
-            key = (CLAIM_ID, d, r, run)
-            rng = rng_for(ctx.seed, *key)
-            W = ref.random_point(d, r, rng, (2,))
-            gradients = [rng.standard_normal(W.shape) for _ in range(steps)]
-            try:
-                reference = _run_layout(factory, "one_group", W, gradients)
-                for layout in LAYOUTS:
-                    history = _run_layout(factory, layout, W, gradients)
-                    for t, (ours, theirs) in enumerate(zip(history, reference), start=1):
-                        extra = {"step": t, "layout": layout}
-                        if layout in EXACT_LAYOUTS:
-                            checks[layout].add(ulps_apart(ours, theirs), 0.5, shape=(d, r), key=key, seed=ctx.seed, extra=extra)
-                        else:
-                            checks[layout].add(ref.frobenius(ours - theirs), regrouping_allowance(d, r, u, t), shape=(d, r), key=key, seed=ctx.seed, extra=extra)
-                completes.add(np.array([0.0]), 0.5, shape=(d, r), key=key, seed=ctx.seed)
-            except Exception as error:  # an optimizer that breaks a layout fails the claim, it does not stop it
-                message = str(error).splitlines()[0] if str(error) else ""
-                completes.add(np.array([math.inf]), 0.5, shape=(d, r), key=key, seed=ctx.seed, extra={"raised": f"{type(error).__name__}: {message}"})
-            frames += 2
+    with stop_at_detection([completes, *checks.values()], active=stop):
+        for d, r in SHAPES:
+            for run in range(runs_for(ctx.profile)):
+                key = (CLAIM_ID, d, r, run)
+                rng = rng_for(ctx.seed, *key)
+                W = ref.random_point(d, r, rng, (2,))
+                gradients = [rng.standard_normal(W.shape) for _ in range(steps)]
+                try:
+                    reference = _run_layout(factory, "one_group", W, gradients)
+                    for layout in LAYOUTS:
+                        history = _run_layout(factory, layout, W, gradients)
+                        for t, (ours, theirs) in enumerate(zip(history, reference), start=1):
+                            extra = {"step": t, "layout": layout}
+                            if layout in EXACT_LAYOUTS:
+                                checks[layout].add(ulps_apart(ours, theirs), 0.5, shape=(d, r), key=key, seed=ctx.seed, extra=extra)
+                            else:
+                                checks[layout].add(ref.frobenius(ours - theirs), regrouping_allowance(d, r, u, t), shape=(d, r), key=key, seed=ctx.seed, extra=extra)
+                    completes.add(np.array([0.0]), 0.5, shape=(d, r), key=key, seed=ctx.seed)
+                except Exception as error:  # an optimizer that breaks a layout fails the claim, it does not stop it
+                    message = str(error).splitlines()[0] if str(error) else ""
+                    completes.add(np.array([math.inf]), 0.5, shape=(d, r), key=key, seed=ctx.seed, extra={"raised": f"{type(error).__name__}: {message}"})
+                frames += 2
     return Evidence(checks=[completes, *checks.values()], frames=frames, extra={"dtype": str(factory.dtype).replace("torch.", ""), "steps": steps})
 
 
@@ -245,7 +247,7 @@ CONTROLS = {
 def control_part(ctx: Context) -> Evidence:
     """A broken StiefelAdam (ctx.optimizer names it) through the layouts: whatever optimizer is under
     test, the controls show that these checks catch each bug."""
-    return invariance_part(ctx)
+    return invariance_part(ctx, stop=True)
 
 
 def _prepare(ctx: Context):

@@ -670,8 +670,9 @@ def to_jsonable(obj):
     return obj
 
 
-class _Detected(Exception):
-    """Raised inside stop_at_detection once a check misses its bound by DETECTION_FACTOR."""
+class _Detected(BaseException):
+    """Raised inside stop_at_detection once a check misses its bound by DETECTION_FACTOR (a BaseException:
+    the blocks it ends catch Exception to record a call that raised, and must not record this)."""
 
 
 def _add_then_stop(check: "NumericalCheck", *args, **kwargs) -> None:
