@@ -1308,6 +1308,15 @@ def _bad_tensors():
 NONFINITE_SETTINGS = (("lr", math.nan), ("eps", math.nan), ("weight_decay", math.nan), ("betas", (math.nan, 0.999)))
 
 
+def _raised(call) -> Exception | None:
+    """The exception call() raised (any kind: which kind it is, is what a refusal check judges), or None."""
+    try:
+        call()
+    except Exception as error:  # the kind of exception is what is checked
+        return error
+    return None
+
+
 def _names(error: BaseException, what) -> bool:
     """Whether the message of `error` names `what` (a text, or a tuple of texts that must all occur), each as
     a whole: not inside a longer word ("betas" is not named by "XXbetasXX", nor "lr" by "lr_typo")."""
@@ -1335,11 +1344,7 @@ def _later_refusals(subject, good):
         def attempt():
             p, optimizer = stepped()
             optimizer.param_groups[0][key] = value
-            try:
-                optimizer.step()
-            except Exception as error:  # the kind of exception is what is checked
-                return error
-            return None
+            return _raised(optimizer.step)
         return attempt
 
     def loaded(edit):
@@ -1348,11 +1353,7 @@ def _later_refusals(subject, good):
             optimizer.step()
             saved = optimizer.state_dict()
             edit(saved, p)
-            try:
-                subject.optimizer_class([torch.nn.Parameter(p.detach().clone())], lr=0.01).load_state_dict(saved)
-            except Exception as error:  # the kind of exception is what is checked
-                return error
-            return None
+            return _raised(lambda: subject.optimizer_class([torch.nn.Parameter(p.detach().clone())], lr=0.01).load_state_dict(saved))
         return attempt
 
     def adam_state(saved, p):
@@ -1380,11 +1381,7 @@ def _later_refusals(subject, good):
                 p.grad = torch.ones_like(p)
                 optimizer.step()
             p.grad = torch.full_like(p, 1e30)
-            try:
-                optimizer.step()
-            except Exception as error:  # the kind of exception is what is checked
-                return error
-            return None
+            return _raised(optimizer.step)
         return attempt
 
     # the message says that the step overflowed, not another cause (its stored moments are finite)
@@ -1400,11 +1397,7 @@ def _later_refusals(subject, good):
             with torch.no_grad():
                 p.view(-1, *good.shape)[index].mul_(2.0)
             p.grad = torch.ones_like(p)
-            try:
-                optimizer.step()
-            except Exception as error:  # the kind of exception is what is checked
-                return error
-            return None
+            return _raised(optimizer.step)
         return attempt
 
     yield "frame_off", ("params[0]", "its frame"), off_in_batch((), 0)
@@ -1422,11 +1415,7 @@ def _later_refusals(subject, good):
         target = subject.optimizer_class(fresh, lr=0.01)
         with torch.no_grad():
             fresh[1].mul_(2.0)
-        try:
-            target.load_state_dict(saved)
-        except Exception as error:  # the kind of exception is what is checked
-            return error
-        return None
+        return _raised(lambda: target.load_state_dict(saved))
 
     yield "off_frame_without_state", "params[1]", off_without_state
     # the message names the shape it found (torch.optim.Adam's exp_avg_sq has the parameter's, (2, d, r))
@@ -1499,11 +1488,7 @@ def _fill_refusals(subject, seed: int, refused: NumericalCheck, accepted: Numeri
                            "place": "step" if label.startswith(("nonfinite", "frame_")) else "load_state_dict",
                            "raised": None if error is None else f"{type(error).__name__}: {str(error).splitlines()[0]}"})
     for label, name, attempt in _public_refusals(subject):
-        try:
-            attempt()
-            error = None
-        except Exception as caught:  # the kind of exception is what is checked
-            error = caught
+        error = _raised(attempt)
         ok = isinstance(error, ValueError) and _names(error, name)
         refused.add([0.0 if ok else math.inf], 0.5, key=(CLAIM_ID, "refusals", label), seed=seed,
                     extra={"option": name if isinstance(name, str) else list(name), "value": label, "place": "public function",
