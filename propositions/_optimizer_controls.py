@@ -298,6 +298,18 @@ CLIP_SENTINEL = 30.0
 # Bugs inside a method or a module-level helper of torch_impl/optimizer.py, which no subclass can
 # plant: name -> (the text of the source, the text written in its place) (kit/source_edits.py)
 SOURCE_EDITS = {
+    # a fresh state's counts made on torch's default device, not the parameter's
+    "counts_on_default_device": (
+        '"step": torch.zeros(frames, dtype=torch.float64, device=p.device),',
+        '"step": torch.zeros(frames, dtype=torch.float64),'),
+    # a foreign option compared with the value that asks for nothing by identity only: amsgrad=0 refused
+    "benign_option_by_identity": (
+        "value is off or (off is not None and value == off)",
+        "value is off"),
+    # a stored exp_avg_sq that is not finite left out of the causes a refusal names: it says the step overflowed
+    "corrupted_second_moment_unnamed": (
+        '        for key in ("exp_avg", "exp_avg_sq"):\n            value = state.get(key)',
+        '        for key in ("exp_avg",):\n            value = state.get(key)'),
     # the older format's int count loaded as it is, where a float64 tensor per frame is expected
     "old_count_loaded_as_is": (
         "                    count = value if torch.is_tensor(value) else torch.tensor(float(value))\n"
@@ -442,6 +454,14 @@ def broken_functions() -> dict:
     def init_ignores_generator(tensor, generator=None):
         return torch_impl.stiefel_init_(tensor)
 
+    def init_takes_wide(tensor, generator=None):
+        # no shape test for r > d: a wide tensor is filled with orthonormal rows
+        if tensor.dim() >= 2 and tensor.shape[-1] > tensor.shape[-2]:
+            gaussian = torch.randn(tensor.shape, dtype=torch.float64, generator=generator)
+            U, _, Vh = torch.linalg.svd(gaussian, full_matrices=False)
+            return tensor.copy_((U @ Vh).to(tensor.dtype))
+        return torch_impl.stiefel_init_(tensor, generator)
+
     def project_refusal_unnamed(tensor):
         # the shape refused with a message that does not say which argument is wrong
         if tensor.dim() < 2:
@@ -543,6 +563,7 @@ def broken_functions() -> dict:
         "clip_counts_inf_units": ("clip", clip_counts_inf_units),
         "clip_groups_default_to_frames": ("clip", clip_groups_default_to_frames),
         "init_ignores_generator": ("init", init_ignores_generator),
+        "init_takes_wide": ("init", init_takes_wide),
         "project_by_qr": ("project", project_by_qr),
         "project_refusal_unnamed": ("project", project_refusal_unnamed),
     }

@@ -1274,7 +1274,9 @@ FOREIGN_ASKING = (("amsgrad", True), ("maximize", True), ("foreach", True), ("fu
                   ("differentiable", True), ("decoupled_weight_decay", True), ("stabilize", 10))
 # The values of those options that ask for nothing: code written for AdamW or geoopt runs unchanged.
 FOREIGN_BENIGN = (("amsgrad", False), ("maximize", False), ("foreach", None), ("fused", None), ("capturable", False),
-                  ("differentiable", False), ("decoupled_weight_decay", False), ("stabilize", None))
+                  ("differentiable", False), ("decoupled_weight_decay", False), ("stabilize", None),
+                  # a value equal to it but another object (0 == False), as configuration files give it
+                  ("amsgrad", 0), ("foreach", 0))
 # Settings that only frame groups use (an ordinary group has no retraction), and the manifold itself.
 FRAME_ONLY_SETTINGS = ("trust_radius", "retraction_method", "manifold")
 BAD_SETTINGS = (("lr", -1.0), ("lr", 0.0), ("lr", math.nan), ("betas", (1.0, 0.999)), ("betas", (0.9, -0.1)), ("betas", (0.9,)),
@@ -1448,6 +1450,9 @@ def _public_refusals(subject):
         learning_rate=0.01)
     yield "init_one_dimensional", "tensor", lambda: subject.init(torch.empty(5, dtype=torch.float64))
     yield "project_one_dimensional", "tensor", lambda: subject.project(torch.ones(5, dtype=torch.float64))
+    # a wide tensor (r > d) has no orthonormal columns: refused by its shape, the message saying 1 <= r <= d
+    yield "init_wide", ("tensor", "r <= d"), lambda: subject.init(torch.empty(2, 5, dtype=torch.float64))
+    yield "project_wide", ("tensor", "r <= d"), lambda: subject.project(torch.eye(2, 5, dtype=torch.float64))
     yield "clip_one_dimensional_frame", "(..., d, r)", clipped([torch.nn.Parameter(torch.ones(5, dtype=torch.float64))], 1.0)
     yield "clip_max_norm_zero", "max_norm", clipped([torch.nn.Parameter(torch.ones(2, 5, 2, dtype=torch.float64))], 0.0)
 
@@ -1654,6 +1659,8 @@ def _corrupted_state_check(subject: Subject, seed: int) -> NumericalCheck:
                 residual = max(_max_ulps(x[kept], y[kept]) for x, y in zip(after, before))
                 if (raised is None) != skip:
                     residual = math.inf
+                elif not skip and not _names(raised, ("params[1]", key)):
+                    residual = math.inf  # the refusal names the parameter and the stored moment that is not finite
                 elif skip and not (np.array_equal(after[3][others], before[3][others] + 1) and
                                    all(_max_ulps(after[0][[k]], before[0][[k]]) > 0 for k in others)):
                     residual = math.inf  # every other frame must step: its count advances and it moves
@@ -1909,6 +1916,15 @@ CONTROLS = {
     "finite_by_v_only": ControlSpec("a step is taken as finite when v is: a stored moment that is not finite (a corrupted "
                                     "checkpoint) with a finite gradient writes a NaN frame", part="public"),
     "init_ignores_generator": ControlSpec("stiefel_init_ draws from torch's global generator, not the one it is given", part="public"),
+    "init_takes_wide": ControlSpec("stiefel_init_ has no shape test for r > d: a wide tensor is filled with orthonormal rows, not "
+                                   "refused", part="refusals"),
+    "counts_on_default_device": ControlSpec("a fresh state's step counts are made on torch's default device, not the parameter's "
+                                            "(on a GPU: counts on the CPU beside frames on the GPU)", part="promises", promise="device"),
+    "benign_option_by_identity": ControlSpec("a foreign option is accepted only as the very object that asks for nothing: "
+                                             "amsgrad=0 (equal to False) is refused", part="refusals"),
+    "corrupted_second_moment_unnamed": ControlSpec("a step refused for a stored exp_avg_sq that is not finite (a corrupted "
+                                                   "checkpoint) says that the step overflowed, not which moment is corrupted",
+                                                   part="public"),
     "project_by_qr": ControlSpec("stiefel_project_ takes the sign-fixed QR factor: a frame, not the nearest one"),
     "old_count_loaded_as_is": ControlSpec("load_state_dict keeps an older checkpoint's int step count as it is, where the class "
                                           "keeps a float64 count per frame", feature="checkpoint_old_format"),

@@ -184,6 +184,11 @@ def _checks() -> dict:
                                 "touched), polar_retract of a step as long as the trust radius and of a batch of no frames, and stiefel_adam_step with int64 and "
                                 "float32 counts against float64 ones, two steps, every dtype (ulps; inf if refused or different)", EXACT,
                                 tightness_note="an exact equality: 0 by design"),
+        "device": NumericalCheck("promise/state_on_parameter_device", "a run of every dtype and an ordinary tensor, both "
+                                 "skip_nonfinite modes, a checkpoint loaded and stepped, stiefel_init_ and stiefel_project_, with torch's "
+                                 "default device the meta device against the CPU, the parameters on the CPU: every value (ulps; inf if "
+                                 "a run raises or a state tensor is not on its parameter's device)", EXACT,
+                                 tightness_note="an exact equality: 0 by design"),
         "zero_grad": NumericalCheck("promise/zero_grad_sets_none", "zero_grad() with no argument leaves .grad None, and the next step leaves "
                                     "the parameter untouched (0; inf otherwise)", "exact: torch.optim.Optimizer.zero_grad's default",
                                     tightness_note="an exact equality: 0 by design"),
@@ -1050,11 +1055,83 @@ def edge_inputs(subject, check, seed: int) -> None:
             check.cover("count_dtype", str(count_dtype).replace("torch.", ""))
 
 
+def _run_on_parameter_device(subject, seed: int, default: str) -> dict:
+    """A run whose parameters live on the CPU, made with torch's default device set to `default`
+    (a `with torch.device(default)` block): frames of every dtype and an ordinary tensor, with a
+    tensor lr, under skip_nonfinite and not, two steps (the second with a NaN in the ordinary
+    tensor's gradient where it is skipped), the state saved and loaded into a fresh instance that
+    steps once; stiefel_init_ with a seeded generator and stiefel_project_ of a frame scaled off
+    St(d, r). Returns name -> tensor (everything kept) and the devices the state was found on."""
+    import torch
+
+    out, devices = {}, set()
+    with torch.device(default):
+        generator = torch.Generator().manual_seed(seed)
+        for skip in (False, True):
+            # a shape per dtype: each its own batched call (mixed_dtypes holds how dtypes are joined)
+            params = [torch.nn.Parameter(subject.init(torch.empty(2, 6 + index, 2, dtype=getattr(torch, name), device="cpu"),
+                                                      generator=generator)) for index, name in enumerate(DTYPES)]
+            ordinary = torch.nn.Parameter(torch.ones(4, dtype=torch.float32, device="cpu"))
+            groups = [{"params": params}, {"params": [ordinary], "manifold": "euclidean"}]
+            lr = torch.tensor(0.02, dtype=torch.float64, device="cpu")
+            optimizer = subject.optimizer_class(groups, lr=lr, skip_nonfinite=skip)
+            for step in range(2):
+                for p in params + [ordinary]:
+                    p.grad = torch.randn(p.shape, generator=generator, dtype=torch.float64, device="cpu").to(p.dtype)
+                if skip and step == 1:
+                    ordinary.grad[0] = math.nan
+                optimizer.step()
+            fresh = subject.optimizer_class(groups, lr=lr, skip_nonfinite=skip)
+            fresh.load_state_dict(optimizer.state_dict())
+            for p in params + [ordinary]:
+                p.grad = torch.randn(p.shape, generator=generator, dtype=torch.float64, device="cpu").to(p.dtype)
+            fresh.step()
+            for index, p in enumerate(params + [ordinary]):
+                out[f"skip={skip} params[{index}]"] = p.detach().clone()
+                for key, value in fresh.state[p].items():
+                    if torch.is_tensor(value):
+                        out[f"skip={skip} params[{index}] {key}"] = value
+                        devices.add((key, str(value.device)))
+        for name in DTYPES:
+            frame = subject.init(torch.empty(3, 5, 2, dtype=getattr(torch, name), device="cpu"), generator=torch.Generator().manual_seed(seed))
+            out[f"stiefel_init_ {name}"] = frame
+            out[f"stiefel_project_ {name}"] = subject.project((frame.to(torch.float64) * 1.5).to(frame.dtype))
+    return out, devices
+
+
+def state_on_parameter_device(subject, check, seed: int) -> None:
+    """docs/algorithm.md: "every tensor the optimizer makes (its state, a loaded checkpoint's moments and
+    counts, stiefel_init_'s draw) is made on its parameter's device, never on torch's default device".
+    The same run with torch's default device the CPU and the meta device (a `with torch.device("meta")`
+    block, as lazy initialisation opens; the parameters on the CPU): every parameter, state value and
+    init or projection bit for bit, every state tensor on the CPU (ulps; inf if a run raises or a state
+    tensor is elsewhere). The meta device stands in for any device other than the parameters': a
+    tensor made there has no values, so a step that reads one raises, and one kept shows its device."""
+    runs = {}
+    for default in ("cpu", "meta"):
+        try:
+            runs[default] = _run_on_parameter_device(subject, seed, default)
+        except Exception as error:  # a run that raises under another default device fails the check
+            runs[default] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    for default, run in runs.items():
+        if isinstance(run, str):
+            check.add([math.inf], 0.5, key=("promise", "device", default), seed=seed, extra={"default_device": default, "raised": run})
+            return
+    (expected, _), (got, devices) = runs["cpu"], runs["meta"]
+    elsewhere = sorted(f"{key} on {device}" for key, device in devices if device != "cpu")
+    for name, value in expected.items():
+        residual = _ulps(got[name], value) if name in got and got[name].device.type == "cpu" else math.inf
+        check.add([residual], 0.5, key=("promise", "device", name), seed=seed, extra={"value": name, "default_device": "meta"})
+    check.add([math.inf if elsewhere else 0.0], 0.5, key=("promise", "device", "state"), seed=seed,
+              extra={"value": "state devices", "default_device": "meta", "elsewhere": elsewhere[:4]})
+
+
 PROMISES = {"lr": lr_tensor_bit_for_bit, "sync": sync_free_bit_for_bit, "clip": clip_matches_torch, "kernel": class_is_kernel,
             "tolerance": tolerance_decides, "named": named_parameters, "older": older_checkpoint_defaults,
             "defaults": documented_defaults, "pickle": pickle_round_trip, "scheduler": scheduler_sees_step,
             "mixed": mixed_dtypes, "counts": counts_each_frame_once, "gap": joined_states_with_gap, "meta": meta_parameter_refused, "zero_grad": zero_grad_sets_none,
-            "route": route_test_as_documented, "constants": derived_constants, "edges": edge_inputs}
+            "route": route_test_as_documented, "constants": derived_constants, "edges": edge_inputs,
+            "device": state_on_parameter_device}
 # the checks each promise's run fills, where it fills more than the one of its own key
 FILLS = {"clip": ("clip", "clip_dtype"), "named": ("named_refusal", "named_checkpoint")}
 

@@ -38,6 +38,7 @@ CAUGHT_BY = {
     "drift_bound_kappa_cubed": "promise/derived_constants",
     "newton_schulz_count_from_two": "promise/derived_constants",
     "route_rule_sigma_four_times": "promise/route_test_as_documented",
+    "counts_on_default_device": "promise/state_on_parameter_device",
 }
 
 
