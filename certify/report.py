@@ -17,9 +17,11 @@ Every claim gets a *residual-over-bound histogram*, drawn from each check's
 `"ratio_histogram": {"log10_edges": [e_0, ..., e_n], "counts": [c_0, ..., c_{n+1}], "zeros": z}`
 (c_0 counts log10(residual/bound) below e_0; c_k for 1 <= k <= n counts [e_{k-1}, e_k); c_{n+1}
 counts above e_n; z the residuals that are exactly 0, which have no logarithm and are counted apart).
-Everything right of 0 is over its bound. Each check is one legend entry with its median
-residual/bound and its exact zeros; the claim's section also tabulates the distribution per decade
-with the medians (`_distribution_lines`).
+Everything right of 0 is over its bound. Each check with a residual that is not exactly 0 is one
+legend entry with its median residual/bound and its exact zeros; the checks whose every residual is
+exactly 0 (nothing to draw on a log axis) share one legend line that counts them, and the claim's
+section lists each of them: it tabulates the distribution per decade with the medians
+(`_distribution_lines`).
 
 A claim may add figures of its own in `ClaimResult.figures`, a dict from a figure name (used in the
 file name) to a JSON-able entry. The report recognises two kinds of entry:
@@ -335,11 +337,32 @@ def _draw_histograms(Figure, histograms: list[tuple[str | None, dict]], title: s
 LEGEND_LINE = 0.14  # inches per legend line at fontsize x-small (7 pt) with labelspacing 0.3
 
 
+def _all_exact_zeros(histogram: dict) -> bool:
+    """Every sample of the histogram is an exact zero (nothing to draw on a log axis)."""
+    return _zeros(histogram) > 0 and not any(int(count) > 0 for count in histogram.get("counts", ()))
+
+
 def _legend_label(check: dict) -> str:
     """A check's legend entry: its name, median residual/bound and exact zeros."""
     zeros = _zeros(check.get("ratio_histogram") or {})
     median = format_number((check.get("ratio") or {}).get("median"))
     return f"{check.get('name')}: median {median}" + (f", {zeros} exact zeros" if zeros else "")
+
+
+def residual_series(checks: list[dict]) -> list[tuple[str, dict]]:
+    """(legend label, ratio histogram) per check drawn in a claim's residual-over-bound figure. A check
+    whose every residual is exactly 0 has nothing to draw on a log axis: such checks share one last
+    series, whose label counts them and their samples (the claim's distribution table lists each), so
+    that the legend holds the checks that draw something."""
+    checks = [check for check in checks if _is_histogram(check.get("ratio_histogram"))]
+    series = [(_legend_label(check), check["ratio_histogram"]) for check in checks if not _all_exact_zeros(check["ratio_histogram"])]
+    exact = [check["ratio_histogram"] for check in checks if _all_exact_zeros(check["ratio_histogram"])]
+    if exact:
+        samples = sum(_zeros(histogram) for histogram in exact)
+        label = (f"{len(exact)} check{'s' if len(exact) > 1 else ''} whose every residual is exactly 0 ({samples} samples; "
+                 "not drawn, listed in the distribution table)")
+        series.append((label, {**exact[0], "counts": [0] * len(exact[0]["counts"]), "zeros": samples}))
+    return series
 
 
 def draw_figures(certificate: dict, figures_dir: Path, Figure) -> tuple[list[tuple[str, str]], list[tuple[str, object]]]:
@@ -351,13 +374,13 @@ def draw_figures(certificate: dict, figures_dir: Path, Figure) -> tuple[list[tup
     claim_id = certificate["id"]
     drawn: list[tuple[str, str]] = []
     as_data: list[tuple[str, object]] = []
-    histograms = [(_legend_label(check), check["ratio_histogram"]) for check in certificate["numerical"]["checks"] if _is_histogram(check.get("ratio_histogram"))]
+    histograms = residual_series(certificate["numerical"]["checks"])
     if Figure is not None and (histograms or any(figure_kind(entry) != "data" for entry in certificate.get("figures", {}).values())):
         figures_dir.mkdir(parents=True, exist_ok=True)
     if Figure is not None and histograms:
         file_name = f"{claim_id}_residual_over_bound.png"
         _draw_histograms(Figure, histograms, f"{claim_id}: residual / bound per check", "log10(residual / bound)", figures_dir / file_name)
-        drawn.append((f"{claim_id}: log10(residual/bound) of every sample, per check, with its median in the legend; right of the dashed line is over the bound, the leftmost bin holds ratios below its edge; exact zeros (residual 0) are not drawn, the legend counts them", file_name))
+        drawn.append((f"{claim_id}: log10(residual/bound) of every sample, per check, with its median in the legend; right of the dashed line is over the bound, the leftmost bin holds ratios below its edge; exact zeros (residual 0) are not drawn, the legend counts them, and the checks whose every residual is 0 share one legend line", file_name))
     for name, entry in certificate.get("figures", {}).items():
         kind = figure_kind(entry)
         if kind == "data":

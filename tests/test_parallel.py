@@ -9,6 +9,7 @@ adds exactly and on the partial results being merged in task order; the tests be
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 
@@ -410,3 +411,18 @@ def test_pool_workers_run_their_exit_handlers_and_end_with_code_0(tmp_path):
     assert [p.exitcode for p in processes] == [0] * len(processes)
     ran = [m for m in markers if os.path.exists(m)]
     assert len(ran) == len(markers), ran
+
+
+@given(residual=st.one_of(st.floats(min_value=0.0, allow_infinity=True), st.sampled_from([0.0, 1.0, 1e-300, 5e-324, math.nan, math.inf])),
+       bound=st.floats(min_value=5e-324, max_value=1e300), earlier=st.floats(min_value=0.0, max_value=10.0))
+def test_one_sample_is_recorded_as_the_array_path_records_it(residual, bound, earlier):
+    """add() takes a single sample on Python floats (_add_one): the record, histogram, pools and worst case
+    are those of the array path (_add_array) for the same sample, after earlier samples."""
+    one, array = NumericalCheck("c", "d", "b"), NumericalCheck("c", "d", "b")
+    for check in (one, array):
+        check.add(np.array([earlier, 2 * earlier]), 1.0, shape=(3, 2), key=("k", 1), seed=0)
+    one._add_one(residual, bound, (4, 2), ("k", 2), 0, {"x": 1})
+    with np.errstate(over="ignore"):  # a ratio past float64's range is inf on both paths
+        array._add_array(np.array([residual]), bound, (4, 2), ("k", 2), 0, {"x": 1})
+    assert json.dumps(to_jsonable(one.to_dict()), sort_keys=True) == json.dumps(to_jsonable(array.to_dict()), sort_keys=True)
+    assert one.worst == array.worst and one._ratio_pool == array._ratio_pool and one._quantile_pool == array._quantile_pool

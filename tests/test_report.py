@@ -158,6 +158,21 @@ def test_exact_zeros_are_counted_apart_and_every_check_has_its_median():
     assert report._pooled_median([entry["ratio_histogram"]]) == "0 (exact zeros)"
 
 
+def test_checks_whose_residuals_are_all_exact_zeros_share_one_legend_line():
+    from propositions._common import NumericalCheck
+
+    checks = []
+    for name, residuals in (("drawn", [0.0, 1e-3, 1e-2]), ("exact_a", [0.0, 0.0]), ("exact_b", [0.0] * 5), ("drawn_too", [0.5])):
+        check = NumericalCheck(name, "d", "b")
+        check.add(np.array(residuals), 1.0)
+        checks.append(check.to_dict())
+    series = report.residual_series(checks)
+    assert [label.split(":")[0] for label, _ in series[:2]] == ["drawn", "drawn_too"]
+    label, histogram = series[2]
+    assert len(series) == 3 and label.startswith("2 checks whose every residual is exactly 0 (7 samples")
+    assert histogram["zeros"] == 7 and sum(histogram["counts"]) == 0 and len(histogram["counts"]) == len(histogram["log10_edges"]) + 1
+
+
 def test_a_claim_whose_residuals_are_all_exact_zeros_still_gets_its_figure(tmp_path):
     Figure = report.load_figure_class()
     if Figure is None:

@@ -16,7 +16,9 @@ propositions/kit/step_analysis.py; those here are the primitives that other clai
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import numpy as np
 import sympy
@@ -29,8 +31,28 @@ GAMMA = sympy.Function("gamma_n")
 
 
 def _gamma_numeric(n, unit):
+    if type(n) is int and type(unit) is float and n * unit < 1:
+        # the same IEEE operations on Python floats (n < 2^53 converts exactly): no arrays for scalars
+        nu = n * unit
+        return nu / (1 - nu)
     n, unit = np.asarray(n, dtype=np.float64), np.asarray(unit, dtype=np.float64)
     return n * unit / (1 - n * unit)
+
+
+_QUIET = threading.local()
+
+
+@contextlib.contextmanager
+def quiet():
+    """Evaluate the stages called inside without numpy's warnings, as each call does alone, but with
+    one np.errstate for the block (a composition such as step_analysis.step_error calls twenty)."""
+    depth = getattr(_QUIET, "depth", 0)
+    _QUIET.depth = depth + 1
+    try:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            yield
+    finally:
+        _QUIET.depth = depth
 
 
 # sympy's Min / Max print as numpy.minimum / maximum, which propagate a NaN from a branch that does
@@ -47,6 +69,7 @@ class Stage:
         self.symbol = symbol
         self.params = params
         self.symbols = {p: sympy.Symbol(p) for p in params}
+        self._param_set = frozenset(params)
         self.expr = sympy.sympify(formula, locals={**self.symbols, "gamma_n": GAMMA})
         unknown = {str(s) for s in self.expr.free_symbols} - set(params)
         if unknown:
@@ -57,10 +80,12 @@ class Stage:
         self._text = None
 
     def __call__(self, **values):
-        if len(values) != len(self.params) or not all(p in values for p in self.params):
+        if values.keys() != self._param_set:
             missing = [p for p in self.params if p not in values]
             extra = sorted(set(values) - set(self.params))
             raise TypeError(f"stage {self.name} takes {', '.join(self.params)}; missing {missing}, unexpected {extra}")
+        if getattr(_QUIET, "depth", 0):
+            return self._evaluate(*[values[p] for p in self.params])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return self._evaluate(*[values[p] for p in self.params])
 

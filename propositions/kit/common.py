@@ -322,6 +322,13 @@ class NumericalCheck:
         The worst sample (largest residual/bound) keeps shape, key and its index in the chunk.
         """
         residual = np.asarray(residual, dtype=np.float64).ravel()
+        if residual.size == 1 and np.size(bound) == 1:
+            self._add_one(float(residual[0]), float(np.asarray(bound, dtype=np.float64).ravel()[0]), shape, key, seed, extra)
+        else:
+            self._add_array(residual, bound, shape, key, seed, extra)
+
+    def _add_array(self, residual: np.ndarray, bound, shape, key, seed, extra) -> None:
+        """add() of a flat float64 array of residuals."""
         bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), residual.shape).ravel() if residual.size else np.asarray(bound, dtype=np.float64).ravel()
         if residual.size == 0:
             return
@@ -356,6 +363,46 @@ class NumericalCheck:
                 "ratio": float(ratio[index]),
                 "shape": None if shape is None else list(shape),
                 "index_in_draw": index,
+                "seed": seed,
+                "spawn_key": None if key is None else spawn_key(*key),
+                "key": None if key is None else [str(k) for k in key],
+                **({} if extra is None else dict(extra)),
+            }
+
+    def _add_one(self, residual: float, bound: float, shape, key, seed, extra) -> None:
+        """add() of one sample, on Python floats: the same IEEE operations as the array path (a
+        quotient, a maximum, a sum of one term; the bin from numpy's log10 of the same float64), so
+        the same record, without a dozen array calls for one number (most adds are of one sample).
+        One sample is never fingerprinted (fewer than FINGERPRINT_VALUES values)."""
+        if not bound > 0:
+            raise ValueError(f"check {self.name}: every bound must be > 0 (docs/claims.md#tolerances)")
+        for_ratio = math.inf if math.isnan(residual) else residual
+        ratio = for_ratio / bound
+        self.samples += 1
+        if shape is not None and list(shape) not in self.shapes:
+            self.shapes.append(list(shape))
+        self._max_residual = max(self._max_residual, for_ratio)
+        term = for_ratio if math.isfinite(for_ratio) else 0.0
+        self._sum_residual += term
+        self._sum_terms.append(term)
+        self._max_bound = max(self._max_bound, bound)
+        self._min_bound = min(self._min_bound, bound)
+        if ratio == 0:
+            self._zeros += 1
+        else:
+            self._ratio_hist[int(np.searchsorted(RATIO_BINS, np.log10(np.float64(ratio))))] += 1
+        if len(self._quantile_pool) < QUANTILE_POOL_SIZE:
+            self._quantile_pool.append(for_ratio)
+        if len(self._ratio_pool) < QUANTILE_POOL_SIZE:
+            self._ratio_pool.append(ratio)
+        if ratio > self._max_ratio:
+            self._max_ratio = ratio
+            self.worst = {
+                "residual": for_ratio,
+                "bound": bound,
+                "ratio": ratio,
+                "shape": None if shape is None else list(shape),
+                "index_in_draw": 0,
                 "seed": seed,
                 "spawn_key": None if key is None else spawn_key(*key),
                 "key": None if key is None else [str(k) for k in key],

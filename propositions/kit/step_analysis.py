@@ -30,7 +30,7 @@ import numpy as np
 
 import reference_impl as ri
 
-from .bounds import STAGES, Stage, polar_perturbation, polar_svd, projection, square_root, stage
+from .bounds import STAGES, Stage, polar_perturbation, polar_svd, projection, quiet, square_root, stage
 
 TINY = np.finfo(np.float64).tiny
 U64 = 2.0**-53
@@ -517,7 +517,7 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
     lam, lr, eps, delta = config.weight_decay, config.lr, config.eps, config.trust_radius
     n = d * r
     unit = rounding.unit
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    with quiet():
         E_Gd = decay(u_c=unit("decay"), G=q.G, lam=lam, W=q.W, G_rel=inputs.G_rel, W_err=inputs.W)
         E_g = projection(d=d, r=r, u_c=unit("projection"), X=q.G + lam * q.W, X_err=E_Gd, W_err=inputs.W)
         E_m = first_moment(u_c=unit("first_moment"), beta1=beta1, m_in=q.m_in, m_in_err=inputs.m, g=q.g, g_err=E_g)
@@ -565,7 +565,11 @@ def step_error(d: int, r: int, config, q: StepNorms, rounding: Rounding = Roundi
         E_W = np.where(sigma_lo > 0, E_W, 2 * math.sqrt(r))
         E_m_plus = projection(d=d, r=r, u_c=unit("projection"), X=q.m, X_err=E_m, W_err=E_W)
     shape = np.broadcast_shapes(*(np.shape(x) for x in (E_W, E_m_plus, E_v, well_posed)))
-    b = lambda x: np.broadcast_to(np.asarray(x, dtype=np.float64), shape)  # noqa: E731
+
+    def b(x):  # every output at the common shape (already there: as it is, no view made)
+        x = np.asarray(x, dtype=np.float64)
+        return x if x.shape == shape else np.broadcast_to(x, shape)
+
     return StepError(g=b(E_g), m=b(E_m), v=b(E_v), m_hat=b(E_mh), v_hat=b(E_vh), q=b(E_q), xi=b(E_xi), A=b(E_A),
                      W=b(E_W), m_plus=b(E_m_plus), well_posed=np.broadcast_to(well_posed, shape))
 
