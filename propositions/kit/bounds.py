@@ -74,7 +74,7 @@ class Stage:
         unknown = {str(s) for s in self.expr.free_symbols} - set(params)
         if unknown:
             raise ValueError(f"stage {name}: formula uses {sorted(unknown)}, not among its parameters")
-        self._evaluate = sympy.lambdify([self.symbols[p] for p in params], self.expr, modules=_MODULES)
+        self._compiled = None  # sympy.lambdify of expr, made at the first evaluation (a process that only cites the formula never needs it)
         self.__doc__ = doc
         self.__name__ = name
         self._text = None
@@ -88,6 +88,12 @@ class Stage:
             return self._evaluate(*[values[p] for p in self.params])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return self._evaluate(*[values[p] for p in self.params])
+
+    @property
+    def _evaluate(self):
+        if self._compiled is None:
+            self._compiled = sympy.lambdify([self.symbols[p] for p in self.params], self.expr, modules=_MODULES)
+        return self._compiled
 
     def text(self) -> str:
         """'name: SYMBOL = {formula}': the formula exactly as the code evaluates it (sympy.sstr; printed
