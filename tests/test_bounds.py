@@ -149,3 +149,21 @@ def test_polar_perturbation_bound_without_a_singular_value_bound_is_the_diameter
     assert bounds.polar_perturbation_bound(100.0, 1.0, r=9) == pytest.approx(6.0)
     assert np.isinf(bounds.polar_perturbation_bound(0.1, -1.0))
     assert bounds.polar_perturbation_bound(0.3, 0.5) == pytest.approx(0.6)
+
+
+def test_quiet_is_left_as_it_was_when_its_block_raises():
+    """bounds.quiet() spares the stages inside it their own np.errstate; a block that raises leaves it
+    closed, so a stage called after it still evaluates 0/0 without a warning."""
+    import warnings
+
+    stage = bounds.Stage("quiet_probe", "X", "a/b", ("a", "b"), None)
+    with pytest.raises(RuntimeError):
+        with bounds.quiet():
+            with bounds.quiet():
+                raise RuntimeError("a stage raised inside step_error")
+    assert getattr(bounds._QUIET, "depth", 0) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(stage(a=np.array([0.0]), b=np.array([0.0]))[0])
+        with bounds.quiet():
+            assert np.isnan(stage(a=np.array([0.0]), b=np.array([0.0]))[0])

@@ -252,3 +252,16 @@ def test_the_pairwise_coverage_counts_the_pairs_the_plans_exercise_together():
     assert found["reached"] == sum(t["reached"] for t in found["pairs"].values()) <= found["of"]
     for table in found["pairs"].values():
         assert table["reached"] + len(table["missed"]) == table["of"]
+
+
+def test_max_ulps_counts_a_nan_only_where_both_hold_one():
+    import math
+
+    import numpy as np
+
+    from propositions.optimizer_class import _max_ulps
+
+    assert _max_ulps([1.0, math.nan], [1.0, 2.0]) == math.inf and _max_ulps([1.0, 2.0], [1.0, math.nan]) == math.inf
+    assert _max_ulps([math.nan, 1.0], [1.0, math.nan]) == math.inf
+    assert _max_ulps([1.0, math.nan], [1.0, math.nan]) == 0.0 and _max_ulps(np.ones(3), np.ones(3)) == 0.0
+    assert _max_ulps([1.0], [np.nextafter(1.0, 2.0)]) == 1.0  # one ulp apart, in ulps of y

@@ -123,3 +123,23 @@ def test_lockstep_has_no_undefined_step_in_float64_and_counts_them_in_float32():
         counts[dtype] = undefined[0]
     assert counts[torch.float64] == 0
     assert counts[torch.float32] <= checks["W"].samples // 10
+
+
+def test_every_output_has_the_common_shape_of_the_norms():
+    """step_error returns every field at one common shape, that of its inputs: a norm at (5,) beside norms
+    at (1,) gives (5,) outputs, whichever norm it is (but xi, which the bound does not read: it takes the
+    unclipped xi_raw); an output already at that shape is kept as it is, the others broadcast."""
+    config = ri.StiefelAdamConfig(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, trust_radius=0.5, weight_decay=0.01)
+    d, r = 8, 3
+    base = dict(G=1.0, W=math.sqrt(r), g=0.9, m_in=0.1, v_in=0.01, m=0.2, v=0.02, xi_raw=0.1, xi=0.1, A=math.sqrt(r) + 0.01,
+                sigma_min=0.99, sigma_max=1.01)
+    fields = ("g", "m", "v", "m_hat", "v_hat", "q", "xi", "A", "W", "m_plus", "well_posed")
+    alone = {name: getattr(sa.step_error(d, r, config, sa.StepNorms(t=3, **base)), name) for name in fields}
+    for wide in base:
+        norms = {name: np.full((5,) if name == wide else (1,), value) for name, value in base.items()}
+        error = sa.step_error(d, r, config, sa.StepNorms(t=3, **norms))
+        shape = (1,) if wide == "xi" else (5,)
+        for name in fields:
+            value = getattr(error, name)
+            assert np.shape(value) == shape, (wide, name, np.shape(value))
+            assert np.array_equal(value, np.broadcast_to(alone[name], shape)), (wide, name)
