@@ -302,6 +302,10 @@ SOURCE_EDITS = {
     "counts_on_default_device": (
         '"step": torch.zeros(frames, dtype=torch.float64, device=p.device),',
         '"step": torch.zeros(frames, dtype=torch.float64),'),
+    # an ordinary tensor's AdamW first moment made on torch's default device, not the parameter's
+    "ordinary_moment_on_default_device": (
+        'state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)',
+        'state["exp_avg"] = torch.zeros(p.shape, dtype=p.dtype)'),
     # a foreign option compared with the value that asks for nothing by identity only: amsgrad=0 refused
     "benign_option_by_identity": (
         "value is off or (off is not None and value == off)",

@@ -1922,6 +1922,8 @@ CONTROLS = {
                                    "refused", part="refusals"),
     "counts_on_default_device": ControlSpec("a fresh state's step counts are made on torch's default device, not the parameter's "
                                             "(on a GPU: counts on the CPU beside frames on the GPU)", part="promises", promise="device"),
+    "ordinary_moment_on_default_device": ControlSpec("an ordinary tensor's AdamW exp_avg is made on torch's default device, not "
+                                                     "the parameter's", part="promises", promise="device"),
     "benign_option_by_identity": ControlSpec("a foreign option is accepted only as the very object that asks for nothing: "
                                              "amsgrad=0 (equal to False) is refused", part="refusals"),
     "corrupted_second_moment_unnamed": ControlSpec("a step refused for a stored exp_avg_sq that is not finite (a corrupted "

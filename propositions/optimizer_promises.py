@@ -1081,6 +1081,8 @@ def _run_on_parameter_device(subject, seed: int, default: str) -> dict:
                 if skip and step == 1:
                     ordinary.grad[0] = math.nan
                 optimizer.step()
+            # the state each step made, and the state a load made: both on the parameters' device
+            devices.update((key, str(value.device)) for state in optimizer.state.values() for key, value in state.items() if torch.is_tensor(value))
             fresh = subject.optimizer_class(groups, lr=lr, skip_nonfinite=skip)
             fresh.load_state_dict(optimizer.state_dict())
             for p in params + [ordinary]:

@@ -39,6 +39,7 @@ CAUGHT_BY = {
     "newton_schulz_count_from_two": "promise/derived_constants",
     "route_rule_sigma_four_times": "promise/route_test_as_documented",
     "counts_on_default_device": "promise/state_on_parameter_device",
+    "ordinary_moment_on_default_device": "promise/state_on_parameter_device",
 }
 
 
